@@ -1,0 +1,153 @@
+"""Every use of JAX internals in nbjit lives here, behind a version check.
+
+The rest of nbjit talks to JAX through the names this module exports. When a
+new jax release moves something, this is the one file to mend.
+"""
+
+from __future__ import annotations
+
+import jax
+import jaxlib
+
+SUPPORTED_JAX = ((0, 11, 2), (0, 13, 0))  # [lowest, first unsupported)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+JAX_VERSION = _version_tuple(jax.__version__)
+JAXLIB_VERSION = _version_tuple(jaxlib.__version__)
+if not (SUPPORTED_JAX[0] <= JAX_VERSION < SUPPORTED_JAX[1]):
+    raise ImportError(
+        f"nbjit supports jax >= 0.11.2, < 0.13 (found jax {jax.__version__}); "
+        "install a supported version, e.g. pip install 'jax>=0.11.2,<0.13'"
+    )
+
+# ruff: noqa: E402
+from jax._src import config as _config
+from jax._src import core as _core
+from jax._src import dtypes as _dtypes
+from jax._src import pjit as _pjit
+from jax._src import tree_util as _tree_util
+from jax._src import xla_bridge as _xla_bridge
+from jax._src.interpreters import pxla as _pxla
+from jax._src.lib import _jax as _jaxlib_ext
+
+ArrayImpl = _jaxlib_ext.ArrayImpl
+PyTreeDef = _jaxlib_ext.pytree.PyTreeDef if hasattr(_jaxlib_ext, "pytree") else type(
+    jax.tree_util.tree_structure(0)
+)
+LoadedExecutable = _jaxlib_ext.LoadedExecutable
+SingleDeviceSharding = jax.sharding.SingleDeviceSharding
+NamedSharding = jax.sharding.NamedSharding
+FastpathData = _pxla.MeshExecutableFastpathData
+
+# The C++ tuple of every config value that enters a jit key (x64, default
+# device, matmul precision, ...). Cheap: one C++ call.
+trace_context = _config.trace_context
+enable_x64 = _config.enable_x64
+disable_jit = _config.disable_jit
+debug_nans = _config.debug_nans
+debug_infs = _config.debug_infs
+no_execution = _config.no_execution
+
+# Pytree flattening with the registry jit itself uses (so custom nodes agree).
+dispatch_registry = _tree_util.dispatch_registry
+flatten_for_dispatch = dispatch_registry.flatten
+
+python_scalar_types = frozenset(_dtypes.python_scalar_types)
+ArrayCopySemantics = _jaxlib_ext.ArrayCopySemantics
+REUSE_INPUT = _jaxlib_ext.ArrayCopySemantics.REUSE_INPUT
+
+canonicalize_value = _dtypes.canonicalize_value
+canonicalize_dtype = _dtypes.canonicalize_dtype
+is_weakly_typed = _dtypes.is_weakly_typed
+ShapedArray = _core.ShapedArray
+shaped_abstractify = _core.shaped_abstractify
+shard_arg_handlers = _pxla.shard_arg_handlers
+batched_device_put = _jaxlib_ext.batched_device_put
+cpp_shard_args = _jaxlib_ext.shard_args
+
+
+def result_handler(aval, sharding, committed: bool):
+    """The handler that wraps one raw output buffer into a jax.Array."""
+    return _pxla.global_aval_to_result_handler(aval, sharding, committed)
+
+
+def pxla_shard_args(shardings, layouts, args):
+    """JAX's own (Python) argument sharding, used off the fast path."""
+    return _pxla.shard_args(shardings, layouts, [REUSE_INPUT] * len(args), args)
+
+
+def needs_check_special() -> bool:
+    return _config.debug_nans.value or _config.debug_infs.value
+
+
+def is_top_level_trace() -> bool:
+    return _core.trace_ctx.is_top_level()
+
+
+def jit_info(jitted):
+    """The validated options record (PjitInfo) of a `jax.jit` object."""
+    return jitted._jit_info
+
+
+def jit_global_cache_key(info):
+    """The hashable record of jit options that are not part of a call key.
+
+    Mirrors `pjit._cpp_pjit`: two jitted functions over the same Python
+    function with equal options share executables, as upstream.
+    """
+    return _pxla.JitGlobalCppCacheKeys(
+        donate_argnums=info.donate_argnums,
+        donate_argnames=info.donate_argnames,
+        device=info.device,
+        backend=info.backend,
+        in_shardings_treedef=info.in_shardings_treedef,
+        in_shardings_leaves=info.in_shardings_leaves,
+        out_shardings_treedef=info.out_shardings_treedef,
+        out_shardings_leaves=info.out_shardings_leaves,
+        in_layouts_treedef=info.in_layouts_treedef,
+        in_layouts_leaves=info.in_layouts_leaves,
+        out_layouts_treedef=info.out_layouts_treedef,
+        out_layouts_leaves=info.out_layouts_leaves,
+        compiler_options_kvs=info.compiler_options_kvs,
+    )
+
+
+def cache_miss_of(jitted):
+    """JAX's own trace/lower/compile for one call.
+
+    Returns a function `(*args, **kwargs) -> (outputs, fastpath_or_None,
+    rebuild_with_fdo)`, exactly what jaxlib's C++ `PjitFunction` receives.
+    """
+    return jitted._cache_miss
+
+
+def live_executables(backend=None) -> list:
+    """The client's live loaded executables (for leak checks)."""
+    return _xla_bridge.get_backend(backend).live_executables()
+
+
+def local_devices():
+    return jax.local_devices()
+
+
+def clear_jax_caches() -> None:
+    """Clears JAX's own tracing/compilation caches (used by `clear_all`)."""
+    _pjit._infer_params_cached.cache_clear()
+    _pxla._cached_lowering_to_hlo.cache_clear()
+    _pxla._cached_compilation.cache_clear()
+
+
+def addressable_devices_indices_map(sharding, shape):
+    return sharding.addressable_devices_indices_map(shape)
+
+
+def addressable_device_assignment(sharding):
+    return sharding._addressable_device_assignment
