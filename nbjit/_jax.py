@@ -151,3 +151,23 @@ def addressable_devices_indices_map(sharding, shape):
 
 def addressable_device_assignment(sharding):
     return sharding._addressable_device_assignment
+
+
+# --- sharding helpers (issue 3) ---
+try:
+    from jax._src.sharding_impls import GSPMDSharding
+except ImportError:  # removed in some later jax; nbjit.sharding then skips it
+    GSPMDSharding = None
+from jax._src.lib import xla_client as _xla_client  # noqa: E402
+
+OP_SHARDING_REPLICATED = _xla_client.OpSharding.Type.REPLICATED
+
+
+def hlo_is_replicated(hlo_sharding) -> bool:
+    """As `op_shardings.is_hlo_sharding_replicated` (one device counts as replicated)."""
+    return hlo_sharding.num_devices() == 1 or hlo_sharding.is_replicated()
+
+
+def aval_with_sharding(aval, sharding):
+    """The aval a jax.Array with `sharding` carries (mesh axes for NamedSharding)."""
+    return _core.update_aval_with_sharding(aval, sharding)

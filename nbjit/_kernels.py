@@ -1,0 +1,280 @@
+"""Numba kernels for the array-shaped parts of dispatch. No jax import here.
+
+Three families, each with the plain-Python front-end it needs beside it:
+
+- signature keys: per-leaf (dtype code, weak type, committed, sharding id,
+  layout id, shape) packed into one int64 buffer, hashed to one int64 and
+  compared word by word. `python_signature_key` computes the same key in
+  plain Python (it wins for few leaves; the asv benchmark
+  `bench_kernels.SignatureKey` shows the crossover).
+- index domains: the [start, stop) per dimension of every device's shard of
+  a global array, from a mesh description; `group_replicas` numbers the
+  distinct domains.
+- strided gather: one pass that copies every distinct shard of a
+  (possibly non-contiguous, negative-stride) array into one contiguous
+  staging buffer.
+
+Every kernel is `cache=True`: the first call in a fresh environment compiles
+(cold), later processes load the machine code from `__pycache__` (warm).
+Importing this module imports numba (~0.3 s); nbjit imports it lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit
+
+# ---------------------------------------------------------------------------
+# Signature keys
+# ---------------------------------------------------------------------------
+
+# Packed layout of one leaf, in int64 words:
+#   [dtype_code, flags, sharding_id, layout_id, ndim, dim_0, ..., dim_{ndim-1}]
+# flags = weak_type | committed << 1. The buffer is the concatenation over
+# leaves; ndim delimits leaves, so two different leaf lists never pack alike.
+LEAF_HEADER_WORDS = 5
+
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+_MIX_1 = 0xFF51AFD7ED558CCD
+_MIX_2 = 0xC4CEB9FE1A85EC53
+_MASK64 = (1 << 64) - 1
+
+
+@njit(cache=True, nogil=True)
+def pack_leaf_signatures(dtype_codes, weak_types, committed, sharding_ids, layout_ids,
+                         ndims, dims):
+    """Packs per-leaf signature fields into one int64 buffer.
+
+    All inputs are int64 arrays of one entry per leaf, except `dims`: the
+    leaves' shapes concatenated (sum(ndims) entries).
+    """
+    n = dtype_codes.shape[0]
+    total = n * LEAF_HEADER_WORDS + dims.shape[0]
+    buf = np.empty(total, dtype=np.int64)
+    pos = 0
+    d = 0
+    for i in range(n):
+        buf[pos] = dtype_codes[i]
+        flags = 0
+        if weak_types[i] != 0:
+            flags |= 1
+        if committed[i] != 0:
+            flags |= 2
+        buf[pos + 1] = flags
+        buf[pos + 2] = sharding_ids[i]
+        buf[pos + 3] = layout_ids[i]
+        buf[pos + 4] = ndims[i]
+        pos += LEAF_HEADER_WORDS
+        for _ in range(ndims[i]):
+            buf[pos] = dims[d]
+            pos += 1
+            d += 1
+    return buf
+
+
+@njit(cache=True, nogil=True)
+def hash_signature(buf):
+    """64-bit hash of an int64 buffer: FNV-1a over words, murmur3 finaliser."""
+    h = np.uint64(_FNV_OFFSET)
+    prime = np.uint64(_FNV_PRIME)
+    for i in range(buf.shape[0]):
+        h = (h ^ np.uint64(buf[i])) * prime
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(_MIX_1)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(_MIX_2)
+    h ^= h >> np.uint64(33)
+    return np.int64(h)
+
+
+@njit(cache=True, nogil=True)
+def signatures_equal(a, b):
+    """Whether two packed signature buffers are equal, word by word."""
+    if a.shape[0] != b.shape[0]:
+        return False
+    for i in range(a.shape[0]):
+        if a[i] != b[i]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _signature_key_kernel(dtype_codes, weak_types, committed, sharding_ids, layout_ids,
+                          ndims, dims):
+    buf = pack_leaf_signatures(dtype_codes, weak_types, committed, sharding_ids,
+                               layout_ids, ndims, dims)
+    return hash_signature(buf), buf
+
+
+Leaf = tuple[int, bool, bool, int, int, Sequence[int]]
+"""(dtype_code, weak_type, committed, sharding_id, layout_id, shape)."""
+
+
+def pack_signature_python(leaves: Sequence[Leaf]) -> list[int]:
+    """Plain-Python twin of `pack_leaf_signatures` (same words, same order)."""
+    buf: list[int] = []
+    for dtype_code, weak, committed, sharding_id, layout_id, shape in leaves:
+        buf += (dtype_code, int(bool(weak)) | (int(bool(committed)) << 1), sharding_id,
+                layout_id, len(shape))
+        buf += shape
+    return buf
+
+
+def hash_signature_python(buf: Sequence[int]) -> int:
+    """Plain-Python twin of `hash_signature`."""
+    h = _FNV_OFFSET
+    for word in buf:
+        h = ((h ^ (word & _MASK64)) * _FNV_PRIME) & _MASK64
+    h ^= h >> 33
+    h = (h * _MIX_1) & _MASK64
+    h ^= h >> 33
+    h = (h * _MIX_2) & _MASK64
+    h ^= h >> 33
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def python_signature_key(leaves: Sequence[Leaf]) -> int:
+    """The int64 signature key of `leaves`, computed in plain Python."""
+    return hash_signature_python(pack_signature_python(leaves))
+
+
+def numba_signature_key(leaves: Sequence[Leaf]) -> tuple[int, np.ndarray]:
+    """The same key as `python_signature_key`, via the Numba kernels.
+
+    Returns `(key, packed_buffer)`; keep the buffer to confirm a hit with
+    `signatures_equal`. Extracting the fields into arrays is part of the
+    cost: this is the function the crossover benchmark times.
+    """
+    n = len(leaves)
+    dtype_codes = np.empty(n, np.int64)
+    weak = np.empty(n, np.int64)
+    committed = np.empty(n, np.int64)
+    sharding_ids = np.empty(n, np.int64)
+    layout_ids = np.empty(n, np.int64)
+    ndims = np.empty(n, np.int64)
+    dims: list[int] = []
+    for i, (code, w, c, sid, lid, shape) in enumerate(leaves):
+        dtype_codes[i] = code
+        weak[i] = w
+        committed[i] = c
+        sharding_ids[i] = sid
+        layout_ids[i] = lid
+        ndims[i] = len(shape)
+        dims += shape
+    key, buf = _signature_key_kernel(dtype_codes, weak, committed, sharding_ids, layout_ids,
+                                     ndims, np.array(dims, dtype=np.int64))
+    return int(key), buf
+
+
+# ---------------------------------------------------------------------------
+# Index domains and replicas
+# ---------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def index_domains(global_shape, mesh_shape, dim_axes, device_coords):
+    """[start, stop) per dimension of each device's shard.
+
+    global_shape: int64[ndim]. mesh_shape: int64[n_axes].
+    dim_axes: int64[ndim, k], the mesh axes that shard each array dimension,
+      major to minor, padded with -1 (a PartitionSpec entry ('x', 'y') is
+      [ix, iy]; None is all -1).
+    device_coords: int64[n_dev, n_axes], each device's coordinate in the mesh.
+    Returns int64[n_dev, ndim, 2]. The caller has checked that every
+    dimension divides by its number of shards (as JAX requires).
+    """
+    n_dev = device_coords.shape[0]
+    ndim = global_shape.shape[0]
+    out = np.empty((n_dev, ndim, 2), dtype=np.int64)
+    for dev in range(n_dev):
+        for d in range(ndim):
+            n_shards = 1
+            index = 0
+            for j in range(dim_axes.shape[1]):
+                axis = dim_axes[d, j]
+                if axis >= 0:
+                    n_shards *= mesh_shape[axis]
+                    index = index * mesh_shape[axis] + device_coords[dev, axis]
+            block = global_shape[d] // n_shards
+            out[dev, d, 0] = index * block
+            out[dev, d, 1] = index * block + block
+    return out
+
+
+@njit(cache=True, nogil=True)
+def group_replicas(domains):
+    """Numbers the distinct domains in order of first appearance.
+
+    Returns (group_of_device int64[n_dev], first_device_of_group int64[n_groups]).
+    """
+    n_dev = domains.shape[0]
+    group = np.empty(n_dev, dtype=np.int64)
+    first = np.empty(n_dev, dtype=np.int64)
+    n_groups = 0
+    for dev in range(n_dev):
+        found = -1
+        for g in range(n_groups):
+            other = first[g]
+            same = True
+            for d in range(domains.shape[1]):
+                if (domains[dev, d, 0] != domains[other, d, 0]
+                        or domains[dev, d, 1] != domains[other, d, 1]):
+                    same = False
+                    break
+            if same:
+                found = g
+                break
+        if found < 0:
+            first[n_groups] = dev
+            found = n_groups
+            n_groups += 1
+        group[dev] = found
+    return group, first[:n_groups].copy()
+
+
+# ---------------------------------------------------------------------------
+# Strided gather
+# ---------------------------------------------------------------------------
+
+GATHER_RANK = 4
+"""Rank the gather kernel works in; lower ranks are padded with leading 1s."""
+
+_GATHER_SIGNATURES = [
+    f"void({t}[:,:,:,:], int64[:,:], int64[:,:], int64[:], {t}[::1])"
+    for t in ("uint8", "uint16", "uint32", "uint64")
+]
+_UINT_OF_ITEMSIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@njit(_GATHER_SIGNATURES, cache=True, nogil=True)
+def _gather_shards(src, starts, stops, offsets, out):
+    for s in range(starts.shape[0]):
+        pos = offsets[s]
+        for i in range(starts[s, 0], stops[s, 0]):
+            for j in range(starts[s, 1], stops[s, 1]):
+                for k in range(starts[s, 2], stops[s, 2]):
+                    for m in range(starts[s, 3], stops[s, 3]):
+                        out[pos] = src[i, j, k, m]
+                        pos += 1
+
+
+def gather_view_dtype(dtype: np.dtype) -> type | None:
+    """The unsigned integer type the gather works on for `dtype`, or None."""
+    return _UINT_OF_ITEMSIZE.get(np.dtype(dtype).itemsize)
+
+
+def gather_strided(src: np.ndarray, starts: np.ndarray, stops: np.ndarray,
+                   offsets: np.ndarray, out: np.ndarray) -> None:
+    """Copies shards `src[starts[s]:stops[s]]` into `out`, row-major, at `offsets[s]`.
+
+    src: any strides (negative included), rank <= GATHER_RANK, itemsize 1, 2,
+      4 or 8 (bfloat16, bool and complex64 are moved as same-size integers).
+    starts, stops: int64[n_shards, GATHER_RANK] (pad leading dims with 0, 1).
+    offsets: int64[n_shards], in elements of `out`.
+    out: 1-D contiguous, same itemsize as src.
+    """
+    view = _UINT_OF_ITEMSIZE[src.dtype.itemsize]
+    src4 = src.view(view).reshape((1,) * (GATHER_RANK - src.ndim) + src.shape)
+    _gather_shards(src4, starts, stops, offsets, out.view(view))

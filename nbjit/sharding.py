@@ -1,0 +1,302 @@
+"""Numpy arrays and scalars onto any sharding, sliced on the host.
+
+Per (sharding, shape, dtype, weak_type) a `ShardingPlan` is built once and
+cached: each addressable device's index domain, the devices grouped by
+distinct domain (replicas), and where each distinct shard sits in one
+64-byte-aligned staging buffer. Per call a plan only allocates that buffer,
+gathers every distinct shard into it in one Numba pass, and makes one batched
+transfer (`batched_device_put`), handing replicas the same staging view.
+
+The staging buffer is fresh per call and owned by the transfer: on CPU the
+runtime may use it in place (zero copy) and the caller's numpy array is never
+aliased, so mutating it after the call never changes the result.
+
+Anything a plan cannot do exactly (an unsupported sharding, dtype or layout,
+a shape the sharding does not divide, a numpy subclass) goes to
+`jax.device_put`, which gives upstream's result or raises upstream's
+exception; nothing is cached for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+
+from nbjit import _jax
+
+_ALIGN = 64  # bytes; the CPU client uses host memory in place when aligned to this
+_PLAN_CACHE_SIZE = 4096
+_SCALAR_TYPES = (bool, int, float, complex)
+_kernels = None  # nbjit._kernels, imported on first plan (numba costs ~0.3 s to import)
+_kernels_lock = threading.Lock()
+
+
+def _load_kernels():
+    global _kernels
+    if _kernels is None:
+        with _kernels_lock:
+            if _kernels is None:
+                from nbjit import _kernels as kernels
+
+                _kernels = kernels
+    return _kernels
+
+
+def _gatherable_dtype(dtype: np.dtype) -> bool:
+    """Numeric dtypes JAX takes whose items the gather kernel can move."""
+    if dtype.itemsize not in (1, 2, 4, 8):
+        return False
+    if dtype.kind in "biufc":
+        return True
+    # ml_dtypes: bfloat16 and the float8 family (not int4/float4: packed in JAX).
+    return dtype.name == "bfloat16" or dtype.name.startswith("float8")
+
+
+class ShardingPlan:
+    """How to slice one (shape, dtype) numpy array onto one sharding.
+
+    Invariants: `domains[i]` is the [start, stop) per dimension of
+    `devices[i]`'s shard, equal to `sharding.addressable_devices_indices_map`;
+    devices with equal domains share one group, and each group's shard is
+    gathered once per call.
+    """
+
+    __slots__ = ("sharding", "shape", "dtype", "weak_type", "aval", "devices", "domains",
+                 "group_of_device", "_starts", "_stops", "_elem_offsets", "_byte_offsets",
+                 "_shard_shapes", "_nbytes", "_uint")
+
+    def __init__(self, sharding, shape: tuple[int, ...], dtype: np.dtype, weak_type: bool,
+                 devices: list, domains: np.ndarray):
+        kernels = _load_kernels()
+        self.sharding = sharding
+        self.shape = shape
+        self.dtype = dtype
+        self.weak_type = weak_type
+        self.aval = _jax.aval_with_sharding(
+            _jax.ShapedArray(shape, dtype, weak_type=weak_type), sharding)
+        self.devices = devices
+        self.domains = domains
+        group_of_device, first_device = kernels.group_replicas(domains)
+        self.group_of_device = group_of_device.tolist()
+        rank = kernels.GATHER_RANK
+        n_groups = len(first_device)
+        pad = rank - len(shape)
+        starts = np.zeros((n_groups, rank), np.int64)
+        stops = np.ones((n_groups, rank), np.int64)
+        starts[:, pad:] = domains[first_device, :, 0]
+        stops[:, pad:] = domains[first_device, :, 1]
+        self._starts, self._stops = starts, stops
+        itemsize = dtype.itemsize
+        shard_shapes, byte_offsets = [], []
+        offset = 0
+        for g in range(n_groups):
+            shard_shape = tuple(int(n) for n in stops[g, pad:] - starts[g, pad:])
+            shard_shapes.append(shard_shape)
+            byte_offsets.append(offset)
+            nbytes = int(np.prod(shard_shape, dtype=np.int64)) * itemsize
+            offset += -(-nbytes // _ALIGN) * _ALIGN
+        self._shard_shapes = shard_shapes
+        self._byte_offsets = byte_offsets
+        self._elem_offsets = np.array(byte_offsets, np.int64) // itemsize
+        self._nbytes = offset
+        self._uint = kernels.gather_view_dtype(dtype)
+
+    def put(self, x: np.ndarray) -> jax.Array:
+        """`x` (an ndarray of exactly `shape` and `dtype`, any strides) as a
+        committed jax.Array with `sharding`. `x` is read, never aliased."""
+        raw = np.empty(self._nbytes + _ALIGN, np.uint8)
+        skip = -raw.__array_interface__["data"][0] % _ALIGN
+        staging = raw[skip:skip + self._nbytes]
+        _kernels.gather_strided(x, self._starts, self._stops, self._elem_offsets,
+                                staging.view(self._uint))
+        dtype = self.dtype
+        shards = [np.ndarray(s, dtype, buffer=staging, offset=o)
+                  for s, o in zip(self._shard_shapes, self._byte_offsets, strict=True)]
+        per_device = [shards[g] for g in self.group_of_device]
+        return _jax.batched_device_put(self.aval, self.sharding, per_device, self.devices, True)
+
+
+def _unsupported(_reason: str) -> None:
+    return None
+
+
+def _mesh_description(sharding, ndim: int):
+    """(mesh_shape, dim_axes, device_coords by flat device position, flat devices) or None."""
+    if isinstance(sharding, _jax.NamedSharding):
+        spec = sharding.spec
+        if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+            return _unsupported("unreduced/reduced axes")
+        mesh = sharding.mesh
+        names = list(mesh.axis_names)
+        mesh_shape = np.array(mesh.devices.shape, np.int64)
+        entries = list(spec) + [None] * (ndim - len(spec))
+        if len(entries) != ndim:
+            return None
+        axes_per_dim = []
+        for entry in entries:
+            if entry is None:
+                axes_per_dim.append(())
+            elif isinstance(entry, str):
+                axes_per_dim.append((names.index(entry),))
+            elif isinstance(entry, tuple) and all(isinstance(a, str) for a in entry):
+                axes_per_dim.append(tuple(names.index(a) for a in entry))
+            else:
+                return _unsupported("unconstrained or unknown spec entry")
+        flat_devices = list(mesh.devices.flat)
+        coords = np.stack(np.unravel_index(np.arange(len(flat_devices)), mesh.devices.shape),
+                          axis=1).astype(np.int64)
+    elif isinstance(sharding, _jax.SingleDeviceSharding):
+        mesh_shape = np.ones(1, np.int64)
+        axes_per_dim = [()] * ndim
+        flat_devices = list(sharding.device_set)
+        coords = np.zeros((1, 1), np.int64)
+    elif _jax.GSPMDSharding is not None and isinstance(sharding, _jax.GSPMDSharding):
+        hlo = sharding._hlo_sharding
+        assignment = list(sharding._device_assignment)
+        if _jax.hlo_is_replicated(hlo):
+            mesh_shape = np.array([len(assignment)], np.int64)
+            axes_per_dim = [()] * ndim
+            flat_devices = assignment
+            coords = np.arange(len(assignment), dtype=np.int64)[:, None]
+        else:
+            if hlo.is_manual() or hlo.is_unreduced() or hlo.is_maximal():
+                return _unsupported("manual/unreduced/maximal HloSharding")
+            tile_dims = list(hlo.tile_assignment_dimensions())
+            subgroups = list(hlo.subgroup_types())
+            n_extra = len(tile_dims) - ndim
+            replicated_last = hlo.replicate_on_last_tile_dim() or (
+                subgroups == [_jax.OP_SHARDING_REPLICATED])
+            if not (n_extra == 0 and not subgroups) and not (n_extra == 1 and replicated_last):
+                return _unsupported("tile assignment with other subgroups")
+            mesh_shape = np.array(tile_dims, np.int64)
+            axes_per_dim = [(d,) for d in range(ndim)]
+            positions = list(hlo.tile_assignment_devices())
+            flat_devices = [assignment[p] for p in positions]
+            coords = np.stack(np.unravel_index(np.arange(len(positions)), tile_dims),
+                              axis=1).astype(np.int64)
+    else:
+        return _unsupported("sharding type")
+    width = max([1] + [len(a) for a in axes_per_dim])
+    dim_axes = np.full((ndim, width), -1, np.int64)
+    for d, axes in enumerate(axes_per_dim):
+        dim_axes[d, :len(axes)] = axes
+    return mesh_shape, dim_axes, coords, flat_devices
+
+
+def addressable_index_domains(sharding, shape: tuple[int, ...]):
+    """(addressable devices, int64[n_dev, ndim, 2] domains) or None if unsupported.
+
+    Devices are in `sharding`'s addressable device assignment order (the
+    order `batched_device_put` takes). The shape must already be valid for
+    the sharding (see `plan_for`).
+    """
+    described = _mesh_description(sharding, len(shape))
+    if described is None:
+        return None
+    mesh_shape, dim_axes, coords, flat_devices = described
+    devices = list(_jax.addressable_device_assignment(sharding))
+    position = {d: i for i, d in enumerate(flat_devices)}
+    if len(position) != len(flat_devices) or any(d not in position for d in devices):
+        return None
+    device_coords = np.ascontiguousarray(coords[[position[d] for d in devices]])
+    kernels = _load_kernels()
+    domains = kernels.index_domains(np.array(shape, np.int64), mesh_shape, dim_axes,
+                                    device_coords)
+    return devices, domains
+
+
+_plans: dict[tuple, ShardingPlan | None] = {}
+_plans_lock = threading.Lock()
+
+
+def plan_for(sharding, shape: tuple[int, ...], dtype: np.dtype,
+             weak_type: bool = False) -> ShardingPlan | None:
+    """The cached plan for numpy arrays of `shape` and (canonical) `dtype`.
+
+    None when nbjit cannot slice this case itself (unsupported sharding type,
+    memory kind or dtype; a shape the sharding rejects): use `jax.device_put`
+    (or JAX's own shard_args), which gives upstream's result or exception.
+    Only successful plans are cached; a rejected combination is recomputed
+    (and rejected again) on every call, so errors stay upstream's.
+    """
+    key = (sharding, shape, dtype, weak_type)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    plan = _build_plan(sharding, shape, dtype, weak_type)
+    if plan is not None:
+        with _plans_lock:
+            if len(_plans) >= _PLAN_CACHE_SIZE:
+                _plans.clear()
+            _plans[key] = plan
+    return plan
+
+
+def _build_plan(sharding, shape, dtype, weak_type) -> ShardingPlan | None:
+    if not _gatherable_dtype(dtype) or len(shape) > 4:
+        return None
+    if getattr(sharding, "memory_kind", None) not in (None, "device"):
+        return None
+    try:
+        sharding.shard_shape(shape)  # JAX's own rank and divisibility checks
+    except Exception:
+        return None
+    found = addressable_index_domains(sharding, shape)
+    if found is None:
+        return None
+    devices, domains = found
+    return ShardingPlan(sharding, shape, dtype, weak_type, devices, domains)
+
+
+def clear_plans() -> None:
+    """Drops every cached plan."""
+    with _plans_lock:
+        _plans.clear()
+
+
+def plan_cache_size() -> int:
+    return len(_plans)
+
+
+def _canonical_scalar(x) -> tuple[np.ndarray, bool] | None:
+    """A Python scalar as (0-d canonical ndarray, weak_type), or None to defer to JAX."""
+    dtype = np.dtype(jax.dtypes.result_type(x))
+    if type(x) is int:
+        info = np.iinfo(dtype)
+        if not info.min <= x <= info.max:
+            return None  # upstream raises OverflowError
+    return np.asarray(x, dtype), type(x) is not bool
+
+
+def device_put(x: Any, sharding) -> jax.Array:
+    """`jax.device_put(x, sharding)` for numpy arrays and numpy/Python scalars.
+
+    Same shards, devices, data, sharding, dtype, weak type and committedness
+    as upstream; the numpy input is copied, never aliased. Other inputs (jax
+    Arrays, pytrees, devices instead of shardings, ...) and anything a plan
+    cannot handle go to `jax.device_put` unchanged.
+    """
+    kind = type(x)
+    if kind is np.ndarray:
+        weak_type = False
+    elif kind in _SCALAR_TYPES:
+        scalar = _canonical_scalar(x)
+        if scalar is None:
+            return jax.device_put(x, sharding)
+        x, weak_type = scalar
+    elif isinstance(x, np.generic):
+        x, weak_type = np.asarray(x), False
+    else:
+        return jax.device_put(x, sharding)
+    if not isinstance(sharding, jax.sharding.Sharding) or not _gatherable_dtype(x.dtype):
+        return jax.device_put(x, sharding)
+    dtype = np.dtype(_jax.canonicalize_dtype(x.dtype))
+    plan = plan_for(sharding, x.shape, dtype, weak_type)
+    if plan is None:
+        return jax.device_put(x, sharding)
+    if x.dtype != dtype:
+        x = x.astype(dtype)
+    return plan.put(x)

@@ -1,0 +1,219 @@
+"""nbjit._kernels: signature keys, index domains, replicas, strided gather."""
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from nbjit import _jax, _kernels
+from nbjit.sharding import addressable_index_domains
+
+needs_8_devices = pytest.mark.skipif(
+    len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS host device count)")
+
+
+def test_kernels_module_does_not_import_jax(tmp_path):
+    # A copy outside the package: importing it must not pull in jax, and
+    # neither may compiling and running its kernels.
+    (tmp_path / "kernels_copy.py").write_text(Path(_kernels.__file__).read_text())
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import kernels_copy as k\n"
+        "k.numba_signature_key([(1, True, False, 2, 0, (3, 4))])\n"
+        "print(sorted(n for n in sys.modules if n == 'jax' or n.startswith('jax.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_importing_nbjit_sharding_does_not_import_numba():
+    code = "import sys, nbjit.sharding; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+# --- signature keys --------------------------------------------------------
+
+_int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_leaf = st.tuples(
+    st.integers(min_value=0, max_value=40),                       # dtype code
+    st.booleans(),                                                # weak type
+    st.booleans(),                                                # committed
+    _int64,                                                       # sharding id
+    st.integers(min_value=-1, max_value=2**31),                   # layout id
+    st.lists(st.integers(min_value=0, max_value=2**40), max_size=6).map(tuple),  # shape
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_leaf, max_size=12))
+def test_numba_and_python_signature_keys_agree(leaves):
+    key, buf = _kernels.numba_signature_key(leaves)
+    packed = _kernels.pack_signature_python(leaves)
+    assert buf.tolist() == packed
+    assert key == _kernels.python_signature_key(leaves)
+    assert -(2**63) <= key < 2**63
+    assert _kernels.signatures_equal(buf, np.array(packed, np.int64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_leaf, max_size=6), st.lists(_leaf, max_size=6))
+def test_different_leaves_pack_differently(a, b):
+    pa, pb = _kernels.pack_signature_python(a), _kernels.pack_signature_python(b)
+    norm = lambda leaves: [(c, bool(w), bool(m), s, ly, tuple(sh))
+                           for c, w, m, s, ly, sh in leaves]
+    assert (pa == pb) == (norm(a) == norm(b))
+    eq = _kernels.signatures_equal(np.array(pa, np.int64), np.array(pb, np.int64))
+    assert eq == (pa == pb)
+
+
+def test_signature_key_separates_each_field():
+    base = (3, False, True, 11, 0, (4, 5))
+    keys = {_kernels.python_signature_key([base])}
+    for i, changed in enumerate([4, True, False, 12, 1, (5, 4)]):
+        leaf = list(base)
+        leaf[i] = changed
+        keys.add(_kernels.python_signature_key([tuple(leaf)]))
+    keys.add(_kernels.python_signature_key([(3, False, True, 11, 0, (4,)), (5, 0, 0, 0, 0, ())]))
+    assert len(keys) == 8
+
+
+# --- index domains ---------------------------------------------------------
+
+def _normalise(index, shape):
+    out = []
+    for sl, dim in zip(index, shape, strict=True):
+        start, stop, step = sl.indices(dim)
+        assert step == 1
+        out.append([start, stop])
+    return out
+
+
+def _expected_domains(sharding, shape, devices):
+    indices = sharding.addressable_devices_indices_map(shape)
+    return [_normalise(indices[d], shape) for d in devices]
+
+
+MESHES = {"8": ((8,), ("x",)), "4x2": ((4, 2), ("x", "y")), "2x2x2": ((2, 2, 2), ("x", "y", "z"))}
+SPECS = {"x": P("x"), "x_y": P("x", "y"), "none_y": P(None, "y"), "xy": P(("x", "y")),
+         "replicated": P(), "yx_z": P(("y", "x"), None, "z"), "z_x": P("z", "x")}
+
+
+def _mesh(name, reverse=False):
+    shape, names = MESHES[name]
+    devices = np.array(jax.devices()[:8])
+    if reverse:
+        devices = devices[::-1]
+    return jax.sharding.Mesh(devices.reshape(shape), names)
+
+
+def _spec_axes(spec):
+    return {a for e in spec if e is not None for a in (e if isinstance(e, tuple) else (e,))}
+
+
+MESH_SPEC_PAIRS = [(m, s) for m in MESHES for s in SPECS
+                   if _spec_axes(SPECS[s]) <= set(MESHES[m][1])]
+
+
+@needs_8_devices
+@pytest.mark.parametrize("reverse", [False, True], ids=["iota", "reversed"])
+@pytest.mark.parametrize("mesh_name,spec_name", MESH_SPEC_PAIRS)
+def test_index_domains_equal_jax(mesh_name, spec_name, reverse):
+    mesh = _mesh(mesh_name, reverse)
+    spec = SPECS[spec_name]
+    for shape in [(16,), (16, 8), (8, 4, 6), (8, 8, 4, 2)]:
+        if len(spec) > len(shape):
+            continue
+        sharding = NamedSharding(mesh, spec)
+        devices, domains = addressable_index_domains(sharding, shape)
+        assert devices == list(sharding._addressable_device_assignment)
+        assert domains.tolist() == _expected_domains(sharding, shape, devices)
+        for gspmd in [_jax.GSPMDSharding(tuple(mesh.devices.flat),
+                                         sharding._to_xla_hlo_sharding(len(shape)))]:
+            g_devices, g_domains = addressable_index_domains(gspmd, shape)
+            assert g_domains.tolist() == _expected_domains(gspmd, shape, g_devices)
+
+
+@needs_8_devices
+def test_index_domains_single_device_and_rank_zero():
+    device = jax.devices()[3]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    devices, domains = addressable_index_domains(sharding, (5, 7))
+    assert devices == [device]
+    assert domains.tolist() == [[[0, 5], [0, 7]]]
+    devices, domains = addressable_index_domains(NamedSharding(_mesh("4x2"), P()), ())
+    assert domains.shape == (8, 0, 2)
+
+
+@needs_8_devices
+@pytest.mark.parametrize("spec", [P("x"), P("x", "y"), P(None, "y"), P(("x", "y")), P()],
+                         ids=str)
+def test_group_replicas_matches_distinct_domains(spec):
+    sharding = NamedSharding(_mesh("4x2"), spec)
+    shape = (16, 8)
+    devices, domains = addressable_index_domains(sharding, shape)
+    group, first = _kernels.group_replicas(domains)
+    indices = sharding.addressable_devices_indices_map(shape)
+    distinct = {tuple(map(tuple, _normalise(indices[d], shape))) for d in devices}
+    assert len(first) == len(distinct)
+    for i, j in itertools.combinations(range(len(devices)), 2):
+        same = domains[i].tolist() == domains[j].tolist()
+        assert (group[i] == group[j]) == same
+    assert [group[f] for f in first] == list(range(len(first)))
+
+
+# --- strided gather --------------------------------------------------------
+
+GATHER_DTYPES = [np.float32, ml_dtypes.bfloat16, np.int8, np.bool_, np.complex64, np.float64]
+
+
+@st.composite
+def _strided_arrays(draw):
+    rank = draw(st.integers(min_value=0, max_value=4))
+    shape = tuple(draw(st.integers(min_value=0, max_value=5)) for _ in range(rank))
+    steps = tuple(draw(st.sampled_from([1, 2, -1, -2])) for _ in range(rank))
+    dtype = draw(st.sampled_from(GATHER_DTYPES))
+    base_shape = tuple(n * abs(s) for n, s in zip(shape, steps, strict=True))
+    base = (np.arange(int(np.prod(base_shape)), dtype=np.int64) % 113).reshape(base_shape)
+    base = base.astype(np.float32).astype(dtype)
+    if draw(st.booleans()):
+        base = np.array(base, order="F")
+    x = base[tuple(slice(None, None, s) for s in steps) + (Ellipsis,)]
+    starts, stops = [], []
+    for n in shape:
+        a = draw(st.integers(min_value=0, max_value=n))
+        b = draw(st.integers(min_value=a, max_value=n))
+        starts.append(a)
+        stops.append(b)
+    return x, starts, stops
+
+
+@settings(max_examples=200, deadline=None)
+@given(_strided_arrays(), st.integers(min_value=0, max_value=3))
+def test_gather_strided_equals_numpy_slicing(case, offset):
+    x, starts, stops = case
+    before = x.copy()
+    region = x[tuple(slice(a, b) for a, b in zip(starts, stops, strict=True)) + (Ellipsis,)]
+    pad = _kernels.GATHER_RANK - x.ndim
+    s = np.array([[0] * pad + starts, [0] * pad + [0] * x.ndim], np.int64)
+    e = np.array([[1] * pad + stops, [1] * pad + list(x.shape)], np.int64)
+    n0 = region.size
+    offsets = np.array([offset, offset + n0], np.int64)
+    out = np.zeros(offset + n0 + x.size, x.dtype)
+    _kernels.gather_strided(x, s, e, offsets, out)
+    bits = lambda a: np.ascontiguousarray(a).view(_kernels.gather_view_dtype(a.dtype))
+    assert np.array_equal(bits(out[offset:offset + n0]), bits(region).ravel())
+    assert np.array_equal(bits(out[offset + n0:]), bits(x).ravel())
+    assert np.array_equal(bits(x), bits(before))
