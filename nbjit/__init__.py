@@ -1,3 +1,16 @@
-"""nbjit: a drop-in `jax.jit` whose per-call dispatch is Python + Numba."""
+"""nbjit: a drop-in `jax.jit` whose per-call dispatch is Python + Numba.
 
-from nbjit import _jax  # noqa: F401  (version check at import)
+    import nbjit
+
+    @nbjit.jit
+    def f(x, y):
+        return x * y + 1
+
+Tracing, lowering and compiling are JAX's own; nbjit owns the cache-hit path.
+"""
+
+from nbjit import _jax  # noqa: F401  (checks the jax version at import)
+from nbjit.dispatch import PjitFunction, PjitFunctionCache, jit
+
+__all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
+__version__ = "0.1.0"

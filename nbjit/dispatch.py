@@ -1,0 +1,658 @@
+"""The dispatcher: parse, key, cache, miss path, execute.
+
+`jit(fun)` returns a `PjitFunction`. Tracing, lowering and compiling stay
+JAX's own (`jax.jit(fun)._cache_miss`); what lives here is the per-call fast
+path that jaxlib writes in C++: key the call, find the executable, put the
+inputs on the right devices, run, wrap the outputs.
+
+Keys (see `_fast_key` / `_general_key`):
+  * every leaf a committed-or-not `jax.Array` (the common case):
+    ``(treedef, trace_context, avals, committed)``. Avals are interned by
+    JAX, so hashing them is an identity hash; the shardings, whose hash is
+    not cheap, are compared per entry instead (tuple equality checks
+    identity first, and the result handlers hand back the same sharding
+    objects on every call).
+  * any other mix of leaves (numpy arrays, scalars):
+    ``(treedef, trace_context, _GENERAL, per-leaf signatures)``.
+  * with static arguments, the static values (exact type and ``==``) are
+    prepended.
+A leaf of any other type (a tracer, a string, an object) takes JAX's own path
+and is never cached, so JAX raises what it raises.
+
+Invariants:
+  * Only `_miss` writes the cache; an entry never changes after insertion.
+  * An entry with ``fast=False`` sends its signature to JAX's own path for
+    good (no fast-path data, or its compile failed).
+  * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import threading
+import types
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from nbjit import _jax
+
+__all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
+
+ArrayImpl = _jax.ArrayImpl
+_flatten = _jax.flatten_for_dispatch
+_trace_context = _jax.trace_context
+_debug_nans = _jax.debug_nans
+_debug_infs = _jax.debug_infs
+_GENERAL = object()  # marks keys built by the general (mixed-leaf) path
+_KWARGS = object()  # marks keys of calls with keyword arguments (treedef of (args, kwargs))
+_NOT_SET = object()  # marks jit options the caller did not pass
+
+
+# ---------------------------------------------------------------------------
+# The cache
+
+
+class PjitFunctionCache:
+    """An LRU of compiled entries whose capacity is shared by many functions.
+
+    As in jaxlib, entries are grouped per (Python function, global cache key):
+    two `jit` objects over the same function with the same options share
+    executables. The function is held by weak reference: when it dies, so do
+    its entries.
+    """
+
+    _instances: weakref.WeakSet[PjitFunctionCache] = weakref.WeakSet()
+
+    def __init__(self, capacity: int = 4096) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self._capacity = int(capacity)
+        self._lru: collections.OrderedDict[_Entry, None] = collections.OrderedDict()
+        self._namespaces: dict[tuple[int, Any], _Namespace] = {}
+        self._lock = threading.RLock()
+        PjitFunctionCache._instances.add(self)
+
+    def size(self) -> int:
+        """Number of entries (compiled signatures) held, over all functions."""
+        return len(self._lru)
+
+    def capacity(self) -> int:
+        return self._capacity
+
+    def clear(self) -> None:
+        """Drops every entry of every function using this cache."""
+        with self._lock:
+            for namespace in list(self._namespaces.values()):
+                namespace.entries.clear()
+            self._lru.clear()
+
+    @staticmethod
+    def clear_all() -> None:
+        """Drops every entry of every `PjitFunctionCache`."""
+        for cache in list(PjitFunctionCache._instances):
+            cache.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"capacity": self._capacity}  # pickles empty, like jaxlib's
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["capacity"])
+
+    def __repr__(self) -> str:
+        return f"PjitFunctionCache(size={self.size()}, capacity={self._capacity})"
+
+    # -- used by PjitFunction ------------------------------------------------
+
+    def _namespace_for(self, fun: Callable, global_key: Any) -> _Namespace:
+        key = (id(fun), global_key)
+        with self._lock:
+            namespace = self._namespaces.get(key)
+            if namespace is not None and namespace.fun_ref() is fun:
+                return namespace
+            namespace = _Namespace(self, None)
+            try:
+                namespace.fun_ref = weakref.ref(
+                    fun, functools.partial(self._forget, key, namespace))
+            except TypeError:  # not weak-referenceable: the jit object owns its entries
+                return namespace
+            self._namespaces[key] = namespace
+            return namespace
+
+    def _forget(self, key: tuple[int, Any], namespace: _Namespace, _ref: Any = None) -> None:
+        with self._lock:
+            if self._namespaces.get(key) is namespace:
+                del self._namespaces[key]
+            namespace.drop_all()
+
+    def _insert(self, entry: _Entry) -> None:
+        with self._lock:
+            self._lru[entry] = None
+            while len(self._lru) > self._capacity:
+                old, _ = self._lru.popitem(last=False)
+                old.namespace.unlink(old)
+
+
+class _Namespace:
+    """The entries of one (function, global cache key) inside a cache."""
+
+    __slots__ = ("cache", "entries", "pending", "fun_ref", "__weakref__")
+
+    def __init__(self, cache: PjitFunctionCache, fun_ref: Any) -> None:
+        self.cache = cache
+        self.entries: dict[Any, _Entry] = {}  # key -> first entry of a chain
+        self.pending: dict[Any, _Pending] = {}  # signature -> compile in flight
+        self.fun_ref = fun_ref
+
+    def find(self, key: Any, shardings: list, context: tuple) -> _Entry | None:
+        entry = self.entries.get(key)
+        while entry is not None and (entry.shardings != shardings or entry.context != context):
+            entry = entry.next
+        return entry
+
+    def link(self, entry: _Entry) -> None:
+        entry.next = self.entries.get(entry.key)
+        self.entries[entry.key] = entry
+        self.cache._insert(entry)
+
+    def unlink(self, entry: _Entry) -> None:
+        """Removes `entry` from its chain (called with the cache lock held)."""
+        head = self.entries.get(entry.key)
+        if head is entry:
+            if entry.next is None:
+                del self.entries[entry.key]
+            else:
+                self.entries[entry.key] = entry.next
+            return
+        while head is not None and head.next is not entry:
+            head = head.next
+        if head is not None:
+            head.next = entry.next
+
+    def drop_all(self) -> None:
+        for head in list(self.entries.values()):
+            entry = head
+            while entry is not None:
+                self.cache._lru.pop(entry, None)
+                entry = entry.next
+        self.entries.clear()
+
+    def size(self) -> int:
+        n = 0
+        for head in self.entries.values():
+            entry = head
+            while entry is not None:
+                n += 1
+                entry = entry.next
+        return n
+
+
+class _Pending:
+    """A compile in flight: waiters block on `done` without holding locks."""
+
+    __slots__ = ("thread", "done")
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.done = threading.Event()
+
+
+class _Entry:
+    """One compiled signature and everything a hit needs, fixed at creation."""
+
+    __slots__ = (
+        "key", "shardings", "context", "next", "namespace", "fast", "executable",
+        "out_handlers", "out_tree", "single_output", "inputs_are_leaves", "kept",
+        "consts", "convert", "convert_shardings", "__weakref__",
+    )
+
+    def __init__(self, key: Any, shardings: list, context: tuple,
+                 namespace: _Namespace) -> None:
+        self.key = key
+        self.shardings = shardings
+        self.context = context
+        self.namespace = namespace
+        self.next: _Entry | None = None
+        self.fast = False
+
+    def inputs(self, leaves: list) -> list:
+        """The executable's input list: consts, kept leaves, converted ones."""
+        inputs = [*self.consts, *[leaves[i] for i in self.kept]]
+        if self.convert:
+            converted = _jax.pxla_shard_args(
+                self.convert_shardings, [None] * len(self.convert),
+                [inputs[i] for i in self.convert])
+            for i, value in zip(self.convert, converted, strict=True):
+                inputs[i] = value
+        return inputs
+
+
+def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
+                 fastpath: Any) -> _Entry:
+    """Turns JAX's fast-path data into an entry; unusual cases stay slow."""
+    entry = _Entry(*signature, namespace)
+    if fastpath is None or any(layout is not None for layout in fastpath.in_device_local_layouts):
+        return entry
+    const_args = list(fastpath.const_args)
+    kept_bits = list(fastpath.kept_var_bitvec)
+    n_const = len(const_args)
+    if len(kept_bits) != n_const + len(leaves):
+        return entry
+    in_shardings = list(fastpath.in_shardings)
+    consts = [c for c, keep in zip(const_args, kept_bits[:n_const], strict=True) if keep]
+    kept = tuple(i for i, keep in enumerate(kept_bits[n_const:]) if keep)
+    if len(consts) + len(kept) != len(in_shardings):
+        return entry
+    inputs = [*consts, *[leaves[i] for i in kept]]
+    convert = tuple(
+        i for i, (x, s) in enumerate(zip(inputs, in_shardings, strict=True))
+        if not (type(x) is ArrayImpl and _same_placement(x, s))
+    )
+    entry.executable = fastpath.xla_executable
+    entry.out_handlers = [
+        _jax.result_handler(aval, sharding, committed)
+        for aval, sharding, committed in zip(
+            fastpath.out_avals, fastpath.out_shardings, fastpath.out_committed, strict=True)
+    ]
+    entry.out_tree = fastpath.out_pytree_def
+    entry.single_output = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
+    entry.kept = kept
+    entry.consts = consts
+    entry.convert = convert
+    entry.convert_shardings = [in_shardings[i] for i in convert]
+    entry.inputs_are_leaves = not consts and not convert and len(kept) == len(leaves)
+    entry.fast = True
+    return entry
+
+
+def _same_placement(x: Any, sharding: Any) -> bool:
+    xs = x._sharding
+    if xs is sharding or xs == sharding:
+        return True
+    try:
+        return bool(xs.is_equivalent_to(sharding, x.ndim))
+    except Exception:  # different sharding types JAX cannot compare: convert
+        return False
+
+
+class _FlatTreedefs(dict):
+    """n -> the treedef of an n-tuple of leaves (what flattening `args` gives)."""
+
+    def __missing__(self, n: int) -> Any:
+        treedef = _flatten((0,) * n)[1]
+        self[n] = treedef
+        return treedef
+
+
+_flat_treedefs = _FlatTreedefs()
+
+
+# ---------------------------------------------------------------------------
+# Per-leaf signatures (general path)
+
+
+def _leaf_signature(x: Any) -> Any:
+    """A hashable signature of one leaf, or None if JAX must handle it."""
+    t = type(x)
+    if t is ArrayImpl:
+        return (x.aval, x._committed, x._sharding)
+    if t is np.ndarray:
+        return (t, x.dtype, x.shape) if x.dtype.kind not in "OUSVMm" else None
+    if t in _jax.python_scalar_types:
+        return t
+    if isinstance(x, np.generic) and t.__module__ == "numpy" and x.dtype.kind not in "OUSVMm":
+        return t
+    if t.__module__ == "ml_dtypes":  # bfloat16 & co scalars
+        return t
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The jitted function
+
+
+_default_cache = PjitFunctionCache(8192)  # jit(f) with no explicit options
+_explicit_cache = PjitFunctionCache(8192)  # jit(f, donate_argnums=..., ...)
+
+
+class PjitFunction:
+    """A `jax.jit`-compatible callable with nbjit's own cache-hit dispatch."""
+
+    def __init__(self, fun: Callable, options: dict[str, Any],
+                 cache: PjitFunctionCache | None = None) -> None:
+        jitted = jax.jit(fun, **options)  # JAX validates the options, as upstream
+        functools.update_wrapper(self, fun)
+        info = _jax.jit_info(jitted)
+        global_key = _jax.jit_global_cache_key(info)
+        if cache is None:
+            cache = _explicit_cache if global_key.contains_explicit_attributes else _default_cache
+        self._fun = fun
+        self._options = options
+        self._jax_jitted = jitted
+        self._jax_cache_miss = _jax.cache_miss_of(jitted)
+        self._cache = cache
+        self._global_key = global_key
+        self._namespace = cache._namespace_for(fun, global_key)
+        self._lookup = self._namespace.entries.get  # the dict is never replaced
+        self._touch = cache._lru.move_to_end
+        self._flat_args = True  # until a call passes a non-jax.Array argument
+        self._static_argnums = tuple(info.static_argnums)
+        self._static_argnames = frozenset(info.static_argnames)
+        self._fun_signature = info.fun_signature
+        self.miss_count = 0
+        self.slow_count = 0
+        if self._static_argnums or self._static_argnames:
+            self.__class__ = _StaticPjitFunction
+
+    # -- the hit path: key -> lookup -> inputs -> execute -> outputs ----------
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or not self._flat_args:
+            return self._call_pytree(args, kwargs)
+        try:  # every argument a jax.Array? (anything else lacks these attributes)
+            key = (_flat_treedefs[len(args)], tuple([(x.aval, x._committed) for x in args]))
+        except AttributeError:
+            self._flat_args = False  # this function takes pytrees or numpy: flatten
+            return self._call_pytree(args, kwargs)
+        shardings = [x._sharding for x in args]
+        context = _trace_context()
+        entry = self._lookup(key)
+        while entry is not None and (entry.shardings != shardings or entry.context != context):
+            entry = entry.next
+        if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
+            return self._miss_or_slow(args, kwargs, list(args), (key, shardings, context), entry)
+        self._touch(entry)
+        try:  # a deleted or non-jax.Array input is refused here, before running
+            results = entry.executable.execute_sharded(
+                args if entry.inputs_are_leaves else entry.inputs(args))
+        except Exception:
+            return self._slow(args, kwargs)  # JAX's own path says what is wrong
+        outs = results.consume_with_handlers(entry.out_handlers)
+        return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+
+    def _call_pytree(self, args: tuple, kwargs: dict) -> Any:
+        """The same hit path for pytree or keyword arguments: flatten first."""
+        leaves, treedef = _flatten((args, kwargs) if kwargs else args)
+        try:
+            key = (treedef, tuple([(x.aval, x._committed) for x in leaves]))
+        except AttributeError:  # not all jax.Arrays
+            return self._general(args, kwargs, leaves, treedef, (bool(kwargs),))
+        if kwargs:
+            key += (_KWARGS,)
+        shardings = [x._sharding for x in leaves]
+        context = _trace_context()
+        entry = self._lookup(key)
+        while entry is not None and (entry.shardings != shardings or entry.context != context):
+            entry = entry.next
+        if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
+            return self._miss_or_slow(args, kwargs, leaves, (key, shardings, context), entry)
+        self._touch(entry)
+        return self._run_entry(entry, args, kwargs, leaves)
+
+    # -- slow paths -------------------------------------------------------------
+
+    def _general(self, args: tuple, kwargs: dict, leaves: list, treedef: Any,
+                 prefix: tuple) -> Any:
+        """Leaves that are not all jax.Arrays: numpy arrays, scalars, others.
+
+        `prefix` holds the static key and whether the leaves came from
+        ``(args, kwargs)`` or from ``args`` alone (their treedefs can collide).
+        """
+        signatures = tuple(map(_leaf_signature, leaves))
+        if None in signatures:
+            return self._slow(args, kwargs)  # JAX handles (or rejects) it
+        key = (prefix, treedef, _GENERAL, signatures)
+        context = _trace_context()
+        try:  # a static argument's __eq__ may raise: JAX reports it
+            entry = self._namespace.find(key, [], context)
+        except Exception:
+            return self._slow(args, kwargs)
+        if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
+            return self._miss_or_slow(args, kwargs, leaves, (key, [], context), entry)
+        self._touch(entry)
+        return self._run_entry(entry, args, kwargs, leaves)
+
+    def _slow(self, args: tuple, kwargs: dict) -> Any:
+        """JAX's own path, uncached here; JAX raises what it raises."""
+        self.slow_count += 1
+        return self._jax_jitted(*args, **kwargs)
+
+    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
+                      entry: _Entry | None) -> Any:
+        if entry is not None:  # a slow entry, or debug_nans/infs is on
+            if entry.fast:
+                return self._slow(args, kwargs)
+            self.slow_count += 1
+            return self._jax_cache_miss(*args, **kwargs)[0]
+        if _jax.disable_jit.value:
+            return self._fun(*args, **kwargs)
+        if not _jax.is_top_level_trace():
+            return self._slow(args, kwargs)  # staged into an outer trace: never cached
+        return self._miss(args, kwargs, leaves, signature)
+
+    def _miss(self, args: tuple, kwargs: dict, leaves: list, signature: tuple) -> Any:
+        """Compiles once per signature across threads; only writer of the cache.
+
+        `signature` is ``(key, shardings, trace context)``.
+        """
+        namespace = self._namespace
+        lock = namespace.cache._lock
+        key, shardings, context = signature
+        pending_key = (key, tuple(shardings), context)
+        with lock:
+            entry = namespace.find(*signature)
+            pending = namespace.pending.get(pending_key) if entry is None else None
+            owner = entry is None and pending is None
+            if owner:
+                pending = namespace.pending[pending_key] = _Pending()
+        if entry is not None:  # another thread finished the compile meanwhile
+            return self._run_entry(entry, args, kwargs, leaves)
+        if not owner:
+            if pending.thread == threading.get_ident():
+                raise RecursionError(
+                    f"Recursively calling jit: {self.__name__} re-entered itself "
+                    "while compiling the same signature")
+            pending.done.wait()
+            entry = namespace.find(*signature)
+            if entry is None:  # the compile failed or was evicted: JAX's path
+                return self._slow(args, kwargs)
+            return self._run_entry(entry, args, kwargs, leaves)
+        self.miss_count += 1
+        try:
+            try:
+                outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
+            except BaseException:
+                with lock:  # as jaxlib: this signature now takes JAX's path
+                    namespace.link(_Entry(*signature, namespace))
+                raise
+            entry = _build_entry(signature, namespace, leaves, fastpath)
+            if not rebuild:
+                with lock:
+                    namespace.link(entry)
+            return outs  # JAX's own outputs: required when arguments were donated
+        finally:
+            with lock:
+                namespace.pending.pop(pending_key, None)
+            pending.done.set()
+
+    def _run_entry(self, entry: _Entry, args: tuple, kwargs: dict, leaves: list) -> Any:
+        if not entry.fast:
+            self.slow_count += 1
+            return self._jax_cache_miss(*args, **kwargs)[0]
+        try:
+            results = entry.executable.execute_sharded(entry.inputs(leaves))
+        except Exception:  # e.g. a deleted input: JAX's own path says what is wrong
+            return self._slow(args, kwargs)
+        outs = results.consume_with_handlers(entry.out_handlers)
+        return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+
+    # -- Python surface -------------------------------------------------------
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return types.MethodType(self, instance)
+
+    def __repr__(self) -> str:
+        return f"<nbjit.PjitFunction of {self.__wrapped__!r}>"
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (self._fun, self._options))
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        if self._fun_signature is None:
+            raise ValueError(f"no signature found for {self._fun!r}")
+        return self._fun_signature
+
+    def lower(self, /, *args: Any, **kwargs: Any) -> Any:
+        return self._jax_jitted.lower(*args, **kwargs)
+
+    def trace(self, /, *args: Any, **kwargs: Any) -> Any:
+        return self._jax_jitted.trace(*args, **kwargs)
+
+    def eval_shape(self, /, *args: Any, **kwargs: Any) -> Any:
+        return self._jax_jitted.eval_shape(*args, **kwargs)
+
+    def _entry_for(self, args: tuple, kwargs: dict) -> tuple[_Entry | None, list]:
+        """The entry a call would hit, and its flat dynamic leaves (no side effects)."""
+        static = bool(self._static_argnums or self._static_argnames)
+        if static:
+            static_key, args, kwargs = self._split_static(args, kwargs)
+            prefix = (static_key, bool(kwargs))
+        else:
+            prefix = (bool(kwargs),)
+        leaves, treedef = _flatten((args, kwargs) if kwargs else args)
+        context = _trace_context()
+        if not static and all(type(x) is ArrayImpl for x in leaves):
+            key = (treedef, tuple([(x.aval, x._committed) for x in leaves]))
+            if kwargs:
+                key += (_KWARGS,)
+            return self._namespace.find(key, [x._sharding for x in leaves], context), leaves
+        key = (prefix, treedef, _GENERAL, tuple(map(_leaf_signature, leaves)))
+        return self._namespace.find(key, [], context), leaves
+
+    def _split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple, dict]:
+        """(static key, dynamic positional args, dynamic keyword args).
+
+        Static values enter the key with their exact type, so 1 and 1.0 and
+        True are different signatures, as in jaxlib.
+        """
+        nargs = len(args)
+        positions = sorted({i if i >= 0 else i + nargs for i in self._static_argnums})
+        positions = [i for i in positions if 0 <= i < nargs]
+        names = sorted(k for k in kwargs if k in self._static_argnames)
+        static_key = (tuple((type(args[i]), args[i]) for i in positions)
+                      + tuple((k, type(kwargs[k]), kwargs[k]) for k in names))
+        if positions:
+            skip = set(positions)
+            args = tuple(a for i, a in enumerate(args) if i not in skip)
+        if names:
+            kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
+        return static_key, args, kwargs
+
+    def _cache_size(self) -> int:
+        """Number of signatures cached for this function (and its twins)."""
+        with self._cache._lock:
+            return self._namespace.size()
+
+    def _clear_cache(self) -> None:
+        with self._cache._lock:
+            self._namespace.drop_all()
+
+    def clear_cache(self) -> None:
+        """Clears this function's entries and JAX's traces of it, as upstream."""
+        self._clear_cache()
+        self._jax_jitted.clear_cache()
+
+
+class _StaticPjitFunction(PjitFunction):
+    """A PjitFunction with static arguments: their values join the key."""
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        try:
+            static_key, dyn_args, dyn_kwargs = self._split_static(args, kwargs)
+            hash(static_key)
+        except Exception:
+            return self._slow(args, kwargs)  # JAX raises its "non-hashable static" error
+        leaves, treedef = _flatten((dyn_args, dyn_kwargs) if dyn_kwargs else dyn_args)
+        return self._general(args, kwargs, leaves, treedef, (static_key, bool(dyn_kwargs)))
+
+
+def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
+    return PjitFunction(fun, options)
+
+
+# ---------------------------------------------------------------------------
+# Public constructor
+
+
+def jit(
+    fun: Callable | None = None,
+    /,
+    *,
+    in_shardings: Any = _NOT_SET,
+    out_shardings: Any = _NOT_SET,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Iterable[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Iterable[str] | None = None,
+    keep_unused: bool = False,
+    device: Any = None,
+    backend: str | None = None,
+    inline: bool = False,
+    compiler_options: dict[str, Any] | None = None,
+) -> Any:
+    """Drop-in `jax.jit`: same options, same results; nbjit's cache-hit path.
+
+    Works as ``@nbjit.jit``, ``@nbjit.jit(static_argnames=...)`` and
+    ``functools.partial(nbjit.jit, ...)``.
+    """
+    options: dict[str, Any] = {}
+    for name, value, default in (
+        ("in_shardings", in_shardings, _NOT_SET),
+        ("out_shardings", out_shardings, _NOT_SET),
+        ("static_argnums", static_argnums, None),
+        ("static_argnames", static_argnames, None),
+        ("donate_argnums", donate_argnums, None),
+        ("donate_argnames", donate_argnames, None),
+        ("keep_unused", keep_unused, False),
+        ("device", device, None),
+        ("backend", backend, None),
+        ("inline", inline, False),
+        ("compiler_options", compiler_options, None),
+    ):
+        if value is not default:
+            options[name] = value
+    if fun is None:
+        return functools.partial(_jit_with, options)
+    return PjitFunction(fun, options)
+
+
+def _jit_with(options: dict[str, Any], fun: Callable) -> PjitFunction:
+    return PjitFunction(fun, options)
+
+
+def floor_call(jitted: PjitFunction, /, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+    """A zero-argument callable running only the executable for this call.
+
+    It does `execute_sharded` + `consume_with_handlers` on inputs prepared
+    once: the floor that no Python dispatcher can beat. Raises ValueError if
+    the call's signature has no fast path.
+    """
+    jax.block_until_ready(jitted(*args, **kwargs))
+    entry, leaves = jitted._entry_for(args, kwargs)
+    if entry is None or not entry.fast:
+        raise ValueError("this call has no fast-path entry (it takes JAX's own path)")
+    inputs = entry.inputs(leaves)
+    executable, handlers = entry.executable, entry.out_handlers
+
+    def run() -> Any:
+        return executable.execute_sharded(inputs).consume_with_handlers(handlers)
+
+    return run
