@@ -1,0 +1,112 @@
+"""Command line: ``python -m nbjit compare [--quick] [--only PAT] [--plot F.png] [--json F]``.
+
+``python -m nbjit`` imports ``nbjit`` (and so jax) before this module runs, but
+JAX reads ``XLA_FLAGS`` only when its CPU backend starts, at the first use of a
+device. So asking for 8 host devices here, before anything touches a device,
+is in time; `main` checks that it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+HOST_DEVICES = 8
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def request_host_devices(n: int = HOST_DEVICES) -> None:
+    """Append ``--xla_force_host_platform_device_count=n`` to XLA_FLAGS unless one is set."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _DEVICE_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={n}".strip()
+
+
+request_host_devices()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m nbjit", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser(
+        "compare",
+        help="time nbjit.jit against jax.jit side by side",
+        description="Time nbjit.jit against jax.jit in one process, interleaved, and report "
+        "the median per-call time, the floor, and the median ratio with its p10-p90 spread.",
+    )
+    c.add_argument("--quick", action="store_true", help="fewer, shorter rounds (<= 2 minutes)")
+    c.add_argument("--only", metavar="PATTERN",
+                   help="scenarios whose name matches (glob with *?[, else substring)")
+    c.add_argument("--plot", metavar="FILE.png", help="write a PNG plot (needs matplotlib)")
+    c.add_argument("--json", metavar="FILE", help="write rows and metadata as JSON")
+    c.add_argument("--markdown", metavar="FILE", help="write the table as a Markdown file")
+    c.add_argument("--self-check", action="store_true",
+                   help="jax.jit against itself; fails unless every ratio is within 0.9-1.1")
+    c.add_argument("--rounds", type=int, help="paired rounds per scenario (default 41, quick 11)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    c.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    return p
+
+
+def compare(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import jax
+
+    from nbjit import _compare, _measure
+
+    matrix = _compare.select(_compare.scenarios(), args.only)
+    if args.list:
+        for s in matrix:
+            print(f"{s.name:36} n={s.n_args:<5} {s.kind}")
+        return 0
+    if not matrix:
+        print(f"no scenario matches {args.only!r}", file=sys.stderr)
+        return 2
+    n_dev = len(jax.devices())
+    if n_dev < HOST_DEVICES and jax.devices()[0].platform == "cpu":
+        print(f"warning: {n_dev} CPU devices (jax's backend started before XLA_FLAGS was set); "
+              "multi-device scenarios will be skipped", file=sys.stderr)
+    settings = _measure.Settings.quick() if args.quick else _measure.Settings()
+    if args.rounds:
+        settings = dataclasses.replace(settings, rounds=args.rounds,
+                                       min_rounds=min(settings.min_rounds, args.rounds))
+    rows, meta = _compare.run(matrix, settings, self_check=args.self_check,
+                              progress=not args.no_progress)
+    table = _compare.format_table(rows, meta)
+    print(table)
+    if args.json:
+        _compare.write_json(args.json, rows, meta)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"# nbjit compare ({meta['date']})\n\n```\n{table}\n```\n")
+    if args.plot:
+        try:
+            _compare.plot(args.plot, rows, meta)
+        except ImportError:
+            print("--plot needs matplotlib: pip install matplotlib", file=sys.stderr)
+            return 1
+    print(f"({meta['seconds']:.0f} s)", file=sys.stderr)
+    if args.self_check:
+        bad = _compare.self_check_failures(rows)
+        lo, hi = _compare.SELF_CHECK_BAND
+        if bad:
+            names = ", ".join(f"{r.name} ({r.ratio:.2f})" for r in bad)
+            print(f"self-check FAILED: ratios outside {lo}-{hi}: {names}")
+            return 1
+        print(f"self-check passed: every ratio within {lo}-{hi}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    request_host_devices()
+    args = _parser().parse_args(argv)
+    if args.command == "compare":
+        return compare(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

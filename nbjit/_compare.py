@@ -1,0 +1,619 @@
+"""`python -m nbjit compare`: nbjit.jit against jax.jit, side by side, in one process.
+
+The scenario matrix is a list of `Scenario` records. Each one's builder
+returns a `Case` (the function, its arguments, the jit options); the runner
+wraps the same function with both dispatchers, checks that they agree on the
+outputs, and times them interleaved (see `nbjit._measure`) together with the
+*floor*: the executable's own execute + output handling, called from Python,
+which no Python dispatcher can beat.
+
+matplotlib is imported only when a plot is asked for, so `import nbjit` never
+imports it. Multi-device scenarios need 8 devices: the CLI in
+`nbjit.__main__` sets ``--xla_force_host_platform_device_count=8`` before
+JAX's backend starts; where fewer devices exist they are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fnmatch
+import functools
+import json
+import operator
+import os
+import platform
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nbjit import _measure
+
+SELF_CHECK_BAND = (0.9, 1.1)
+
+# ---------------------------------------------------------------------------
+# Scenarios
+
+
+@dataclass(frozen=True)
+class Case:
+    """What one scenario calls: ``jit(fun, **jit_options)(*args, **kwargs)``.
+
+    ``fresh_function``: wrap a new copy of ``fun`` on every call (a cache miss
+    each time: trace, lower, compile).
+    """
+
+    fun: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    jit_options: dict[str, Any] = field(default_factory=dict)
+    fresh_function: bool = False
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    n_args: int  # leaves passed per call
+    kind: str  # what the inputs are
+    build: Callable[[], Case]
+    block: bool  # time until the outputs are ready, not just dispatched
+    family: str | None = None  # scenarios plotted as time against n_args
+    min_devices: int = 1
+    origin: str = "nbjit"  # "api_benchmark": a jit case of JAX's benchmarks/api_benchmark.py
+    # Wait for each call's outputs, untimed, before the next call: for calls
+    # that start large computations, whose queue would otherwise slow the
+    # dispatches after them.
+    sync_each: bool = False
+
+
+def _swap(a, b):
+    return b, a
+
+
+def _sum_list(xs):
+    return functools.reduce(operator.add, xs)
+
+
+def _sum_args(*xs):
+    return functools.reduce(operator.add, xs)
+
+
+def _first_plus_one(*xs):
+    return xs[0] + 1
+
+
+def _plus_one(x):
+    return x + 1
+
+
+def _add_static_kwargs(x, n, *, y, mode):
+    return x * n + y if mode == "mul" else x + n + y
+
+
+def _tree_plus_one(params):
+    return jax.tree.map(lambda v: v + 1, params)
+
+
+def _twice(x):
+    return x * 2
+
+
+def _scalars(n: int) -> list[jax.Array]:
+    return [jax.device_put(i) for i in range(n)]
+
+
+def _trivial() -> Case:
+    a, b = jax.jit(_swap)(1, 2)
+    return Case(_swap, (a, b))
+
+
+def _simple() -> Case:
+    return Case(operator.add, tuple(_scalars(2)))
+
+
+def _many_args(n: int) -> Callable[[], Case]:
+    return lambda: Case(_sum_list, (_scalars(n),))
+
+
+def _pruned_args(n: int) -> Callable[[], Case]:
+    return lambda: Case(_first_plus_one, tuple(_scalars(n)))
+
+
+def _positional_args(n: int) -> Callable[[], Case]:
+    return lambda: Case(_sum_args, tuple(_scalars(n)))
+
+
+def _images(transfer: bool) -> Callable[[], Case]:
+    def build() -> Case:
+        # api_benchmark's "realistic input": 128 images of 224x224.
+        imgs = np.ones((128, 224, 224), np.float32)
+        return Case(_plus_one, (imgs if transfer else jax.device_put(imgs),))
+
+    return build
+
+
+def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> jax.sharding.Mesh:
+    n = int(np.prod(shape))
+    return jax.sharding.Mesh(np.asarray(jax.devices()[:n]).reshape(shape), names)
+
+
+def _pjit_simple(n: int) -> Callable[[], Case]:
+    def build() -> Case:
+        s = jax.sharding.NamedSharding(_mesh((4,), ("x",)), jax.sharding.PartitionSpec("x"))
+        x = jax.device_put(np.arange(4, dtype=np.float32), s)
+        opts = {"in_shardings": s, "out_shardings": s}
+        fun = _tree_plus_one
+        # As upstream, feed the outputs back once so the inputs are jit outputs.
+        xs = jax.jit(fun, **opts)([x] * n)
+        return Case(fun, (xs,), jit_options=opts)
+
+    return build
+
+
+def _numpy_2() -> Case:
+    rng = np.random.default_rng(0)
+    return Case(operator.add, tuple(rng.standard_normal(8).astype(np.float32) for _ in range(2)))
+
+
+def _python_scalars_2() -> Case:
+    return Case(operator.add, (1, 2.0))
+
+
+def _static_kwargs() -> Case:
+    x, y = jnp.arange(8.0), jnp.ones(8)
+    return Case(
+        _add_static_kwargs,
+        (x, 3),
+        {"y": y, "mode": "mul"},
+        {"static_argnums": (1,), "static_argnames": ("mode",)},
+    )
+
+
+def _dict_100() -> Case:
+    params = {f"layer{i:03d}": jnp.full((4,), float(i)) for i in range(100)}
+    return Case(_tree_plus_one, (params,))
+
+
+def _numpy_sharded() -> Case:
+    s = jax.sharding.NamedSharding(_mesh((4, 2), ("x", "y")), jax.sharding.PartitionSpec("x", "y"))
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    return Case(_twice, (x,), jit_options={"in_shardings": s})
+
+
+def _cache_miss() -> Case:
+    return Case(_plus_one, (jnp.arange(8.0),), fresh_function=True)
+
+
+def _upstream_pair(
+    name: str, n: int, kind: str, build: Callable[[], Case], family: str | None = None
+) -> list[Scenario]:
+    """The ``*_dispatch`` (no waiting) and blocking variants of an api_benchmark case."""
+    return [
+        Scenario(f"{name}_dispatch", n, kind, build, False, family and f"{family} dispatch",
+                 origin="api_benchmark"),
+        Scenario(name, n, kind, build, True, family and f"{family} call", origin="api_benchmark"),
+    ]
+
+
+def scenarios() -> list[Scenario]:
+    """The full matrix, in table order."""
+    out: list[Scenario] = []
+    out += _upstream_pair("jit_trivial", 2, "jax.Array", _trivial)
+    out += _upstream_pair("jit_simple", 2, "jax.Array", _simple)
+    for n in (10, 100, 1000):
+        out += _upstream_pair(f"jit_simple_many_args_{n}", n, "list of jax.Array",
+                              _many_args(n), "many args (list)")
+    for n in (10, 100, 1000):
+        out += _upstream_pair(f"jit_simple_pruned_args_{n}", n, "jax.Array, pruned",
+                              _pruned_args(n), "pruned args")
+    out.append(Scenario("jit_dispatch_without_transfer", 1, "jax.Array 25 MB",
+                        _images(False), False, origin="api_benchmark", sync_each=True))
+    out.append(Scenario("jit_dispatch_with_transfer", 1, "numpy 25 MB",
+                        _images(True), False, origin="api_benchmark", sync_each=True))
+    for n in (1, 10, 100):
+        out.append(Scenario(f"pjit_simple_4_devices_{n}_args", n, "sharded jax.Array",
+                            _pjit_simple(n), False, min_devices=4, origin="api_benchmark"))
+    for n in (1, 2, 10, 100, 1000):
+        out.append(Scenario(f"args_{n}", n, "jax.Array", _positional_args(n), False,
+                            "positional args dispatch"))
+    out += [
+        Scenario("numpy_args_2", 2, "numpy", _numpy_2, False),
+        Scenario("python_scalars_2", 2, "Python scalar", _python_scalars_2, False),
+        Scenario("static_args_kwargs", 3, "static + kwargs", _static_kwargs, False),
+        Scenario("dict_100_leaves", 100, "dict of jax.Array", _dict_100, False),
+        Scenario("numpy_sharded_8_devices", 1, "numpy -> P('x','y')", _numpy_sharded, False,
+                 min_devices=8),
+        Scenario("cache_miss", 1, "new function", _cache_miss, True),
+    ]
+    return out
+
+
+def select(matrix: Sequence[Scenario], pattern: str | None) -> list[Scenario]:
+    """Scenarios whose name matches ``pattern``: a glob if it has ``*?[``, else a substring."""
+    if not pattern:
+        return list(matrix)
+    if any(ch in pattern for ch in "*?["):
+        return [s for s in matrix if fnmatch.fnmatchcase(s.name, pattern)]
+    return [s for s in matrix if pattern in s.name]
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+
+@dataclass
+class Row:
+    name: str
+    n_args: int
+    kind: str
+    block: bool
+    family: str | None
+    origin: str
+    a_us: float | None = None  # nbjit (or jax.jit "A" in the self-check)
+    b_us: float | None = None  # jax.jit
+    floor_us: float | None = None
+    ratio: float | None = None  # median of per-round a/b
+    ratio_p10: float | None = None
+    ratio_p90: float | None = None
+    rounds: int = 0
+    calls_per_batch: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+
+Jit = Callable[..., Callable[..., Any]]
+
+
+def _fresh_copy(fun: Callable[..., Any]) -> Callable[..., Any]:
+    if isinstance(fun, types.FunctionType):
+        return types.FunctionType(
+            fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__, fun.__closure__
+        )
+    return functools.partial(fun)
+
+
+def _blocker(out: Any) -> Callable[[Any], Any]:
+    if isinstance(out, jax.Array):
+        return type(out).block_until_ready  # the concrete class's method: no lookup per call
+    return jax.block_until_ready
+
+
+def _caller(jitted: Callable[..., Any], case: Case, block: bool) -> Callable[[], Any]:
+    """A zero-argument call of ``jitted`` with the case's inputs, as cheap as Python allows."""
+    args, kwargs = case.args, case.kwargs
+    call = (lambda: jitted(*args, **kwargs)) if kwargs else (lambda: jitted(*args))
+    if not block:
+        return call
+    blk = _blocker(call())
+    return lambda: blk(call())
+
+
+def _fresh_caller(jit: Jit, case: Case, block: bool) -> Callable[[], Any]:
+    fun, opts, args, kwargs = case.fun, case.jit_options, case.args, case.kwargs
+
+    def call():
+        return jit(_fresh_copy(fun), **opts)(*args, **kwargs)
+
+    if not block:
+        return call
+    blk = _blocker(call())
+    return lambda: blk(call())
+
+
+def _same_outputs(x: Any, y: Any) -> bool:
+    lx, tx = jax.tree.flatten(x)
+    ly, ty = jax.tree.flatten(y)
+    if tx != ty or len(lx) != len(ly):
+        return False
+    for u, v in zip(lx, ly, strict=True):
+        if getattr(u, "dtype", None) != getattr(v, "dtype", None):
+            return False
+        if not np.array_equal(np.asarray(u), np.asarray(v)):
+            return False
+    return True
+
+
+def floor_maker() -> Callable[..., Callable[[], Any]] | None:
+    """The lead's ``nbjit.dispatch.floor_call``, or None while it does not exist."""
+    try:
+        from nbjit import dispatch
+    except ImportError:
+        return None
+    return getattr(dispatch, "floor_call", None)
+
+
+def nbjit_jit() -> Jit | None:
+    import nbjit
+
+    return getattr(nbjit, "jit", None)
+
+
+def run_scenario(
+    scenario: Scenario,
+    jit_a: Jit,
+    jit_b: Jit,
+    settings: _measure.Settings,
+    floor_jit: Jit | None = None,
+    floor_call: Callable[..., Callable[[], Any]] | None = None,
+) -> Row:
+    """Build, check and time one scenario: A = ``jit_a``, B = ``jit_b``, plus the floor."""
+    row = Row(scenario.name, scenario.n_args, scenario.kind, scenario.block, scenario.family,
+              scenario.origin)
+    if len(jax.devices()) < scenario.min_devices:
+        row.note = f"skipped: needs {scenario.min_devices} devices, have {len(jax.devices())}"
+        return row
+    case = scenario.build()
+    notes = []
+    if case.fresh_function:
+        call_a = _fresh_caller(jit_a, case, scenario.block)
+        call_b = _fresh_caller(jit_b, case, scenario.block)
+        f_a = jit_a(case.fun, **case.jit_options)
+        f_b = jit_b(case.fun, **case.jit_options)
+    else:
+        f_a = jit_a(case.fun, **case.jit_options)
+        f_b = jit_b(case.fun, **case.jit_options)
+        call_a = _caller(f_a, case, scenario.block)
+        call_b = _caller(f_b, case, scenario.block)
+    if not _same_outputs(f_a(*case.args, **case.kwargs), f_b(*case.args, **case.kwargs)):
+        notes.append("OUTPUTS DIFFER")
+    contenders = [("a", call_a), ("b", call_b)]
+    if floor_call is not None and floor_jit is not None and not case.fresh_function:
+        try:
+            target = f_a if floor_jit is jit_a else floor_jit(case.fun, **case.jit_options)
+            target(*case.args, **case.kwargs)
+            floor = floor_call(target, *case.args, **case.kwargs)
+            if scenario.block:
+                blk = _blocker(floor())
+                contenders.append(("floor", lambda: blk(floor())))
+            else:
+                contenders.append(("floor", floor))
+        except Exception as exc:  # the floor is best effort; the comparison is not
+            notes.append(f"no floor: {type(exc).__name__}: {exc}"[:120])
+    result = _measure.interleave(contenders, settings, sync=jax.block_until_ready,
+                                 sync_each=scenario.sync_each)
+    ratio = result.ratio("a", "b")
+    row.a_us = result.median_us("a")
+    row.b_us = result.median_us("b")
+    if "floor" in result.names:
+        row.floor_us = result.median_us("floor")
+    row.ratio, row.ratio_p10, row.ratio_p90 = ratio.median, ratio.p10, ratio.p90
+    row.rounds = result.per_call_s.shape[0]
+    row.calls_per_batch = result.calls_per_batch
+    row.seconds = result.seconds
+    row.note = "; ".join(notes)
+    return row
+
+
+class Progress:
+    """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, width: int = 28) -> None:
+        self.total, self.width = total, width
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.start = time.perf_counter()
+
+    def update(self, done: int, label: str) -> None:
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / done * (self.total - done) if done else float("nan")
+        filled = int(self.width * done / self.total) if self.total else self.width
+        bar = "#" * filled + "." * (self.width - filled)
+        eta_s = f"eta {eta:4.0f}s" if done else "eta    ?"
+        line = f"[{bar}] {done:>3}/{self.total} {elapsed:5.0f}s {eta_s}  {label}"
+        if self.tty:
+            self.stream.write("\r" + line[:118].ljust(118))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run(
+    matrix: Sequence[Scenario],
+    settings: _measure.Settings,
+    self_check: bool = False,
+    progress: bool = True,
+    stream: TextIO | None = None,
+) -> tuple[list[Row], dict[str, Any]]:
+    """Run the matrix; return the rows and the run's metadata."""
+    nb = nbjit_jit()
+    notes = []
+    if self_check:
+        jit_a, label_a = jax.jit, "jax.jit (A)"
+    elif nb is None:
+        jit_a, label_a = jax.jit, "jax.jit (A)"
+        notes.append("nbjit.jit is not available yet: comparing jax.jit with itself")
+    else:
+        jit_a, label_a = nb, "nbjit"
+    floor_call = floor_maker()
+    if floor_call is None:
+        notes.append("nbjit.dispatch.floor_call is not available: no floor")
+    floor_jit = nb if nb is not None else None
+    bar = Progress(len(matrix), stream) if progress else None
+    rows = []
+    t0 = time.perf_counter()
+    for i, scenario in enumerate(matrix):
+        if bar:
+            bar.update(i, scenario.name)
+        rows.append(run_scenario(scenario, jit_a, jax.jit, settings, floor_jit, floor_call))
+    if bar:
+        bar.update(len(matrix), "done")
+        bar.close()
+    meta = metadata(settings, self_check, label_a, notes)
+    meta["seconds"] = round(time.perf_counter() - t0, 1)
+    return rows, meta
+
+
+def _git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def metadata(settings: _measure.Settings, self_check: bool, label_a: str,
+             notes: Sequence[str] = ()) -> dict[str, Any]:
+    import jaxlib
+    import numba
+
+    import nbjit
+
+    devices = jax.devices()
+    return {
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "a": label_a,
+        "b": "jax.jit",
+        "self_check": self_check,
+        "versions": {
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__,
+            "numba": numba.__version__,
+            "numpy": np.__version__,
+            "nbjit": getattr(nbjit, "__version__", None),
+            "nbjit_commit": _git_commit(),
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.machine(),
+            "cpus": os.cpu_count(),
+            "backend": devices[0].platform,
+            "devices": len(devices),
+        },
+        "settings": asdict(settings),
+        "notes": list(notes),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Reporting
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
+    """The fixed-width table the CLI prints (and docs/compare.md shows)."""
+    a = meta.get("a", "nbjit")
+    a_col = "nbjit us" if a == "nbjit" else "A us"
+    head = ("scenario", "n", "inputs", a_col, "jax.jit us", "floor us", "ratio", "p10-p90")
+    body = []
+    for r in rows:
+        spread = "-" if r.ratio is None else f"{r.ratio_p10:.2f}-{r.ratio_p90:.2f}"
+        body.append((r.name, str(r.n_args), r.kind, _fmt(r.a_us), _fmt(r.b_us),
+                     _fmt(r.floor_us), _fmt(r.ratio, 2), spread))
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
+              for i, h in enumerate(head)]
+    right = {1, 3, 4, 5, 6, 7}
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    v = meta.get("versions", {})
+    m = meta.get("machine", {})
+    out = [
+        f"{a} vs jax.jit, {meta.get('date', '')}: jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, "
+        f"numba {v.get('numba')}, Python {v.get('python')}; {m.get('backend')} x"
+        f"{m.get('devices')} devices, {m.get('cpus')} CPUs",
+        f"ratio = {a} / jax.jit per call (median of paired rounds; < 1: {a} is faster); "
+        "floor = execute + output handlers only",
+        "",
+        line(head),
+        line(tuple("-" * w for w in widths)),
+    ]
+    out += [line(b) for b in body]
+    for r in rows:
+        if r.note:
+            out.append(f"  note: {r.name}: {r.note}")
+    for note in meta.get("notes", ()):
+        out.append(f"  note: {note}")
+    return "\n".join(out)
+
+
+def self_check_failures(rows: Sequence[Row], band: tuple[float, float] = SELF_CHECK_BAND
+                        ) -> list[Row]:
+    """Rows whose median ratio lies outside ``band`` (skipped rows are not failures)."""
+    return [r for r in rows if r.ratio is not None and not band[0] <= r.ratio <= band[1]]
+
+
+def write_json(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
+        f.write("\n")
+
+
+def read_json(path: str) -> tuple[list[Row], dict[str, Any]]:
+    with open(path) as f:
+        data = json.load(f)
+    return [Row(**r) for r in data["rows"]], data["meta"]
+
+
+def plot(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
+    """Two panels: the ratio per scenario, and time against number of arguments."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r.ratio is not None]
+    a = meta.get("a", "nbjit")
+    fig, (ax0, ax1) = plt.subplots(
+        1, 2, figsize=(14, max(4.5, 0.28 * len(timed) + 1.5)), width_ratios=(1.1, 1)
+    )
+    y = np.arange(len(timed))
+    med = np.array([r.ratio for r in timed])
+    lo = med - np.array([r.ratio_p10 for r in timed])
+    hi = np.array([r.ratio_p90 for r in timed]) - med
+    colors = ["tab:green" if m < 1 else "tab:red" for m in med]
+    ax0.barh(y, med, xerr=(lo, hi), color=colors, alpha=0.75, capsize=2)
+    ax0.axvline(1.0, color="k", lw=1)
+    ax0.set_yticks(y, [r.name for r in timed], fontsize=7)
+    ax0.invert_yaxis()
+    ax0.set_xlabel(f"{a} / jax.jit per call (median, p10-p90); < 1 is faster")
+    ax0.set_title("ratio per scenario")
+
+    families = sorted({r.family for r in timed if r.family})
+    styles = {"a": ("-", "o"), "b": ("--", "s"), "floor": (":", "^")}
+    for k, fam in enumerate(families):
+        fr = sorted((r for r in timed if r.family == fam), key=lambda r: r.n_args)
+        n = [r.n_args for r in fr]
+        color = f"C{k}"
+        for key, label in (("a", a), ("b", "jax.jit"), ("floor", "floor")):
+            vals = [getattr(r, f"{key}_us") for r in fr]
+            if any(v is None for v in vals):
+                continue
+            ls, mk = styles[key]
+            ax1.plot(n, vals, ls=ls, marker=mk, color=color, label=f"{fam}: {label}")
+    ax1.set_xscale("log")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("number of arguments (leaves)")
+    ax1.set_ylabel("us per call (median)")
+    ax1.set_title("time against number of arguments")
+    ax1.grid(True, which="both", alpha=0.3)
+    if families:
+        ax1.legend(fontsize=7)
+    v = meta.get("versions", {})
+    fig.suptitle(
+        f"{a} vs jax.jit, {meta.get('date', '')}; jax {v.get('jax')}, numba {v.get('numba')}, "
+        f"{meta.get('machine', {}).get('cpus')} CPUs",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

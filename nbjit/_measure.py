@@ -1,0 +1,201 @@
+"""Paired, interleaved timing: how every speed number in nbjit is made.
+
+A speed claim here is a ratio against a reference measured in the same
+process, interleaved: each round times ``k`` calls of every contender back to
+back, rotating which one goes first, and the claim is the median of the
+per-round ratios with its p10-p90 spread. Absolute times on shared machines
+drift by 2x between runs; the ratio of two things timed a few milliseconds
+apart does not.
+
+Pure Python + numpy: nothing here knows about JAX. Contenders are zero-argument
+callables; an optional ``sync`` is applied to the last result of each batch,
+outside the timed region (for example to wait for queued device work so that
+it does not spill into the next batch).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Timer = Callable[[], float]
+SYNC_EACH_CALLS = 7
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long to measure. ``quick`` trades precision for wall time."""
+
+    rounds: int = 61  # paired rounds (upper bound; see max_seconds)
+    min_rounds: int = 5  # never fewer, whatever max_seconds says
+    target_batch_s: float = 0.005  # calibrate k so one batch takes about this
+    max_seconds: float = 8.0  # stop adding rounds after this much time
+    warmup_calls: int = 3  # untimed calls of each contender before calibration
+
+    @classmethod
+    def quick(cls) -> Settings:
+        return cls(rounds=21, min_rounds=3, target_batch_s=0.002, max_seconds=1.5, warmup_calls=2)
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """Per-call seconds of each contender in each round (rows: rounds)."""
+
+    names: tuple[str, ...]
+    per_call_s: np.ndarray  # shape (rounds, contenders)
+    calls_per_batch: int
+    seconds: float  # wall time the measurement took, calibration included
+
+    def median_us(self, name: str) -> float:
+        return float(np.median(self.per_call_s[:, self.names.index(name)]) * 1e6)
+
+    def ratio(self, num: str, den: str) -> Ratio:
+        """Median and p10-p90 of the per-round ratios ``num / den``."""
+        per_round = (
+            self.per_call_s[:, self.names.index(num)] / self.per_call_s[:, self.names.index(den)]
+        )
+        return Ratio.of(per_round)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    median: float
+    p10: float
+    p90: float
+    per_round: tuple[float, ...] = field(repr=False, default=())
+
+    @classmethod
+    def of(cls, per_round: np.ndarray) -> Ratio:
+        p10, med, p90 = np.percentile(per_round, [10, 50, 90])
+        return cls(float(med), float(p10), float(p90), tuple(float(r) for r in per_round))
+
+    @property
+    def spread(self) -> float:
+        """Width of the p10-p90 band relative to the median (0.05 = +-2.5%)."""
+        return (self.p90 - self.p10) / self.median if self.median else float("nan")
+
+
+def time_batch(
+    fn: Callable[[], Any],
+    k: int,
+    timer: Timer = time.perf_counter,
+    sync_each: Callable[[Any], Any] | None = None,
+) -> tuple[float, Any]:
+    """Seconds for ``k`` calls of ``fn`` with the garbage collector off, and the last result.
+
+    As ``timeit`` does, gc is disabled only while the batch runs, so that a
+    collection triggered by one contender's garbage is not charged to another.
+    With ``sync_each``, every call is timed alone, ``sync_each(result)`` runs
+    between calls, untimed, and the batch reports ``k`` times the *median*
+    call: each call starts with no queued work, and the rare call that pays
+    for the machine's memory management (page faults, unmapping a large
+    buffer: milliseconds on a VM) does not decide the round. For calls that
+    start large asynchronous computations.
+    """
+    out = None
+    loop = itertools.repeat(None, k)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if sync_each is None:
+            t0 = timer()
+            for _ in loop:
+                out = fn()
+            total = timer() - t0
+        else:
+            times = []
+            for _ in loop:
+                out = None  # free the previous result before the clock starts
+                t0 = timer()
+                out = fn()
+                times.append(timer() - t0)
+                sync_each(out)
+            total = k * float(np.median(times))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return total, out
+
+
+def calibrate(
+    fns: Sequence[Callable[[], Any]],
+    target_s: float,
+    sync: Callable[[Any], Any] | None = None,
+    timer: Timer = time.perf_counter,
+    max_k: int = 1 << 20,
+    sync_each: bool = False,
+) -> int:
+    """Calls per batch so that the slowest contender's batch takes about ``target_s``.
+
+    With ``sync_each`` (see `time_batch`) a fixed 7: the untimed waits, not the
+    timed calls, dominate such a batch's wall time, and 7 gives a median.
+    """
+    if sync_each:
+        return SYNC_EACH_CALLS
+    min_k = 1
+    k = min_k
+    while True:
+        slowest = 0.0
+        for fn in fns:
+            dt, out = time_batch(fn, k, timer, sync if sync_each else None)
+            if sync is not None:
+                sync(out)
+            slowest = max(slowest, dt)
+        if slowest >= target_s or k >= max_k:
+            break
+        # Grow geometrically, aiming a little past the target; at most 10x a step.
+        grow = target_s / slowest if slowest > 0 else 10.0
+        k = min(max_k, max(k + 1, int(k * min(10.0, 1.2 * grow))))
+    if slowest > 0 and slowest > target_s * 1.5 and k > 1:
+        k = max(min_k, int(k * target_s / slowest))
+    return k
+
+
+def interleave(
+    contenders: Sequence[tuple[str, Callable[[], Any]]],
+    settings: Settings = Settings(),
+    sync: Callable[[Any], Any] | None = None,
+    timer: Timer = time.perf_counter,
+    sync_each: bool = False,
+) -> Interleaved:
+    """Time the contenders in paired rounds: A B C, then B C A, then C A B, ...
+
+    Every contender runs ``settings.warmup_calls`` untimed calls first, then the
+    batch size ``k`` is calibrated once for all of them, then rounds run until
+    ``settings.rounds`` are done or ``settings.max_seconds`` have passed (but
+    at least ``settings.min_rounds``). ``sync`` runs on the last result of
+    every batch, untimed; with ``sync_each`` it runs after every call (see
+    `time_batch`).
+    """
+    if not contenders:
+        raise ValueError("interleave needs at least one contender")
+    names = tuple(name for name, _ in contenders)
+    fns = [fn for _, fn in contenders]
+    start = time.perf_counter()
+    for fn in fns:
+        for _ in range(settings.warmup_calls):
+            out = fn()
+        if sync is not None and settings.warmup_calls:
+            sync(out)
+    k = calibrate(fns, settings.target_batch_s, sync, timer, sync_each=sync_each)
+    per_call_sync = sync if sync_each else None
+    n = len(fns)
+    rows: list[list[float]] = []
+    for r in range(settings.rounds):
+        row = [0.0] * n
+        for j in range(n):
+            i = (r + j) % n
+            dt, out = time_batch(fns[i], k, timer, per_call_sync)
+            if sync is not None:
+                sync(out)
+            row[i] = dt / k
+        rows.append(row)
+        if r + 1 >= settings.min_rounds and time.perf_counter() - start > settings.max_seconds:
+            break
+    return Interleaved(names, np.asarray(rows), k, time.perf_counter() - start)
