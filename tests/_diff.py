@@ -1,0 +1,100 @@
+"""Differential helpers: does nbjit.jit give what jax.jit gives?
+
+The API is small and stable (other test modules import it):
+
+* `assert_same_outputs(nb_out, jax_out)`: same pytree structure, and leaf
+  by leaf the same type, value (exact, NaN-aware), dtype, shape, weak type,
+  sharding and committedness.
+* `assert_same_exception(fn_nb, fn_jax, *args, **kwargs)`: both calls raise
+  exceptions of exactly the same type; returns both exceptions.
+* `assert_same_call(fn_nb, fn_jax, *args, **kwargs)`: both calls raise the
+  same exception type, or both return and the outputs agree; returns the
+  pair ``(nb_result, jax_result)`` (exceptions in place of results).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def _leaf_values(x: Any) -> np.ndarray:
+    """The host values of a leaf; PRNG key arrays give their key data."""
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+        return np.asarray(jax.random.key_data(x))
+    return np.asarray(x)
+
+
+def _attr(x: jax.Array, name: str) -> Any:
+    return getattr(x, name) if hasattr(x, name) else getattr(x._base_array, name)
+
+
+def _assert_same_leaf(path: str, a: Any, b: Any) -> None:
+    assert type(a) is type(b), f"{path}: type {type(a)!r} != {type(b)!r}"
+    if not isinstance(b, jax.Array | np.ndarray | np.generic | bool | int | float | complex):
+        assert a == b, f"{path}: {a!r} != {b!r}"
+        return
+    if isinstance(b, jax.Array):
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {a.shape} != {b.shape}"
+        for name in ("weak_type", "sharding", "_committed"):  # key arrays: on the base array
+            va, vb = _attr(a, name), _attr(b, name)
+            assert va == vb, f"{path}: {name.lstrip('_')} {va} != {vb}"
+        if a.is_deleted() or b.is_deleted():
+            assert a.is_deleted() == b.is_deleted(), f"{path}: only one output deleted"
+            return
+    elif isinstance(b, np.ndarray | np.generic):
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        assert np.shape(a) == np.shape(b), f"{path}: shape {np.shape(a)} != {np.shape(b)}"
+    va, vb = _leaf_values(a), _leaf_values(b)
+    if va.dtype.kind == "V":  # float0 & co: nothing to compare but dtype and shape
+        assert va.dtype == vb.dtype and va.shape == vb.shape, path
+        return
+    np.testing.assert_array_equal(va, vb, err_msg=path, strict=True)
+
+
+def assert_same_outputs(nb_out: Any, jax_out: Any) -> None:
+    """Asserts two pytrees of outputs are indistinguishable, leaf by leaf."""
+    nb_paths, nb_tree = jax.tree_util.tree_flatten_with_path(nb_out)
+    jax_paths, jax_tree = jax.tree_util.tree_flatten_with_path(jax_out)
+    assert nb_tree == jax_tree, f"output structure {nb_tree} != {jax_tree}"
+    for (path, a), (_, b) in zip(nb_paths, jax_paths, strict=True):
+        _assert_same_leaf(jax.tree_util.keystr(path) or "<root>", a, b)
+
+
+def _outcome(fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    try:
+        return True, fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001  (the exception is the outcome)
+        return False, e
+
+
+def assert_same_exception(fn_nb: Callable, fn_jax: Callable, /, *args: Any,
+                          **kwargs: Any) -> tuple[BaseException, BaseException]:
+    """Asserts both calls raise exactly the same exception type; returns both."""
+    nb_ok, nb = _outcome(fn_nb, args, kwargs)
+    jax_ok, jx = _outcome(fn_jax, args, kwargs)
+    assert not jax_ok, f"jax.jit did not raise (returned {jx!r})"
+    assert not nb_ok, f"nbjit did not raise; jax.jit raised {type(jx).__name__}: {jx}"
+    assert type(nb) is type(jx), (
+        f"nbjit raised {type(nb).__name__}: {nb}\njax.jit raised {type(jx).__name__}: {jx}")
+    return nb, jx
+
+
+def assert_same_call(fn_nb: Callable, fn_jax: Callable, /, *args: Any,
+                     **kwargs: Any) -> tuple[Any, Any]:
+    """Both raise the same exception type, or both return the same outputs."""
+    nb_ok, nb = _outcome(fn_nb, args, kwargs)
+    jax_ok, jx = _outcome(fn_jax, args, kwargs)
+    if not jax_ok:
+        assert not nb_ok, (
+            f"nbjit returned; jax.jit raised {type(jx).__name__}: {jx}")
+        assert type(nb) is type(jx), (
+            f"nbjit raised {type(nb).__name__}: {nb}\njax.jit raised {type(jx).__name__}: {jx}")
+    else:
+        assert nb_ok, f"nbjit raised {type(nb).__name__}: {nb}; jax.jit returned"
+        assert_same_outputs(nb, jx)
+    return nb, jx
