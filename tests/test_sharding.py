@@ -1,0 +1,217 @@
+"""nbjit.sharding.device_put against jax.device_put, shard by shard."""
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
+
+from nbjit import _jax, sharding
+
+pytestmark = pytest.mark.skipif(
+    len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS host device count)")
+
+MESHES = {"8": ((8,), ("x",)), "4x2": ((4, 2), ("x", "y")), "2x2x2": ((2, 2, 2), ("x", "y", "z"))}
+SPECS = {"x": P("x"), "x_y": P("x", "y"), "none_y": P(None, "y"), "xy": P(("x", "y")),
+         "replicated": P()}
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "int8": np.int8,
+          "bool": np.bool_, "complex64": np.complex64}
+SHAPES = {0: (), 1: (16,), 2: (16, 4), 3: (8, 4, 3)}
+LAYOUTS = ["C", "F", "transposed", "strided", "negative"]
+
+
+def _mesh(name):
+    shape, names = MESHES[name]
+    return jax.make_mesh(shape, names)
+
+
+def _axes(spec):
+    return {a for e in spec if e is not None for a in (e if isinstance(e, tuple) else (e,))}
+
+
+def _values(shape, dtype, seed=0):
+    return np.asarray(_random(shape, dtype, seed))
+
+
+def _random(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if dtype == np.int8:
+        return rng.integers(-128, 128, shape).astype(np.int8)
+    if dtype == np.complex64:
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def _in_layout(values, layout):
+    """`values` (C-ordered) re-laid out in memory; same logical contents."""
+    if layout == "C":
+        return values.copy()
+    if layout == "F":
+        return np.array(values, order="F")
+    if layout == "transposed":
+        return np.ascontiguousarray(values.T).T
+    step = 2 if layout == "strided" else -2
+    big = np.zeros(tuple(2 * n for n in values.shape), values.dtype)
+    big[(slice(None, None, 2),) * values.ndim] = values
+    view = big[(slice(None, None, 2),) * values.ndim]
+    if step < 0:
+        big = np.zeros_like(big)
+        big[(slice(None, None, -2),) * values.ndim] = values
+        view = big[(slice(None, None, -2),) * values.ndim]
+    assert np.array_equal(view, values)
+    return view
+
+
+def _bits(a):
+    """Bitwise view for exact comparison (NaN-safe, bfloat16 included)."""
+    a = np.ascontiguousarray(np.asarray(a))
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def assert_same_array(ours, theirs, requested):
+    assert type(ours) is type(theirs)
+    assert ours.sharding == requested == theirs.sharding
+    assert ours.dtype == theirs.dtype
+    assert ours.shape == theirs.shape
+    assert ours.weak_type == theirs.weak_type
+    assert ours.committed == theirs.committed
+    assert ours.aval == theirs.aval
+    ours_shards = sorted(ours.addressable_shards, key=lambda s: s.device.id)
+    theirs_shards = sorted(theirs.addressable_shards, key=lambda s: s.device.id)
+    assert len(ours_shards) == len(theirs_shards)
+    for a, b in zip(ours_shards, theirs_shards, strict=True):
+        assert a.device == b.device
+        assert a.index == b.index
+        assert a.replica_id == b.replica_id
+        assert a.data.dtype == b.data.dtype
+        assert np.array_equal(_bits(a.data), _bits(b.data))
+
+
+MATRIX = [(m, s, r) for m in MESHES for s in SPECS for r in SHAPES
+          if _axes(SPECS[s]) <= set(MESHES[m][1]) and len(SPECS[s]) <= r]
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("mesh_name,spec_name,rank", MATRIX)
+def test_device_put_matches_jax(mesh_name, spec_name, rank, dtype_name):
+    requested = NamedSharding(_mesh(mesh_name), SPECS[spec_name])
+    values = _values(SHAPES[rank], DTYPES[dtype_name])
+    assert sharding.plan_for(requested, values.shape, values.dtype) is not None, "not sliced here"
+    for layout in LAYOUTS if rank else ["C"]:
+        x = _in_layout(values, layout)
+        before = x.copy()
+        ours = sharding.device_put(x, requested)
+        theirs = jax.device_put(x, requested)
+        assert np.array_equal(_bits(x), _bits(before)), "input changed"
+        assert_same_array(ours, theirs, requested)
+        assert np.array_equal(_bits(ours), _bits(values))
+        if x.size:
+            x[...] = ~values if values.dtype == np.bool_ else values + 1
+            assert np.array_equal(_bits(ours), _bits(before)), "result aliases the input"
+
+
+def test_plan_is_cached_per_sharding_shape_dtype():
+    sharding.clear_plans()
+    requested = NamedSharding(_mesh("4x2"), P("x", "y"))
+    x = _values((16, 4), np.float32)
+    sharding.device_put(x, requested)
+    sharding.device_put(x.T.copy().T, requested)
+    assert sharding.plan_cache_size() == 1
+    plan = sharding.plan_for(requested, (16, 4), np.dtype(np.float32))
+    assert plan is sharding.plan_for(requested, (16, 4), np.dtype(np.float32))
+    assert len(set(plan.group_of_device)) == 8
+    sharding.device_put(x.astype(np.int8), requested)
+    sharding.device_put(x[:8], requested)
+    assert sharding.plan_cache_size() == 3
+
+
+def test_replicas_share_one_staging_shard():
+    replicated = NamedSharding(_mesh("4x2"), P(None, "y"))
+    plan = sharding.plan_for(replicated, (16, 4), np.dtype(np.float32))
+    assert sorted(set(plan.group_of_device)) == [0, 1]
+    out = plan.put(_values((16, 4), np.float32))
+    # One staging buffer per distinct domain: replicas hold equal data.
+    by_index = {}
+    for shard in out.addressable_shards:
+        by_index.setdefault(str(shard.index), []).append(np.asarray(shard.data))
+    assert len(by_index) == 2
+    for arrays in by_index.values():
+        assert len(arrays) == 4 and all(np.array_equal(a, arrays[0]) for a in arrays)
+
+
+@pytest.mark.parametrize("value", [3.5, 7, True, 2 + 1j, np.float32(1.5), np.int8(-3),
+                                   np.bool_(False), np.complex64(1j), np.float64(2.25),
+                                   np.int64(5)], ids=repr)
+@pytest.mark.parametrize("where", ["mesh", "single"])
+def test_scalars_match_jax(value, where):
+    requested = (NamedSharding(_mesh("4x2"), P()) if where == "mesh"
+                 else SingleDeviceSharding(jax.devices()[5]))
+    ours = sharding.device_put(value, requested)
+    theirs = jax.device_put(value, requested)
+    assert_same_array(ours, theirs, requested)
+
+
+def test_64_bit_inputs_are_canonicalised_like_jax():
+    requested = NamedSharding(_mesh("8"), P("x"))
+    for x in [np.arange(16, dtype=np.int64), np.linspace(0, 1, 16), np.arange(16, dtype=np.uint64)]:
+        assert_same_array(sharding.device_put(x, requested), jax.device_put(x, requested),
+                          requested)
+
+
+def test_64_bit_inputs_under_x64(x64):
+    tiled = NamedSharding(_mesh("4x2"), P("x", "y"))
+    replicated = NamedSharding(_mesh("4x2"), P())
+    for x, requested in [(np.arange(64, dtype=np.int64).reshape(16, 4), tiled),
+                         (np.linspace(0, 1, 64).reshape(16, 4), tiled),
+                         (np.float64(3.0), replicated), (2**40, replicated)]:
+        ours = sharding.device_put(x, requested)
+        assert ours.dtype.itemsize == 8
+        assert_same_array(ours, jax.device_put(x, requested), requested)
+
+
+def test_gspmd_and_single_device_shardings():
+    mesh = _mesh("2x2x2")
+    named = NamedSharding(mesh, P(("x", "z"), None, "y"))
+    gspmd = _jax.GSPMDSharding(tuple(mesh.devices.flat), named._to_xla_hlo_sharding(3))
+    x = _in_layout(_values((8, 3, 4), np.float32), "negative")
+    for requested in [gspmd, SingleDeviceSharding(jax.devices()[2])]:
+        assert_same_array(sharding.device_put(x, requested), jax.device_put(x, requested),
+                          requested)
+    assert sharding.plan_for(gspmd, (8, 3, 4), np.dtype(np.float32)) is not None
+
+
+def test_non_numpy_inputs_go_to_jax():
+    requested = NamedSharding(_mesh("4x2"), P("x"))
+    x = jax.numpy.arange(16.0)
+    assert_same_array(sharding.device_put(x, requested), jax.device_put(x, requested),
+                      requested)
+    tree = {"a": np.ones(8, np.float32)}
+    out = sharding.device_put(tree, requested)
+    assert out["a"].sharding == requested
+
+
+BAD_INPUTS = {
+    "indivisible": (lambda: np.zeros((10, 4), np.float32), P("x", "y")),
+    "indivisible_second_dim": (lambda: np.zeros((16, 3), np.float32), P("x", "y")),
+    "rank_below_spec": (lambda: np.zeros((16,), np.float32), P("x", "y")),
+    "scalar_below_spec": (lambda: np.float32(1), P("x")),
+    "object": (lambda: np.array([object()] * 8), P("x")),
+    "string": (lambda: np.array(["ab"] * 8), P("x")),
+    "datetime": (lambda: np.zeros(8, "datetime64[s]"), P("x")),
+    "int_overflow": (lambda: 2**40, P()),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_inputs_raise_like_jax_and_cache_nothing(name):
+    make, spec = BAD_INPUTS[name]
+    requested = NamedSharding(_mesh("4x2"), spec)
+    with pytest.raises(Exception) as upstream:
+        jax.device_put(make(), requested)
+    sharding.clear_plans()
+    with pytest.raises(type(upstream.value)):
+        sharding.device_put(make(), requested)
+    assert sharding.plan_cache_size() == 0
