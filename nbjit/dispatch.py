@@ -41,11 +41,13 @@ import jax
 import numpy as np
 
 from nbjit import _jax
+from nbjit import sharding as _sharding
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
 
 ArrayImpl = _jax.ArrayImpl
 _flatten = _jax.flatten_for_dispatch
+_device_put = _jax.batched_device_put
 _trace_context = _jax.trace_context
 _debug_nans = _jax.debug_nans
 _debug_infs = _jax.debug_infs
@@ -208,7 +210,8 @@ class _Entry:
     __slots__ = (
         "key", "shardings", "context", "next", "namespace", "fast", "executable",
         "out_handlers", "out_tree", "single_output", "inputs_are_leaves", "kept",
-        "consts", "convert", "convert_shardings", "__weakref__",
+        "consts", "host", "planned",
+        "convert", "convert_shardings", "__weakref__",
     )
 
     def __init__(self, key: Any, shardings: list, context: tuple,
@@ -220,9 +223,19 @@ class _Entry:
         self.next: _Entry | None = None
         self.fast = False
 
-    def inputs(self, leaves: list) -> list:
-        """The executable's input list: consts, kept leaves, converted ones."""
+    def inputs(self, leaves: Sequence) -> list:
+        """The executable's input list: consts, kept leaves, converted ones.
+
+        Host values (numpy arrays, scalars) bound for one device go in one
+        batched C++ transfer; those bound for a multi-device sharding are
+        sliced on the host by their `ShardingPlan`; anything else (a
+        jax.Array on the wrong device, say) goes through JAX's shard_args.
+        """
         inputs = [*self.consts, *[leaves[i] for i in self.kept]]
+        for i, dtype, aval, sharding, devices in self.host:
+            inputs[i] = _device_put(aval, sharding, [np.asarray(inputs[i], dtype)], devices, False)
+        for i, dtype, plan in self.planned:
+            inputs[i] = plan.put(np.asarray(inputs[i], dtype))
         if self.convert:
             converted = _jax.pxla_shard_args(
                 self.convert_shardings, [None] * len(self.convert),
@@ -249,10 +262,26 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
     if len(consts) + len(kept) != len(in_shardings):
         return entry
     inputs = [*consts, *[leaves[i] for i in kept]]
-    convert = tuple(
-        i for i, (x, s) in enumerate(zip(inputs, in_shardings, strict=True))
-        if not (type(x) is ArrayImpl and _same_placement(x, s))
-    )
+    host, planned, convert = [], [], []
+    for i, (x, sharding) in enumerate(zip(inputs, in_shardings, strict=True)):
+        if type(x) is ArrayImpl:
+            if not _same_placement(x, sharding):
+                convert.append(i)
+            continue
+        dtype = _host_dtype(x)
+        if dtype is None:
+            convert.append(i)
+        elif len(sharding.device_set) == 1:
+            aval = _jax.ShapedArray(np.shape(x), dtype)
+            host.append((i, dtype, aval, sharding, list(sharding.device_set)))
+        else:
+            plan = _sharding.plan_for(sharding, np.shape(x), dtype)
+            if plan is None:
+                convert.append(i)
+            else:
+                planned.append((i, dtype, plan))
+    entry.host = tuple(host)
+    entry.planned = tuple(planned)
     entry.executable = fastpath.xla_executable
     entry.out_handlers = [
         _jax.result_handler(aval, sharding, committed)
@@ -263,11 +292,26 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
     entry.single_output = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
     entry.kept = kept
     entry.consts = consts
-    entry.convert = convert
+    entry.convert = tuple(convert)
     entry.convert_shardings = [in_shardings[i] for i in convert]
-    entry.inputs_are_leaves = not consts and not convert and len(kept) == len(leaves)
+    entry.inputs_are_leaves = (not consts and not convert and not host and not planned
+                               and len(kept) == len(leaves))
     entry.fast = True
     return entry
+
+
+def _host_dtype(x: Any) -> np.dtype | None:
+    """The canonical (x64-squashed) dtype a numpy array or scalar enters as."""
+    if type(x) is np.ndarray or isinstance(x, np.generic):
+        dtype = x.dtype
+    elif type(x) in _jax.python_scalar_types:
+        dtype = np.asarray(_jax.canonicalize_value(x)).dtype
+    else:
+        return None
+    if dtype.kind not in "biufc" and dtype.name != "bfloat16" and not dtype.name.startswith(
+            "float8"):
+        return None  # float0, strings, objects, ...: JAX's shard_args decides
+    return np.dtype(_jax.canonicalize_dtype(dtype))
 
 
 def _same_placement(x: Any, sharding: Any) -> bool:
@@ -378,10 +422,9 @@ class PjitFunction:
     def _call_pytree(self, args: tuple, kwargs: dict) -> Any:
         """The same hit path for pytree or keyword arguments: flatten first."""
         leaves, treedef = _flatten((args, kwargs) if kwargs else args)
-        try:
-            key = (treedef, tuple([(x.aval, x._committed) for x in leaves]))
-        except AttributeError:  # not all jax.Arrays
+        if tuple(map(type, leaves)).count(ArrayImpl) != len(leaves):
             return self._general(args, kwargs, leaves, treedef, (bool(kwargs),))
+        key = (treedef, tuple([(x.aval, x._committed) for x in leaves]))
         if kwargs:
             key += (_KWARGS,)
         shardings = [x._sharding for x in leaves]
