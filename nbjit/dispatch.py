@@ -308,8 +308,7 @@ def _host_dtype(x: Any) -> np.dtype | None:
         dtype = np.asarray(_jax.canonicalize_value(x)).dtype
     else:
         return None
-    if dtype.kind not in "biufc" and dtype.name != "bfloat16" and not dtype.name.startswith(
-            "float8"):
+    if not _is_numeric(dtype):
         return None  # float0, strings, objects, ...: JAX's shard_args decides
     return np.dtype(_jax.canonicalize_dtype(dtype))
 
@@ -346,14 +345,17 @@ def _leaf_signature(x: Any) -> Any:
     if t is ArrayImpl:
         return (x.aval, x._committed, x._sharding)
     if t is np.ndarray:
-        return (t, x.dtype, x.shape) if x.dtype.kind not in "OUSVMm" else None
+        return (t, x.dtype, x.shape) if _is_numeric(x.dtype) else None
     if t in _jax.python_scalar_types:
         return t
-    if isinstance(x, np.generic) and t.__module__ == "numpy" and x.dtype.kind not in "OUSVMm":
-        return t
-    if t.__module__ == "ml_dtypes":  # bfloat16 & co scalars
+    if isinstance(x, np.generic) and _is_numeric(x.dtype):
         return t
     return None
+
+
+def _is_numeric(dtype: np.dtype) -> bool:
+    """bool, integers, floats, complex, and ml_dtypes' (bfloat16, float8, ...)."""
+    return dtype.kind in "biufc" or dtype.type.__module__ == "ml_dtypes"
 
 
 # ---------------------------------------------------------------------------

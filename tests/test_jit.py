@@ -1,0 +1,619 @@
+"""nbjit.jit against jax.jit: same outputs, errors and caching, miss and hit.
+
+Every differential case calls each jitted function twice: the first call is
+the miss (JAX's own outputs), the second the hit (nbjit's own fast path), and
+both must agree with jax.jit leaf by leaf (value, dtype, weak type, sharding,
+committedness).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import pickle
+import types
+import weakref
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import nbjit
+from nbjit.dispatch import PjitFunction
+from tests._diff import assert_same_call, assert_same_exception, assert_same_outputs
+
+DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+          np.uint32, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64,
+          np.complex64, np.complex128]
+
+
+def fresh_copy(fun):
+    """A distinct function object with the same code: jit caches are per function."""
+    copy = types.FunctionType(fun.__code__, fun.__globals__, fun.__name__,
+                              fun.__defaults__, fun.__closure__)
+    copy.__kwdefaults__ = fun.__kwdefaults__
+    copy.__qualname__ = fun.__qualname__
+    return copy
+
+
+def both(fun, /, **options):
+    """nbjit.jit and jax.jit of a fresh copy of `fun` (so counts start at zero)."""
+    fun = fresh_copy(fun)
+    return nbjit.jit(fun, **options), jax.jit(fun, **options)
+
+
+def check(fun, *args, options=None, calls=2, **kwargs):
+    """Calls nbjit.jit(fun) and jax.jit(fun) `calls` times; all must agree.
+
+    Returns the nbjit function, whose miss count must be 1 (one compile per
+    signature; every later call a hit).
+    """
+    f_nb, f_jax = both(fun, **(options or {}))
+    for _ in range(calls):
+        assert_same_call(f_nb, f_jax, *args, **kwargs)
+    assert f_nb.miss_count == 1, f"expected one miss, got {f_nb.miss_count}"
+    return f_nb
+
+
+def add_one(x):
+    return x + 1
+
+
+def mul(x, y):
+    return x * y
+
+
+# ---------------------------------------------------------------------------
+# Scalars and dtypes
+
+
+@pytest.mark.parametrize("value", [0, 7, -3, 1.5, True, False, 2 + 3j])
+def test_python_scalars(value):
+    check(add_one, value)
+
+
+@pytest.mark.parametrize("value", [0, 7, 1.5, True, 2 + 3j])
+def test_python_scalars_x64(x64, value):
+    check(add_one, value)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_numpy_scalars(dtype):
+    check(lambda x: x * 2, dtype(1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_numpy_arrays_every_dtype(dtype):
+    x = (np.arange(6) % 2).astype(dtype).reshape(2, 3)
+    check(lambda a: (a, a + a), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_numpy_arrays_every_dtype_x64(x64, dtype):
+    x = (np.arange(4) % 2).astype(dtype)
+    check(lambda a: a * 3, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_jax_arrays_every_dtype(dtype):
+    x = jnp.asarray((np.arange(6) % 2).astype(dtype))
+    check(lambda a: a - a, x)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0), (0, 2, 1)])
+@pytest.mark.parametrize("kind", ["numpy", "jax"])
+def test_zero_d_and_empty(shape, kind):
+    x = np.ones(shape, np.float32)
+    check(lambda a: a * 2, jnp.asarray(x) if kind == "jax" else x)
+
+
+def test_x64_toggle_is_a_different_signature():
+    f = nbjit.jit(add_one)
+    x = np.arange(3, dtype=np.int64)
+    assert f(x).dtype == jnp.int32
+    with jax.enable_x64(True):
+        assert f(x).dtype == jnp.int64
+        assert f(x).dtype == jnp.int64
+    assert f(x).dtype == jnp.int32
+    assert f.miss_count == 2 and f._cache_size() == 2
+
+
+def test_weak_types_follow_python_scalars():
+    f = nbjit.jit(mul)
+    out = f(jnp.ones(3, jnp.bfloat16), 2.0)
+    assert out.dtype == jnp.bfloat16
+    assert f(2.0, 3.0).weak_type and not f(np.float32(2), 3.0).weak_type
+
+
+# ---------------------------------------------------------------------------
+# Pytrees
+
+
+class Pair(NamedTuple):
+    a: jax.Array
+    b: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Params:
+    w: jax.Array
+    b: jax.Array
+    name: str = dataclasses.field(metadata=dict(static=True), default="p")
+
+
+def tree_fun(t):
+    return jax.tree_util.tree_map(lambda v: v * 2, t)
+
+
+@pytest.mark.parametrize("tree", [
+    (jnp.ones(2), jnp.zeros(3)),
+    [jnp.ones(2), np.ones(2, np.float32), 3.0],
+    {"b": jnp.ones(2), "a": {"c": np.zeros(1, np.int32)}},
+    Pair(jnp.ones(2), jnp.arange(3)),
+    Params(jnp.ones((2, 2)), jnp.zeros(2)),
+    (None, jnp.ones(2), [None, {"x": None}]),
+], ids=["tuple", "list", "dict", "namedtuple", "dataclass", "none_leaves"])
+def test_pytrees(tree):
+    check(tree_fun, tree)
+
+
+def test_pytree_structure_change_is_a_new_signature():
+    f_nb, f_jax = both(tree_fun)
+    for tree in [(jnp.ones(2),), [jnp.ones(2)], {"a": jnp.ones(2)}, (jnp.ones(2),)]:
+        assert_same_call(f_nb, f_jax, tree)
+    assert f_nb.miss_count == 3 and f_nb._cache_size() == 3
+
+
+# ---------------------------------------------------------------------------
+# Static arguments and keywords
+
+
+def power(x, n, *, scale=1.0):
+    return scale * x ** n
+
+
+def test_static_argnums():
+    f = check(power, jnp.arange(3.0), 3, options=dict(static_argnums=1))
+    assert f._cache_size() == 1
+
+
+def test_static_argnums_negative():
+    check(power, jnp.arange(3.0), 2, options=dict(static_argnums=-1))
+
+
+def test_static_argnames_and_kwargs():
+    check(power, jnp.arange(3.0), n=2, scale=jnp.float32(0.5),
+          options=dict(static_argnames="n"))
+
+
+def test_static_args_exact_type():
+    trace = []
+
+    def f(x, n):
+        trace.append(type(n))
+        return x * n
+
+    f_nb = nbjit.jit(f, static_argnums=1)
+    x = jnp.ones(2)
+    for n in (2, 2.0, True, 2, 2.0):
+        f_nb(x, n)
+    assert trace == [int, float, bool], "1, 1.0 and True are distinct static values"
+
+
+def test_kwargs_order_does_not_matter():
+    f_nb, f_jax = both(lambda a, b: a - b)
+    x, y = jnp.ones(2), jnp.arange(2.0)
+    assert_same_call(f_nb, f_jax, a=x, b=y)
+    assert_same_call(f_nb, f_jax, b=y, a=x)
+    assert f_nb.miss_count == 1
+
+
+def test_positional_and_keyword_are_different_signatures():
+    f_nb, f_jax = both(mul)
+    x = jnp.ones(2)
+    assert_same_call(f_nb, f_jax, x, x)
+    assert_same_call(f_nb, f_jax, x, y=x)
+    assert f_nb.miss_count == 2
+
+
+# ---------------------------------------------------------------------------
+# Donation
+
+
+def test_donation_deletes_and_second_use_raises():
+    f_nb, f_jax = both(add_one, donate_argnums=0)
+    for f in (f_nb, f_jax):
+        x = jnp.ones(3)
+        f(x)  # miss
+        y = jnp.ones(3)
+        out = f(y)  # hit
+        assert y.is_deleted() and not out.is_deleted()
+    a, b = jnp.ones(3), jnp.ones(3)
+    f_nb(a), f_jax(b)
+    e_nb = pytest.raises(RuntimeError, f_nb, a).value  # `a` was donated: deleted
+    e_jax = pytest.raises(RuntimeError, f_jax, b).value
+    assert type(e_nb) is type(e_jax) and "deleted" in str(e_nb)
+    assert f_nb(jnp.ones(3)).shape == (3,)  # and the entry still works
+
+
+def test_donated_numpy_input_mutated_after_identity_call():
+    results = []
+    for f in both(lambda x: x, donate_argnums=0):
+        outs = []
+        for _ in range(2):  # miss, then hit
+            x = np.arange(4, dtype=np.float32)
+            out = f(x)
+            x[:] = -1
+            outs.append(np.asarray(out))
+        results.append(outs)
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+# ---------------------------------------------------------------------------
+# Shardings and devices
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 host devices")
+    return jax.make_mesh((4, 2), ("x", "y"))
+
+
+def test_in_out_shardings_named(mesh):
+    s_in = NamedSharding(mesh, P("x", "y"))
+    s_out = NamedSharding(mesh, P(None, "y"))
+    x = jax.device_put(jnp.arange(64.0).reshape(8, 8), s_in)
+    f = check(lambda a: a * 2, x, options=dict(in_shardings=s_in, out_shardings=s_out))
+    assert f(x).sharding == s_out
+
+
+def test_in_shardings_with_numpy_input(mesh):
+    s_in = NamedSharding(mesh, P("x", "y"))
+    check(lambda a: a.sum(0), np.arange(64.0, dtype=np.float32).reshape(8, 8),
+          options=dict(in_shardings=s_in))
+
+
+def test_sharded_jax_array_inputs(mesh):
+    x = jax.device_put(jnp.arange(16.0).reshape(4, 4), NamedSharding(mesh, P("x")))
+    y = jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, P(None, "y")))
+    check(mul, x, y)
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_single_device_input_on_another_device(committed):
+    dev = jax.devices()[3]
+    x = jax.device_put(jnp.arange(4.0), dev) if committed else jnp.arange(4.0)
+    if not committed:
+        with jax.default_device(dev):
+            x = jnp.arange(4.0) + 0
+    check(add_one, x)
+
+
+def test_committed_inputs_on_two_devices_raise_like_upstream():
+    x = jax.device_put(jnp.ones(2), jax.devices()[0])
+    y = jax.device_put(jnp.ones(2), jax.devices()[1])
+    f_nb, f_jax = both(mul)
+    assert_same_exception(f_nb, f_jax, x, y)
+
+
+def test_uncommitted_input_moves_to_committed_ones_device():
+    x = jax.device_put(jnp.ones(2), jax.devices()[2])
+    check(mul, x, jnp.arange(2.0))
+
+
+def test_default_device_context_is_part_of_the_key():
+    f_nb, f_jax = both(add_one)
+    for dev in (jax.devices()[0], jax.devices()[5], jax.devices()[0]):
+        with jax.default_device(dev):
+            assert_same_call(f_nb, f_jax, 1.0)
+            assert_same_call(f_nb, f_jax, np.ones(2, np.float32))
+    assert f_nb._cache_size() == 4
+
+
+# ---------------------------------------------------------------------------
+# Unused arguments, closures, methods
+
+
+def test_unused_arguments_pruned():
+    check(lambda a, b, c: a + c, jnp.ones(2), jnp.zeros(5), jnp.ones(2))
+
+
+def test_unused_arguments_kept():
+    check(lambda a, b: a, jnp.ones(2), np.zeros(3), options=dict(keep_unused=True))
+
+
+def test_closure_over_arrays_const_args():
+    w = jnp.arange(3.0)
+    big = jnp.ones((100, 100))
+    check(lambda x: x * w + big.sum(), jnp.ones(3))
+
+
+class Model:
+    def __init__(self, scale):
+        self.scale = scale
+
+    @functools.partial(nbjit.jit, static_argnums=0)
+    def apply(self, x):
+        return x * self.scale
+
+    def __hash__(self):
+        return hash(self.scale)
+
+    def __eq__(self, other):
+        return isinstance(other, Model) and other.scale == self.scale
+
+
+def test_methods_bind_through_get():
+    m = Model(3.0)
+    out = m.apply(jnp.ones(2))
+    np.testing.assert_array_equal(out, [3.0, 3.0])
+    assert Model.apply._cache_size() == 1
+    m.apply(jnp.zeros(2))
+    assert Model.apply.miss_count == 1
+    np.testing.assert_array_equal(Model(2.0).apply(jnp.ones(2)), [2.0, 2.0])
+
+
+# ---------------------------------------------------------------------------
+# Python surface
+
+
+def documented(x, y=2):
+    """Multiplies."""
+    return x * y
+
+
+def test_wraps_and_signature():
+    f = nbjit.jit(documented)
+    assert f.__wrapped__ is documented
+    assert f.__name__ == "documented" and f.__doc__ == "Multiplies."
+    assert f.__qualname__ == documented.__qualname__
+    import inspect
+    assert inspect.signature(f) == inspect.signature(jax.jit(documented))
+    assert "documented" in repr(f)
+
+
+def test_decorator_and_factory_forms():
+    @nbjit.jit
+    def a(x):
+        return x + 1
+
+    @nbjit.jit(static_argnames="n")
+    def b(x, n):
+        return x + n
+
+    c = functools.partial(nbjit.jit, static_argnums=1)(lambda x, n: x * n)
+    assert isinstance(a, PjitFunction) and isinstance(b, PjitFunction)
+    assert float(a(1.0)) == 2.0 and float(b(1.0, n=2)) == 3.0 and float(c(2.0, 3)) == 6.0
+
+
+def test_option_validation_matches_upstream():
+    bad = (dict(static_argnums="x"), dict(donate_argnames=0), dict(static_argnames=1),
+           dict(device=jax.devices()[0], backend="cpu"), dict(in_shardings=3))
+    for options in bad:
+        outcomes = []
+        for jit in (nbjit.jit, jax.jit):
+            try:
+                jit(documented, **options)(jnp.ones(2))
+                outcomes.append(None)
+            except Exception as e:  # noqa: BLE001
+                outcomes.append(type(e))
+        assert outcomes[0] is outcomes[1] is not None, (options, outcomes)
+
+
+def test_pickling_roundtrip():
+    f = nbjit.jit(documented, static_argnames="y")
+    g = pickle.loads(pickle.dumps(f))
+    assert isinstance(g, PjitFunction)
+    assert_same_outputs(g(jnp.ones(2), y=3), jax.jit(documented, static_argnames="y")(
+        jnp.ones(2), y=3))
+    cache = pickle.loads(pickle.dumps(nbjit.PjitFunctionCache(17)))
+    assert cache.capacity() == 17 and cache.size() == 0
+
+
+def test_aot_lower_compile_trace_eval_shape():
+    f_nb, f_jax = both(mul)
+    x = jnp.ones((2, 3))
+    compiled = f_nb.lower(x, x).compile()
+    assert_same_outputs(compiled(x, x), f_jax.lower(x, x).compile()(x, x))
+    assert f_nb.trace(x, x).jaxpr.eqns[0].primitive.name == "mul"
+    assert f_nb.eval_shape(x, x) == f_jax.eval_shape(x, x)
+    assert f_nb.lower(x, x).as_text() == f_jax.lower(x, x).as_text()
+
+
+# ---------------------------------------------------------------------------
+# Transformations and effects
+
+
+def test_inside_jit_grad_vmap_scan():
+    inner = nbjit.jit(lambda x: jnp.sin(x) * 2)
+    ref = jax.jit(lambda x: jnp.sin(x) * 2)
+    x = jnp.arange(4.0)
+    assert_same_outputs(jax.jit(lambda v: inner(v) + 1)(x), jax.jit(lambda v: ref(v) + 1)(x))
+    assert_same_outputs(jax.grad(lambda v: inner(v).sum())(x),
+                        jax.grad(lambda v: ref(v).sum())(x))
+    assert_same_outputs(jax.vmap(inner)(x), jax.vmap(ref)(x))
+    scan = lambda f: jax.lax.scan(lambda c, v: (c + f(v), c), 0.0, x)  # noqa: E731
+    assert_same_outputs(scan(inner), scan(ref))
+    # and the concrete call afterwards is still a normal cached call
+    assert_same_outputs(inner(x), ref(x))
+    assert_same_outputs(inner(x), ref(x))
+
+
+def test_disable_jit_runs_python():
+    trace = []
+
+    def f(x):
+        trace.append(type(x))
+        return x + 1
+
+    g = nbjit.jit(f)
+    with jax.disable_jit():
+        assert g(np.float32(1)) == 2
+        assert g(np.float32(1)) == 2
+    assert trace == [np.float32, np.float32] and g._cache_size() == 0
+
+
+def test_debug_print_and_callback(capfd):
+    seen = []
+
+    def f(x):
+        jax.debug.print("value {}", x)
+        jax.debug.callback(lambda v: seen.append(float(v)), x)
+        return x * 2
+
+    f_nb, f_jax = both(f)
+    for fn in (f_nb, f_nb, f_jax):
+        assert_same_outputs(fn(jnp.float32(3)), jnp.float32(6))
+    jax.effects_barrier()
+    assert seen == [3.0, 3.0, 3.0]
+    assert capfd.readouterr().out.count("value 3.0") == 3
+
+
+# ---------------------------------------------------------------------------
+# Compile counts and the cache
+
+
+def test_one_trace_per_signature_none_on_hits():
+    traces = []
+
+    def f(x, y):
+        traces.append(1)
+        return x + y
+
+    g = nbjit.jit(f)
+    a, b = jnp.ones(3), jnp.ones((2, 3))
+    for _ in range(5):
+        g(a, a), g(b, b), g(a, b), g(np.ones(3, np.float32), 1.0)
+    assert len(traces) == 4 and g.miss_count == 4 and g._cache_size() == 4
+
+
+def test_lru_eviction_at_capacity():
+    cache = nbjit.PjitFunctionCache(2)
+    f = PjitFunction(add_one, {}, cache=cache)
+    a, b, c = jnp.ones(1), jnp.ones(2), jnp.ones(3)
+    f(a), f(b), f(a)  # a is now most recent
+    f(c)  # evicts b
+    assert cache.size() == 2 and f.miss_count == 3
+    f(a)
+    assert f.miss_count == 3  # still cached
+    f(b)
+    assert f.miss_count == 4  # was evicted
+    assert cache.capacity() == 2
+
+
+def test_capacity_is_shared_between_functions():
+    cache = nbjit.PjitFunctionCache(3)
+    f = PjitFunction(add_one, {}, cache=cache)
+    g = PjitFunction(mul, {}, cache=cache)
+    for n in range(1, 4):
+        f(jnp.ones(n))
+    g(jnp.ones(1), jnp.ones(1))
+    assert cache.size() == 3 and f._cache_size() == 2 and g._cache_size() == 1
+
+
+def test_twin_jits_share_entries_like_upstream():
+    fun = fresh_copy(add_one)
+    f1, f2 = nbjit.jit(fun), nbjit.jit(fun)
+    j1, j2 = jax.jit(fun), jax.jit(fun)
+    x = jnp.ones(7)
+    f1(x), j1(x)
+    f2(x), j2(x)
+    assert f2.miss_count == 0
+    assert f1._cache_size() == f2._cache_size() == j2._cache_size()
+
+
+def test_entries_and_executables_freed_with_the_function():
+    cache = nbjit.PjitFunctionCache(64)
+
+    def make():
+        def fresh(x):
+            return x * 3 + 1
+        return fresh
+
+    fun = make()
+    f = PjitFunction(fun, {}, cache=cache)
+    f(jnp.ones(11)), f(jnp.ones(12))
+    assert cache.size() == 2
+    exe_ref = weakref.ref(f._namespace.entries[next(iter(f._namespace.entries))].executable) \
+        if hasattr(type(f._namespace.entries[next(iter(f._namespace.entries))].executable),
+                   "__weakref__") else None
+    del f, fun
+    gc.collect()
+    assert cache.size() == 0
+    if exe_ref is not None:
+        assert exe_ref() is None
+
+
+def test_clearing():
+    f = nbjit.jit(fresh_copy(add_one))
+    f(jnp.ones(2)), f(jnp.ones(3))
+    assert f._cache_size() == 2
+    f._clear_cache()
+    assert f._cache_size() == 0
+    f(jnp.ones(2))
+    f.clear_cache()
+    assert f._cache_size() == 0
+    f(jnp.ones(2))
+    nbjit.PjitFunctionCache.clear_all()
+    assert f._cache_size() == 0
+    assert_same_outputs(f(jnp.ones(2)), jax.jit(add_one)(jnp.ones(2)))
+
+
+# ---------------------------------------------------------------------------
+# Bad input: upstream's exception type, the argument named, the cache intact
+
+
+def _assert_cache_intact(f_nb, good_args):
+    size, misses = f_nb._cache_size(), f_nb.miss_count
+    f_nb(*good_args)
+    assert f_nb.miss_count == misses, "the next valid call was not a hit"
+    assert f_nb._cache_size() == size
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (("a string",), "str"),
+    ((object(),), "object"),
+], ids=["string", "object"])
+def test_bad_leaf(bad, needle):
+    f_nb, f_jax = both(add_one)
+    good = (jnp.ones(2),)
+    f_nb(*good), f_jax(*good)
+    e_nb, e_jax = assert_same_exception(f_nb, f_jax, *bad)
+    assert needle in str(e_nb) and str(e_nb) == str(e_jax)
+    _assert_cache_intact(f_nb, good)
+
+
+def test_unhashable_static_argument():
+    f_nb, f_jax = both(power, static_argnums=1)
+    x = jnp.ones(2)
+    f_nb(x, 2)
+    e_nb, e_jax = assert_same_exception(f_nb, f_jax, x, [1, 2])
+    assert "hash" in str(e_nb).lower() and str(e_nb) == str(e_jax)
+    _assert_cache_intact(f_nb, (x, 2))
+
+
+def test_wrong_number_of_arguments():
+    f_nb, f_jax = both(mul)
+    x = jnp.ones(2)
+    f_nb(x, x), f_jax(x, x)
+    e_nb, e_jax = assert_same_exception(f_nb, f_jax, x)
+    assert "y" in str(e_nb)
+    assert f_nb._cache_size() == f_jax._cache_size()
+    _assert_cache_intact(f_nb, (x, x))
+
+
+def test_unknown_keyword():
+    f_nb, f_jax = both(mul)
+    x = jnp.ones(2)
+    f_nb(x, x), f_jax(x, x)
+    e_nb, _ = assert_same_exception(f_nb, f_jax, x, x, z=x)
+    assert "z" in str(e_nb)
+    _assert_cache_intact(f_nb, (x, x))
