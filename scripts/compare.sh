@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Sets up a Python 3.12 venv (.venv) with nbjit and compares nbjit.jit with
+# jax.jit side by side in one process: a table on stdout, a PNG plot.
+#   bash scripts/compare.sh [compare args...]  (default: --plot compare.png --json compare.json)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh .venv
+if [ "$#" -eq 0 ]; then
+  set -- --plot compare.png --json compare.json
+fi
+.venv/bin/python -m nbjit compare "$@"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets up a Python 3.12 venv (.venv) with nbjit and runs the test suite.
+#   bash scripts/test.sh [pytest args...]      (default: -m "not slow")
+# NBJIT_VENV and NBJIT_EXTRA_REQS (space-separated pip requirements) select
+# another venv / jax version, e.g. NBJIT_VENV=.venv-jax0112
+# NBJIT_EXTRA_REQS="jax==0.11.2 jaxlib==0.11.2".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${NBJIT_VENV:-.venv}
+# shellcheck disable=SC2086
+bash scripts/bootstrap.sh "$venv" ${NBJIT_EXTRA_REQS:-}
+if [ "$#" -eq 0 ]; then
+  set -- -m "not slow"
+fi
+"$venv/bin/python" -m pytest "$@"
