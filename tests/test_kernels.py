@@ -66,6 +66,7 @@ def test_numba_and_python_signature_keys_agree(leaves):
     assert key == _kernels.python_signature_key(leaves)
     assert -(2**63) <= key < 2**63
     assert _kernels.signatures_equal(buf, np.array(packed, np.int64))
+    assert _kernels.signature_key(leaves) == key
 
 
 @settings(max_examples=200, deadline=None)
