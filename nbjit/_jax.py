@@ -43,6 +43,7 @@ PyTreeDef = _jaxlib_ext.pytree.PyTreeDef if hasattr(_jaxlib_ext, "pytree") else 
     jax.tree_util.tree_structure(0)
 )
 LoadedExecutable = _jaxlib_ext.LoadedExecutable
+ExecuteResults = _jaxlib_ext.ExecuteResults
 SingleDeviceSharding = jax.sharding.SingleDeviceSharding
 NamedSharding = jax.sharding.NamedSharding
 FastpathData = _pxla.MeshExecutableFastpathData

@@ -5,17 +5,17 @@ JAX's own (`jax.jit(fun)._cache_miss`); what lives here is the per-call fast
 path that jaxlib writes in C++: key the call, find the executable, put the
 inputs on the right devices, run, wrap the outputs.
 
-Keys (see `_fast_key` / `_general_key`):
-  * every leaf a committed-or-not `jax.Array` (the common case):
-    ``(treedef, trace_context, avals, committed)``. Avals are interned by
-    JAX, so hashing them is an identity hash; the shardings, whose hash is
-    not cheap, are compared per entry instead (tuple equality checks
-    identity first, and the result handlers hand back the same sharding
-    objects on every call).
-  * any other mix of leaves (numpy arrays, scalars):
-    ``(treedef, trace_context, _GENERAL, per-leaf signatures)``.
-  * with static arguments, the static values (exact type and ``==``) are
-    prepended.
+Keys. A call's signature is (key, shardings, trace context):
+  * key, hashed: every leaf a `jax.Array` (the common case) gives
+    ``(treedef id, ((aval, committed), ...))``; avals are interned by JAX,
+    so they hash by identity, and a treedef is replaced by a small int once.
+    Any other mix of leaves (numpy arrays, scalars) gives
+    ``(prefix, treedef id, _GENERAL, per-leaf signatures)``, where the
+    prefix carries the static arguments (exact type and ``==``).
+  * shardings and trace context (the C++ tuple of every config value that
+    enters a jit key), compared per entry rather than hashed: their hashes
+    are not cheap, while tuple equality checks identity first and the
+    result handlers hand back the same sharding objects on every call.
 A leaf of any other type (a tracer, a string, an object) takes JAX's own path
 and is never cached, so JAX raises what it raises.
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import itertools
 import threading
 import types
 import weakref
@@ -48,6 +49,7 @@ __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
 ArrayImpl = _jax.ArrayImpl
 _flatten = _jax.flatten_for_dispatch
 _device_put = _jax.batched_device_put
+_consume = _jax.ExecuteResults.consume_with_handlers
 _trace_context = _jax.trace_context
 _debug_nans = _jax.debug_nans
 _debug_infs = _jax.debug_infs
@@ -208,7 +210,7 @@ class _Entry:
     """One compiled signature and everything a hit needs, fixed at creation."""
 
     __slots__ = (
-        "key", "shardings", "context", "next", "namespace", "fast", "executable",
+        "key", "shardings", "context", "next", "namespace", "fast", "executable", "execute",
         "out_handlers", "out_tree", "single_output", "inputs_are_leaves", "kept",
         "consts", "host", "planned",
         "convert", "convert_shardings", "__weakref__",
@@ -283,6 +285,7 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
     entry.host = tuple(host)
     entry.planned = tuple(planned)
     entry.executable = fastpath.xla_executable
+    entry.execute = entry.executable.execute_sharded
     entry.out_handlers = [
         _jax.result_handler(aval, sharding, committed)
         for aval, sharding, committed in zip(
@@ -323,16 +326,37 @@ def _same_placement(x: Any, sharding: Any) -> bool:
         return False
 
 
-class _FlatTreedefs(dict):
-    """n -> the treedef of an n-tuple of leaves (what flattening `args` gives)."""
-
-    def __missing__(self, n: int) -> Any:
-        treedef = _flatten((0,) * n)[1]
-        self[n] = treedef
-        return treedef
+_treedef_ids: dict[Any, int] = {}
+_treedef_counter = itertools.count()
+_treedef_lock = threading.Lock()
+_MAX_TREEDEF_IDS = 1 << 16
 
 
-_flat_treedefs = _FlatTreedefs()
+def _treedef_id(treedef: Any) -> int:
+    """A small int standing for `treedef` in keys: cheaper to hash and compare.
+
+    Ids are never reused: when the table is full it starts afresh, and keys
+    holding old ids simply stop matching (they age out of the LRU).
+    """
+    tid = _treedef_ids.get(treedef)
+    if tid is None:
+        with _treedef_lock:
+            if len(_treedef_ids) >= _MAX_TREEDEF_IDS:
+                _treedef_ids.clear()
+                _flat_treedef_ids.clear()
+            tid = _treedef_ids.setdefault(treedef, next(_treedef_counter))
+    return tid
+
+
+class _FlatTreedefIds(dict):
+    """n -> the treedef id of an n-tuple of leaves (what flattening `args` gives)."""
+
+    def __missing__(self, n: int) -> int:
+        tid = self[n] = _treedef_id(_flatten((0,) * n)[1])
+        return tid
+
+
+_flat_treedef_ids = _FlatTreedefIds()
 
 
 # ---------------------------------------------------------------------------
@@ -401,7 +425,7 @@ class PjitFunction:
         if kwargs or not self._flat_args:
             return self._call_pytree(args, kwargs)
         try:  # every argument a jax.Array? (anything else lacks these attributes)
-            key = (_flat_treedefs[len(args)], tuple([(x.aval, x._committed) for x in args]))
+            key = (_flat_treedef_ids[len(args)], tuple([(x.aval, x._committed) for x in args]))
         except AttributeError:
             self._flat_args = False  # this function takes pytrees or numpy: flatten
             return self._call_pytree(args, kwargs)
@@ -414,11 +438,10 @@ class PjitFunction:
             return self._miss_or_slow(args, kwargs, list(args), (key, shardings, context), entry)
         self._touch(entry)
         try:  # a deleted or non-jax.Array input is refused here, before running
-            results = entry.executable.execute_sharded(
-                args if entry.inputs_are_leaves else entry.inputs(args))
+            results = entry.execute(args if entry.inputs_are_leaves else entry.inputs(args))
         except Exception:
             return self._slow(args, kwargs)  # JAX's own path says what is wrong
-        outs = results.consume_with_handlers(entry.out_handlers)
+        outs = _consume(results, entry.out_handlers)
         return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
 
     def _call_pytree(self, args: tuple, kwargs: dict) -> Any:
@@ -426,7 +449,7 @@ class PjitFunction:
         leaves, treedef = _flatten((args, kwargs) if kwargs else args)
         if tuple(map(type, leaves)).count(ArrayImpl) != len(leaves):
             return self._general(args, kwargs, leaves, treedef, (bool(kwargs),))
-        key = (treedef, tuple([(x.aval, x._committed) for x in leaves]))
+        key = (_treedef_id(treedef), tuple([(x.aval, x._committed) for x in leaves]))
         if kwargs:
             key += (_KWARGS,)
         shardings = [x._sharding for x in leaves]
@@ -451,7 +474,7 @@ class PjitFunction:
         signatures = tuple(map(_leaf_signature, leaves))
         if None in signatures:
             return self._slow(args, kwargs)  # JAX handles (or rejects) it
-        key = (prefix, treedef, _GENERAL, signatures)
+        key = (prefix, _treedef_id(treedef), _GENERAL, signatures)
         context = _trace_context()
         try:  # a static argument's __eq__ may raise: JAX reports it
             entry = self._namespace.find(key, [], context)
@@ -530,10 +553,10 @@ class PjitFunction:
             self.slow_count += 1
             return self._jax_cache_miss(*args, **kwargs)[0]
         try:
-            results = entry.executable.execute_sharded(entry.inputs(leaves))
+            results = entry.execute(entry.inputs(leaves))
         except Exception:  # e.g. a deleted input: JAX's own path says what is wrong
             return self._slow(args, kwargs)
-        outs = results.consume_with_handlers(entry.out_handlers)
+        outs = _consume(results, entry.out_handlers)
         return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
 
     # -- Python surface -------------------------------------------------------
@@ -575,11 +598,11 @@ class PjitFunction:
         leaves, treedef = _flatten((args, kwargs) if kwargs else args)
         context = _trace_context()
         if not static and all(type(x) is ArrayImpl for x in leaves):
-            key = (treedef, tuple([(x.aval, x._committed) for x in leaves]))
+            key = (_treedef_id(treedef), tuple([(x.aval, x._committed) for x in leaves]))
             if kwargs:
                 key += (_KWARGS,)
             return self._namespace.find(key, [x._sharding for x in leaves], context), leaves
-        key = (prefix, treedef, _GENERAL, tuple(map(_leaf_signature, leaves)))
+        key = (prefix, _treedef_id(treedef), _GENERAL, tuple(map(_leaf_signature, leaves)))
         return self._namespace.find(key, [], context), leaves
 
     def _split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple, dict]:
