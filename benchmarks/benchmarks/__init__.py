@@ -1,0 +1,1 @@
+"""asv benchmarks for nbjit: dispatch overhead of nbjit.jit against jax.jit."""
