@@ -436,8 +436,8 @@ class PjitFunction:
             entry = entry.next
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
             return self._miss_or_slow(args, kwargs, list(args), (key, shardings, context), entry)
-        self._touch(entry)
-        try:  # a deleted or non-jax.Array input is refused here, before running
+        try:  # the executable refuses a deleted or non-jax.Array input before running
+            self._touch(entry)  # KeyError if another thread evicted it meanwhile
             results = entry.execute(args if entry.inputs_are_leaves else entry.inputs(args))
         except Exception:
             return self._slow(args, kwargs)  # JAX's own path says what is wrong
@@ -459,7 +459,6 @@ class PjitFunction:
             entry = entry.next
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
             return self._miss_or_slow(args, kwargs, leaves, (key, shardings, context), entry)
-        self._touch(entry)
         return self._run_entry(entry, args, kwargs, leaves)
 
     # -- slow paths -------------------------------------------------------------
@@ -482,7 +481,6 @@ class PjitFunction:
             return self._slow(args, kwargs)
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
             return self._miss_or_slow(args, kwargs, leaves, (key, [], context), entry)
-        self._touch(entry)
         return self._run_entry(entry, args, kwargs, leaves)
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
@@ -553,6 +551,7 @@ class PjitFunction:
             self.slow_count += 1
             return self._jax_cache_miss(*args, **kwargs)[0]
         try:
+            self._touch(entry)  # KeyError if another thread evicted it meanwhile
             results = entry.execute(entry.inputs(leaves))
         except Exception:  # e.g. a deleted input: JAX's own path says what is wrong
             return self._slow(args, kwargs)
