@@ -257,12 +257,12 @@ def group_replicas(domains):
 GATHER_RANK = 4
 """Rank the gather kernel works in; lower ranks are padded with leading 1s."""
 
-_UINTS = ("uint8", "uint16", "uint32", "uint64")
 _UINT_OF_ITEMSIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-@njit([f"void({t}[:,:,:,:], int64[:,:], int64[:,:], int64[:], {t}[::1])" for t in _UINTS],
-      cache=True, nogil=True)
+# Compiled lazily, one specialisation per item size (and source layout) that is
+# used: explicit signatures would compile all of them at import (~5 s cold).
+@njit(cache=True, nogil=True)
 def _gather_shards(src, starts, stops, offsets, out):
     """Any strides: element by element through 4-D indexing."""
     for s in range(starts.shape[0]):
@@ -275,8 +275,7 @@ def _gather_shards(src, starts, stops, offsets, out):
                         pos += 1
 
 
-@njit([f"void({t}[::1], int64[:], int64[:,:], int64[:,:], int64[:], {t}[::1])" for t in _UINTS],
-      cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _gather_dense_shards(src, strides, starts, stops, offsets, out):
     """Source memory dense (C or F order), given flat with element strides:
     rows along a unit-stride last axis are copied as slices (2-3x faster)."""

@@ -45,6 +45,18 @@ def _load_kernels():
     return _kernels
 
 
+def warm_kernels() -> None:
+    """Imports numba and loads (or, cold, compiles) the plan kernels now.
+
+    The first plan otherwise pays this on first use: ~0.8 s warm (numba's
+    import and target initialisation), several seconds cold (compilation).
+    """
+    kernels = _load_kernels()
+    domains = kernels.index_domains(np.array([8], np.int64), np.array([2], np.int64),
+                                    np.zeros((1, 1), np.int64), np.zeros((2, 1), np.int64))
+    kernels.group_replicas(domains)
+
+
 def _gatherable_dtype(dtype: np.dtype) -> bool:
     """Numeric dtypes JAX takes whose items the gather kernel can move."""
     if dtype.itemsize not in (1, 2, 4, 8):
