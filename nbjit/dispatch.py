@@ -50,6 +50,7 @@ ArrayImpl = _jax.ArrayImpl
 _flatten = _jax.flatten_for_dispatch
 _device_put = _jax.batched_device_put
 _consume = _jax.ExecuteResults.consume_with_handlers
+_collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
 _debug_nans = _jax.debug_nans
 _debug_infs = _jax.debug_infs
@@ -422,6 +423,7 @@ class PjitFunction:
     # -- the hit path: key -> lookup -> inputs -> execute -> outputs ----------
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
         if kwargs or not self._flat_args:
             return self._call_pytree(args, kwargs)
         try:  # every argument a jax.Array? (anything else lacks these attributes)
@@ -642,6 +644,7 @@ class _StaticPjitFunction(PjitFunction):
     """A PjitFunction with static arguments: their values join the key."""
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        _collect_garbage()
         try:
             static_key, dyn_args, dyn_kwargs = self._split_static(args, kwargs)
             hash(static_key)
