@@ -176,3 +176,7 @@ def hlo_is_replicated(hlo_sharding) -> bool:
 def aval_with_sharding(aval, sharding):
     """The aval a jax.Array with `sharding` carries (mesh axes for NamedSharding)."""
     return _core.update_aval_with_sharding(aval, sharding)
+
+
+# Marks the transfers inside as explicit (jax.device_put's), for transfer guards.
+explicit_device_put_scope = _config.explicit_device_put_scope

@@ -297,7 +297,9 @@ def device_put(x: Any, sharding) -> jax.Array:
     """`jax.device_put(x, sharding)` for numpy arrays and numpy/Python scalars.
 
     Same shards, devices, data, sharding, dtype, weak type and committedness
-    as upstream; the numpy input is copied, never aliased. Other inputs (jax
+    as upstream, and the transfer counts as explicit for transfer guards; the
+    numpy input is copied, never aliased (upstream aliases 64-byte-aligned
+    inputs on CPU when it can). Other inputs (jax
     Arrays, pytrees, devices instead of shardings, ...) and anything a plan
     cannot handle go to `jax.device_put` unchanged.
     """
@@ -321,4 +323,5 @@ def device_put(x: Any, sharding) -> jax.Array:
         return jax.device_put(x, sharding)
     if x.dtype != dtype:
         x = x.astype(dtype)
-    return plan.put(x)
+    with _jax.explicit_device_put_scope():  # transfer guards see an explicit transfer
+        return plan.put(x)

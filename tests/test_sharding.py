@@ -215,3 +215,32 @@ def test_bad_inputs_raise_like_jax_and_cache_nothing(name):
     with pytest.raises(type(upstream.value)):
         sharding.device_put(make(), requested)
     assert sharding.plan_cache_size() == 0
+
+
+@pytest.mark.parametrize("level", ["allow", "disallow", "disallow_explicit"])
+def test_transfer_guard_sees_an_explicit_transfer_like_jax(level):
+    requested = NamedSharding(_mesh("4x2"), P("x", "y"))
+    x = _values((16, 4), np.float32)
+    sharding.plan_for(requested, x.shape, x.dtype)
+    with jax.transfer_guard_host_to_device(level):
+        try:
+            theirs = jax.device_put(x, requested)
+        except Exception as exc:
+            with pytest.raises(type(exc)):
+                sharding.device_put(x, requested)
+        else:
+            assert_same_array(sharding.device_put(x, requested), theirs, requested)
+
+
+def test_plan_put_is_an_implicit_transfer_like_jit():
+    """The dispatcher's transfers are implicit: `disallow` stops them, as jax.jit's."""
+    requested = NamedSharding(_mesh("4x2"), P("x", "y"))
+    x = _values((16, 4), np.float32)
+    plan = sharding.plan_for(requested, x.shape, x.dtype)
+    f = jax.jit(lambda a: a * 2, in_shardings=requested)
+    f(x)
+    with jax.transfer_guard_host_to_device("disallow"):
+        with pytest.raises(Exception) as upstream:
+            f(x)
+        with pytest.raises(type(upstream.value)):
+            plan.put(x)
