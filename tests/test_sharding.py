@@ -244,3 +244,17 @@ def test_plan_put_is_an_implicit_transfer_like_jit():
             f(x)
         with pytest.raises(type(upstream.value)):
             plan.put(x)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="zero-copy is the CPU client's")
+def test_staging_is_aligned_and_used_in_place_on_cpu():
+    """One 64-byte-aligned staging shard per distinct domain, used without a copy:
+    on CPU every replica of a domain points at the same host memory."""
+    requested = NamedSharding(_mesh("4x2"), P(None, "y"))
+    out = sharding.device_put(_values((16, 8), np.float32), requested)
+    pointers = {}
+    for shard in out.addressable_shards:
+        pointers.setdefault(str(shard.index), set()).add(shard.data.unsafe_buffer_pointer())
+    assert len(pointers) == 2
+    assert all(len(p) == 1 for p in pointers.values())
+    assert all(p % 64 == 0 for ps in pointers.values() for p in ps)
