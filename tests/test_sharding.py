@@ -258,3 +258,14 @@ def test_staging_is_aligned_and_used_in_place_on_cpu():
     assert len(pointers) == 2
     assert all(len(p) == 1 for p in pointers.values())
     assert all(p % 64 == 0 for ps in pointers.values() for p in ps)
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+def test_donating_a_replicated_input_leaves_other_replicas_intact():
+    """Replicas share one staging buffer; donation must not write through it."""
+    requested = NamedSharding(_mesh("4x2"), P())
+    f = jax.jit(lambda a: a + 1, in_shardings=requested, out_shardings=requested,
+                donate_argnums=0)
+    for _ in range(10):
+        out = f(sharding.device_put(np.zeros((128, 128), np.float32), requested))
+        assert [float(np.asarray(s.data).max()) for s in out.addressable_shards] == [1.0] * 8
