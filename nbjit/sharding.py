@@ -78,7 +78,7 @@ class ShardingPlan:
 
     __slots__ = ("sharding", "shape", "dtype", "weak_type", "aval", "devices", "domains",
                  "group_of_device", "_starts", "_stops", "_elem_offsets", "_byte_offsets",
-                 "_shard_shapes", "_nbytes", "_uint", "_slices")
+                 "_shard_shapes", "_nbytes", "_uint", "_slices", "_kernel_ok")
 
     def __init__(self, sharding, shape: tuple[int, ...], dtype: np.dtype, weak_type: bool,
                  devices: list, domains: np.ndarray):
@@ -93,19 +93,22 @@ class ShardingPlan:
         self.domains = domains
         group_of_device, first_device = kernels.group_replicas(domains)
         self.group_of_device = group_of_device.tolist()
-        rank = kernels.GATHER_RANK
         n_groups = len(first_device)
-        pad = rank - len(shape)
-        starts = np.zeros((n_groups, rank), np.int64)
-        stops = np.ones((n_groups, rank), np.int64)
-        starts[:, pad:] = domains[first_device, :, 0]
-        stops[:, pad:] = domains[first_device, :, 1]
-        self._starts, self._stops = starts, stops
+        lows = domains[first_device, :, 0]
+        highs = domains[first_device, :, 1]
+        # The Numba gather works in GATHER_RANK dimensions (leading ones padded).
+        self._kernel_ok = len(shape) <= kernels.GATHER_RANK
+        if self._kernel_ok:
+            pad = kernels.GATHER_RANK - len(shape)
+            self._starts = np.zeros((n_groups, kernels.GATHER_RANK), np.int64)
+            self._stops = np.ones((n_groups, kernels.GATHER_RANK), np.int64)
+            self._starts[:, pad:] = lows
+            self._stops[:, pad:] = highs
         itemsize = dtype.itemsize
         shard_shapes, byte_offsets = [], []
         offset = 0
         for g in range(n_groups):
-            shard_shape = tuple(int(n) for n in stops[g, pad:] - starts[g, pad:])
+            shard_shape = tuple(int(n) for n in highs[g] - lows[g])
             shard_shapes.append(shard_shape)
             byte_offsets.append(offset)
             nbytes = int(np.prod(shard_shape, dtype=np.int64)) * itemsize
@@ -127,7 +130,7 @@ class ShardingPlan:
         shards = [np.ndarray(s, dtype, buffer=staging, offset=o)
                   for s, o in zip(self._shard_shapes, self._byte_offsets, strict=True)]
         flags = x.flags
-        if flags.f_contiguous and not flags.c_contiguous:
+        if flags.f_contiguous and not flags.c_contiguous and self._kernel_ok:
             # Column-major sources: the Numba gather is ~1.5x numpy's copy.
             _kernels.gather_strided(x, self._starts, self._stops, self._elem_offsets,
                                     staging.view(self._uint))
@@ -258,7 +261,7 @@ def plan_for(sharding, shape: tuple[int, ...], dtype: np.dtype,
 
 
 def _build_plan(sharding, shape, dtype, weak_type) -> ShardingPlan | None:
-    if not _gatherable_dtype(dtype) or len(shape) > 4:
+    if not _gatherable_dtype(dtype):
         return None
     if getattr(sharding, "memory_kind", None) not in (None, "device"):
         return None
@@ -293,16 +296,21 @@ def _canonical_scalar(x) -> tuple[np.ndarray, bool] | None:
     return np.asarray(x, dtype), type(x) is not bool
 
 
-def device_put(x: Any, sharding) -> jax.Array:
-    """`jax.device_put(x, sharding)` for numpy arrays and numpy/Python scalars.
+def device_put(x: Any, device: Any = None, **kwargs: Any) -> jax.Array:
+    """`jax.device_put(x, device)` for numpy arrays and numpy/Python scalars.
 
-    Same shards, devices, data, sharding, dtype, weak type and committedness
-    as upstream, and the transfer counts as explicit for transfer guards; the
-    numpy input is copied, never aliased (upstream aliases 64-byte-aligned
-    inputs on CPU when it can). Other inputs (jax
-    Arrays, pytrees, devices instead of shardings, ...) and anything a plan
-    cannot handle go to `jax.device_put` unchanged.
+    `device` is a `jax.sharding.Sharding` (NamedSharding, GSPMDSharding,
+    SingleDeviceSharding). Same shards, devices, data, sharding, dtype, weak
+    type and committedness as upstream, and the transfer counts as explicit
+    for transfer guards; the numpy input is copied, never aliased (upstream
+    aliases 64-byte-aligned inputs on CPU when it can). Anything else (jax
+    Arrays, pytrees, a Device or None, keyword options such as `donate` or
+    `may_alias`) and anything a plan cannot handle goes to `jax.device_put`
+    unchanged.
     """
+    sharding = device
+    if kwargs:
+        return jax.device_put(x, device, **kwargs)
     kind = type(x)
     if kind is np.ndarray:
         weak_type = False

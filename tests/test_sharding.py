@@ -269,3 +269,24 @@ def test_donating_a_replicated_input_leaves_other_replicas_intact():
     for _ in range(10):
         out = f(sharding.device_put(np.zeros((128, 128), np.float32), requested))
         assert [float(np.asarray(s.data).max()) for s in out.addressable_shards] == [1.0] * 8
+
+
+@pytest.mark.parametrize("layout", ["C", "F", "negative"])
+def test_rank_above_the_kernel_rank(layout):
+    requested = NamedSharding(_mesh("2x2x2"), P("x", None, ("y", "z"), None, None))
+    x = _in_layout(_values((4, 3, 8, 1, 2), np.float32), layout)
+    assert sharding.plan_for(requested, x.shape, x.dtype) is not None
+    assert_same_array(sharding.device_put(x, requested), jax.device_put(x, requested), requested)
+
+
+def test_keyword_options_and_devices_go_to_jax():
+    x = _values((16,), np.float32)
+    requested = NamedSharding(_mesh("8"), P("x"))
+    ours = sharding.device_put(x, device=requested, may_alias=False)
+    assert_same_array(ours, jax.device_put(x, requested, may_alias=False), requested)
+    device = jax.devices()[1]
+    ours, theirs = sharding.device_put(x, device), jax.device_put(x, device)
+    assert ours.devices() == theirs.devices() == {device}
+    assert ours.committed == theirs.committed
+    ours, theirs = sharding.device_put(x), jax.device_put(x)
+    assert ours.devices() == theirs.devices() and ours.committed == theirs.committed
