@@ -564,54 +564,67 @@ def read_json(path: str) -> tuple[list[Row], dict[str, Any]]:
     return [Row(**r) for r in data["rows"]], data["meta"]
 
 
+PLOT_FAMILIES = ("positional args dispatch", "pruned args dispatch", "many args (list) dispatch")
+
+
 def plot(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
     """Two panels: the ratio per scenario, and time against number of arguments."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     timed = [r for r in rows if r.ratio is not None]
     a = meta.get("a", "nbjit")
     fig, (ax0, ax1) = plt.subplots(
-        1, 2, figsize=(14, max(4.5, 0.28 * len(timed) + 1.5)), width_ratios=(1.1, 1)
+        1, 2, figsize=(14, max(4.5, 0.26 * len(timed) + 1.6)), width_ratios=(1.1, 1)
     )
     y = np.arange(len(timed))
     med = np.array([r.ratio for r in timed])
-    lo = med - np.array([r.ratio_p10 for r in timed])
-    hi = np.array([r.ratio_p90 for r in timed]) - med
+    err = (med - np.array([r.ratio_p10 for r in timed]),
+           np.array([r.ratio_p90 for r in timed]) - med)
     colors = ["tab:green" if m < 1 else "tab:red" for m in med]
-    ax0.barh(y, med, xerr=(lo, hi), color=colors, alpha=0.75, capsize=2)
+    ax0.errorbar(med, y, xerr=err, fmt="none", ecolor="0.55", capsize=2, lw=1)
+    ax0.scatter(med, y, c=colors, zorder=3, s=22)
     ax0.axvline(1.0, color="k", lw=1)
+    ax0.set_xscale("log")
+    ax0.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ticks = [t for t in (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8)
+             if ax0.get_xlim()[0] <= t <= ax0.get_xlim()[1]]
+    ax0.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax0.set_yticks(y, [r.name for r in timed], fontsize=7)
-    ax0.invert_yaxis()
-    ax0.set_xlabel(f"{a} / jax.jit per call (median, p10-p90); < 1 is faster")
+    ax0.set_ylim(len(timed) - 0.5, -0.5)
+    ax0.set_xlabel(f"{a} / jax.jit per call: median of paired rounds, bar p10-p90 (< 1: faster)")
     ax0.set_title("ratio per scenario")
+    ax0.grid(True, axis="x", which="both", alpha=0.3)
 
-    families = sorted({r.family for r in timed if r.family})
-    styles = {"a": ("-", "o"), "b": ("--", "s"), "floor": (":", "^")}
-    for k, fam in enumerate(families):
+    impl_style = {"a": ("tab:blue", "o", a), "b": ("tab:orange", "s", "jax.jit"),
+                  "floor": ("0.45", "^", "floor")}
+    family_style = dict(zip(PLOT_FAMILIES, ("-", "--", ":"), strict=True))
+    for fam, ls in family_style.items():
         fr = sorted((r for r in timed if r.family == fam), key=lambda r: r.n_args)
+        if not fr:
+            continue
         n = [r.n_args for r in fr]
-        color = f"C{k}"
-        for key, label in (("a", a), ("b", "jax.jit"), ("floor", "floor")):
+        for key, (color, marker, label) in impl_style.items():
             vals = [getattr(r, f"{key}_us") for r in fr]
             if any(v is None for v in vals):
                 continue
-            ls, mk = styles[key]
-            ax1.plot(n, vals, ls=ls, marker=mk, color=color, label=f"{fam}: {label}")
+            ax1.plot(n, vals, ls=ls, marker=marker, color=color, label=f"{label}: {fam}")
     ax1.set_xscale("log")
     ax1.set_yscale("log")
     ax1.set_xlabel("number of arguments (leaves)")
     ax1.set_ylabel("us per call (median)")
-    ax1.set_title("time against number of arguments")
+    ax1.set_title("time against number of arguments (dispatch, no waiting)")
     ax1.grid(True, which="both", alpha=0.3)
-    if families:
+    if ax1.lines:
         ax1.legend(fontsize=7)
     v = meta.get("versions", {})
     fig.suptitle(
-        f"{a} vs jax.jit, {meta.get('date', '')}; jax {v.get('jax')}, numba {v.get('numba')}, "
-        f"{meta.get('machine', {}).get('cpus')} CPUs",
+        f"{a} vs jax.jit, {meta.get('date', '')}; jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, "
+        f"numba {v.get('numba')}, Python {v.get('python')}; "
+        f"{meta.get('machine', {}).get('cpus')} CPUs (shared)",
         fontsize=10,
     )
     fig.tight_layout()

@@ -32,10 +32,10 @@ SYNC_EACH_CALLS = 7
 class Settings:
     """How long to measure. ``quick`` trades precision for wall time."""
 
-    rounds: int = 61  # paired rounds (upper bound; see max_seconds)
+    rounds: int = 301  # paired rounds (upper bound; see max_seconds)
     min_rounds: int = 5  # never fewer, whatever max_seconds says
-    target_batch_s: float = 0.005  # calibrate k so one batch takes about this
-    max_seconds: float = 8.0  # stop adding rounds after this much time
+    target_batch_s: float = 0.01  # calibrate k so one batch takes about this
+    max_seconds: float = 10.0  # stop adding rounds after this much time
     warmup_calls: int = 3  # untimed calls of each contender before calibration
 
     @classmethod
