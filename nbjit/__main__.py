@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--markdown", metavar="FILE", help="write the table as a Markdown file")
     c.add_argument("--self-check", action="store_true",
                    help="jax.jit against itself; fails unless every ratio is within 0.9-1.1")
-    c.add_argument("--rounds", type=int, help="paired rounds per scenario (default 301, quick 21)")
+    c.add_argument("--rounds", type=int, help="paired rounds per scenario (default 301, quick 41)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return p

@@ -40,7 +40,7 @@ class Settings:
 
     @classmethod
     def quick(cls) -> Settings:
-        return cls(rounds=21, min_rounds=3, target_batch_s=0.002, max_seconds=1.5, warmup_calls=2)
+        return cls(rounds=41, min_rounds=3, target_batch_s=0.002, max_seconds=2.0, warmup_calls=2)
 
 
 @dataclass(frozen=True)

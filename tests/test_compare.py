@@ -124,3 +124,33 @@ def test_cli_self_check_and_list(tmp_path, capsys, monkeypatch):
 def test_outputs_compared():
     assert _compare._same_outputs({"a": np.ones(2)}, {"a": np.ones(2)})
     assert not _compare._same_outputs((np.ones(2),), (np.zeros(2),))
+
+
+def test_request_host_devices_appends_once(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    cli.request_host_devices(8)
+    cli.request_host_devices(8)
+    assert cli._DEVICE_FLAG + "=8" in cli.os.environ["XLA_FLAGS"]
+    assert cli.os.environ["XLA_FLAGS"].count(cli._DEVICE_FLAG) == 1
+    assert cli.os.environ["XLA_FLAGS"].startswith("--xla_cpu_enable_fast_math=false ")
+    monkeypatch.setenv("XLA_FLAGS", f"{cli._DEVICE_FLAG}=4")
+    cli.request_host_devices(8)  # the user's own count wins
+    assert cli.os.environ["XLA_FLAGS"] == f"{cli._DEVICE_FLAG}=4"
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="host devices are a CPU thing")
+def test_python_m_nbjit_gets_8_devices(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, "-m", "nbjit", "compare", "--quick", "--only", "numpy_sharded",
+         "--no-progress", "--rounds", "2", "--json", str(tmp_path / "c.json")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["meta"]["machine"]["devices"] == 8
+    assert data["rows"][0]["ratio"] is not None  # not skipped for lack of devices
