@@ -307,17 +307,19 @@ def _fresh_caller(jit: Jit, case: Case, block: bool) -> Callable[[], Any]:
     return lambda: blk(call())
 
 
-def _same_outputs(x: Any, y: Any) -> bool:
+def output_difference(x: Any, y: Any) -> str | None:
+    """Why two call results differ (structure, dtype, weak type, sharding, values), or None."""
     lx, tx = jax.tree.flatten(x)
     ly, ty = jax.tree.flatten(y)
-    if tx != ty or len(lx) != len(ly):
-        return False
-    for u, v in zip(lx, ly, strict=True):
-        if getattr(u, "dtype", None) != getattr(v, "dtype", None):
-            return False
+    if tx != ty:
+        return f"tree structure {tx} != {ty}"
+    for i, (u, v) in enumerate(zip(lx, ly, strict=True)):
+        for attr in ("dtype", "weak_type", "sharding"):
+            if getattr(u, attr, None) != getattr(v, attr, None):
+                return f"leaf {i}: {attr} {getattr(u, attr, None)} != {getattr(v, attr, None)}"
         if not np.array_equal(np.asarray(u), np.asarray(v)):
-            return False
-    return True
+            return f"leaf {i}: values differ"
+    return None
 
 
 def floor_maker() -> Callable[..., Callable[[], Any]] | None:
@@ -361,8 +363,9 @@ def run_scenario(
         f_b = jit_b(case.fun, **case.jit_options)
         call_a = _caller(f_a, case, scenario.block)
         call_b = _caller(f_b, case, scenario.block)
-    if not _same_outputs(f_a(*case.args, **case.kwargs), f_b(*case.args, **case.kwargs)):
-        notes.append("OUTPUTS DIFFER")
+    diff = output_difference(f_a(*case.args, **case.kwargs), f_b(*case.args, **case.kwargs))
+    if diff:
+        notes.append(f"OUTPUTS DIFFER: {diff}"[:160])
     contenders = [("a", call_a), ("b", call_b)]
     if floor_call is not None and floor_jit is not None and not case.fresh_function:
         try:

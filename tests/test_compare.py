@@ -122,8 +122,12 @@ def test_cli_self_check_and_list(tmp_path, capsys, monkeypatch):
 
 
 def test_outputs_compared():
-    assert _compare._same_outputs({"a": np.ones(2)}, {"a": np.ones(2)})
-    assert not _compare._same_outputs((np.ones(2),), (np.zeros(2),))
+    assert _compare.output_difference({"a": np.ones(2)}, {"a": np.ones(2)}) is None
+    assert "values" in _compare.output_difference((np.ones(2),), (np.zeros(2),))
+    assert "dtype" in _compare.output_difference(np.ones(2), np.ones(2, np.int32))
+    assert "structure" in _compare.output_difference((1,), [1])
+    assert "weak_type" in _compare.output_difference(jax.numpy.asarray(1.0), jax.device_put(
+        np.float32(1.0)))
 
 
 def test_request_host_devices_appends_once(monkeypatch):
