@@ -5,7 +5,7 @@ dispatchers timed interleaved, a few milliseconds apart, does not. Each track
 runs one scenario of `python -m nbjit compare` (paired rounds, median ratio).
 """
 
-from . import common  # noqa: F401  (8 host devices before jax starts)
+from . import common  # first: 8 host devices before jax starts
 
 SCENARIOS = [
     "jit_simple_dispatch",
@@ -40,6 +40,7 @@ class DispatchRatio:
         matching = [s for s in _compare.scenarios() if s.name == scenario]
         if not matching:
             raise NotImplementedError(f"this commit has no scenario {scenario!r}")
+        common.require_devices(matching[0].min_devices)
         self.compare, self.jit, self.scenario = _compare, jit, matching[0]
         self.settings = _measure.Settings(rounds=21, min_rounds=5, max_seconds=3.0)
 
