@@ -341,3 +341,25 @@ def test_bad_call_after_bad_call_keeps_the_cache_consistent():
     for bad in [("s", X), (X,), (X, object()), (X, np.arange(5.0)), (X, "t"), (X, X, X)]:
         assert_same_call(nb, jx, *bad)
     _assert_cache_intact(nb, jx, X, X)
+
+
+# Not bad input, but found here: typed PRNG key arrays are jax.Arrays that are not ArrayImpl.
+_KEY_XFAIL = pytest.mark.xfail(strict=True, reason="typed key arrays (PRNGKeyArray) crash nbjit's "
+                               "hit path with AttributeError '_sharding' (/tmp/nbjit_bugs.md)")
+
+
+@pytest.mark.parametrize("make_key", [
+    pytest.param(lambda: jax.random.key(0), marks=_KEY_XFAIL, id="typed_key"),
+    pytest.param(lambda: jax.random.split(jax.random.key(1), 1)[0], marks=_KEY_XFAIL,
+                 id="typed_key_from_split"),
+    pytest.param(lambda: jax.device_put(jax.random.key(2), jax.devices()[2]), marks=_KEY_XFAIL,
+                 id="typed_key_committed"),
+    pytest.param(lambda: jax.random.PRNGKey(3), id="raw_uint32_key"),
+])
+def test_prng_key_array_arguments(make_key):
+    nb, jx = _pair(lambda: lambda k, x: (jax.random.uniform(k, (2,)) + x, k))
+    key, x = make_key(), jnp.ones(2)
+    _warm(nb, jx, key, x)  # every argument a jax.Array: the flat fast path
+    _warm(nb, jx, key, 1.0)  # mixed with a Python scalar: the general path
+    _warm(nb, jx, {"key": key}, x)  # inside a pytree
+    _assert_cache_intact(nb, jx, key, x)
