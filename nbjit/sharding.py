@@ -247,6 +247,7 @@ def plan_for(sharding, shape: tuple[int, ...], dtype: np.dtype,
     Only successful plans are cached; a rejected combination is recomputed
     (and rejected again) on every call, so errors stay upstream's.
     """
+    dtype = np.dtype(dtype)
     key = (sharding, shape, dtype, weak_type)
     plan = _plans.get(key)
     if plan is not None:
