@@ -459,13 +459,20 @@ def run(
 
 
 def _git_commit() -> str | None:
+    """HEAD's short hash, with ``+dirty`` when nbjit/ has uncommitted changes."""
     here = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
     try:
-        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=5)
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", here)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return (head + ("+dirty" if dirty else "")) if head else None
 
 
 def metadata(settings: _measure.Settings, self_check: bool, label_a: str,
@@ -531,9 +538,10 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
     v = meta.get("versions", {})
     m = meta.get("machine", {})
     out = [
-        f"{a} vs jax.jit, {meta.get('date', '')}: jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, "
-        f"numba {v.get('numba')}, Python {v.get('python')}; {m.get('backend')} x"
-        f"{m.get('devices')} devices, {m.get('cpus')} CPUs",
+        f"{a} vs jax.jit, {meta.get('date', '')}: nbjit {v.get('nbjit_commit') or '?'}, "
+        f"jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, numba {v.get('numba')}, "
+        f"Python {v.get('python')}; {m.get('backend')} x{m.get('devices')} devices, "
+        f"{m.get('cpus')} CPUs",
         f"ratio = {a} / jax.jit per call (median of paired rounds; < 1: {a} is faster); "
         "floor = execute + output handlers only",
         "",

@@ -33,12 +33,18 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dtypes as _dtypes
 from jax._src import pjit as _pjit
+from jax._src import source_info_util as _source_info_util
 from jax._src import tree_util as _tree_util
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import _jax as _jaxlib_ext
 
+# Errors that name the caller's source location skip nbjit's frames, as they
+# skip jax's own.
+_source_info_util.register_exclusion(__file__.rsplit("/", 1)[0])
+
 ArrayImpl = _jaxlib_ext.ArrayImpl
+JaxRuntimeError = jax.errors.JaxRuntimeError
 PyTreeDef = _jaxlib_ext.pytree.PyTreeDef if hasattr(_jaxlib_ext, "pytree") else type(
     jax.tree_util.tree_structure(0)
 )

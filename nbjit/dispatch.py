@@ -364,18 +364,48 @@ _flat_treedef_ids = _FlatTreedefIds()
 # Per-leaf signatures (general path)
 
 
-def _leaf_signature(x: Any) -> Any:
-    """A hashable signature of one leaf, or None if JAX must handle it."""
+def _leaf_signature(x: Any, canonical: dict) -> Any:
+    """A hashable signature of one leaf, or None if JAX must handle it.
+
+    As in jaxlib, a numpy array and a numpy scalar are keyed alike by
+    (canonical dtype, shape): with x64 off, float64 and float32 inputs share
+    a signature. `canonical` maps a dtype to its canonical dtype under the
+    call's x64 setting (which is part of the trace context).
+    """
     t = type(x)
     if t is ArrayImpl:
         return (x.aval, x._committed, x._sharding)
-    if t is np.ndarray:
-        return (t, x.dtype, x.shape) if _is_numeric(x.dtype) else None
+    if t is np.ndarray or isinstance(x, np.generic):
+        dtype = canonical.get(x.dtype)
+        return None if dtype is None else (dtype, x.shape)
     if t in _jax.python_scalar_types:
-        return t
-    if isinstance(x, np.generic) and _is_numeric(x.dtype):
-        return t
+        return t  # weakly typed: each Python type has its own (dtype, weak type)
     return None
+
+
+class _CanonicalDtypes(dict):
+    """dtype -> canonical dtype for one x64 setting; None for non-numeric dtypes."""
+
+    def __init__(self, x64: bool) -> None:
+        super().__init__()
+        self._x64 = x64
+
+    def __missing__(self, dtype: np.dtype) -> np.dtype | None:
+        if not _is_numeric(dtype):
+            return None  # not cached: strings, objects, float0 go to JAX's path
+        with _jax.enable_x64(self._x64):
+            canonical = np.dtype(_jax.canonicalize_dtype(dtype))
+        self[dtype] = canonical
+        return canonical
+
+    def get(self, dtype: np.dtype, default: Any = None) -> np.dtype | None:
+        try:
+            return self[dtype]
+        except TypeError:  # an unhashable "dtype" of some exotic subclass
+            return default
+
+
+_canonical_dtypes = {False: _CanonicalDtypes(False), True: _CanonicalDtypes(True)}
 
 
 def _is_numeric(dtype: np.dtype) -> bool:
@@ -441,8 +471,8 @@ class PjitFunction:
         try:  # the executable refuses a deleted or non-jax.Array input before running
             self._touch(entry)  # KeyError if another thread evicted it meanwhile
             results = entry.execute(args if entry.inputs_are_leaves else entry.inputs(args))
-        except Exception:
-            return self._slow(args, kwargs)  # JAX's own path says what is wrong
+        except Exception as error:
+            return self._execute_failed(error, args, kwargs, args)
         outs = _consume(results, entry.out_handlers)
         return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
 
@@ -472,7 +502,8 @@ class PjitFunction:
         `prefix` holds the static key and whether the leaves came from
         ``(args, kwargs)`` or from ``args`` alone (their treedefs can collide).
         """
-        signatures = tuple(map(_leaf_signature, leaves))
+        canonical = _canonical_dtypes[_jax.enable_x64.value]
+        signatures = tuple([_leaf_signature(x, canonical) for x in leaves])
         if None in signatures:
             return self._slow(args, kwargs)  # JAX handles (or rejects) it
         key = (prefix, _treedef_id(treedef), _GENERAL, signatures)
@@ -484,6 +515,20 @@ class PjitFunction:
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
             return self._miss_or_slow(args, kwargs, leaves, (key, [], context), entry)
         return self._run_entry(entry, args, kwargs, leaves)
+
+    def _execute_failed(self, error: Exception, args: tuple, kwargs: dict,
+                        inputs: Sequence) -> Any:
+        """The executable refused a hit's inputs, or its execution failed.
+
+        Refused inputs (a deleted array; something not a jax.Array) go to
+        JAX's own path, which raises what it raises. A failure of the
+        execution itself (say, one buffer donated twice in a call) raises
+        ValueError with the runtime's message, as jaxlib's fast path does.
+        """
+        if isinstance(error, _jax.JaxRuntimeError) and all(
+                type(x) is ArrayImpl and not x.is_deleted() for x in inputs):
+            raise ValueError(str(error)) from error
+        return self._slow(args, kwargs)
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
         """JAX's own path, uncached here; JAX raises what it raises."""
@@ -532,6 +577,8 @@ class PjitFunction:
             return self._run_entry(entry, args, kwargs, leaves)
         self.miss_count += 1
         try:
+            if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
+                return self._slow(args, kwargs)  # JAX rejects it before caching anything
             try:
                 outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
             except BaseException:
@@ -554,9 +601,13 @@ class PjitFunction:
             return self._jax_cache_miss(*args, **kwargs)[0]
         try:
             self._touch(entry)  # KeyError if another thread evicted it meanwhile
-            results = entry.execute(entry.inputs(leaves))
-        except Exception:  # e.g. a deleted input: JAX's own path says what is wrong
+            inputs = entry.inputs(leaves)
+        except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
             return self._slow(args, kwargs)
+        try:
+            results = entry.execute(inputs)
+        except Exception as error:
+            return self._execute_failed(error, args, kwargs, inputs)
         outs = _consume(results, entry.out_handlers)
         return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
 
@@ -603,7 +654,9 @@ class PjitFunction:
             if kwargs:
                 key += (_KWARGS,)
             return self._namespace.find(key, [x._sharding for x in leaves], context), leaves
-        key = (prefix, _treedef_id(treedef), _GENERAL, tuple(map(_leaf_signature, leaves)))
+        canonical = _canonical_dtypes[_jax.enable_x64.value]
+        signatures = tuple([_leaf_signature(x, canonical) for x in leaves])
+        key = (prefix, _treedef_id(treedef), _GENERAL, signatures)
         return self._namespace.find(key, [], context), leaves
 
     def _split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple, dict]:
