@@ -104,7 +104,10 @@ def test_static_argument_whose_eq_raises():
     assert isinstance(e_nb, ValueError)
     for e in (e_nb, e_jax):
         assert "comparable using __eq__" in str(e)
-    # (the same instance again: see test_footguns, nbjit's lookup checks identity first)
+    # the same instance again is found by identity, without __eq__, in both
+    s_nb, s_jax = _EqRaises(1009), _EqRaises(2009)
+    assert_same_call(lambda: nb(X, s_nb), lambda: jx(X, s_jax))
+    assert_same_call(lambda: nb(X, s_nb), lambda: jx(X, s_jax))
     _assert_cache_intact(nb, jx, X, 3)
 
 
