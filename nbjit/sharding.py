@@ -4,8 +4,15 @@ Per (sharding, shape, dtype, weak_type) a `ShardingPlan` is built once and
 cached: each addressable device's index domain, the devices grouped by
 distinct domain (replicas), and where each distinct shard sits in one
 64-byte-aligned staging buffer. Per call a plan only allocates that buffer,
-gathers every distinct shard into it in one Numba pass, and makes one batched
-transfer (`batched_device_put`), handing replicas the same staging view.
+gathers every distinct shard into it once (the Numba kernel for column-major
+sources, numpy's memcpy-speed copy otherwise: whichever measured faster), and
+makes one batched transfer (`batched_device_put`), handing every replica of
+a domain the same staging view.
+
+Dispatcher contract: `plan_for(sharding, shape, dtype)` once per cache entry
+(None: use JAX's own shard_args for that argument), then per call
+`plan.put(np.asarray(x, dtype))`, an implicit transfer (transfer guards apply
+as to jax.jit's). `device_put` is the public, explicit-transfer entry.
 
 The staging buffer is fresh per call and owned by the transfer: on CPU the
 runtime may use it in place (zero copy) and the caller's numpy array is never
