@@ -66,8 +66,8 @@ def warm_kernels() -> None:
 
 def _gatherable_dtype(dtype: np.dtype) -> bool:
     """Numeric dtypes JAX takes whose items the gather kernel can move."""
-    if dtype.itemsize not in (1, 2, 4, 8):
-        return False
+    if dtype.itemsize not in (1, 2, 4, 8) or not dtype.isnative:
+        return False  # (upstream rejects non-native byte orders: leave it the error)
     if dtype.kind in "biufc":
         return True
     # ml_dtypes: bfloat16 and the float8 family (not int4/float4: packed in JAX).

@@ -202,6 +202,9 @@ BAD_INPUTS = {
     "string": (lambda: np.array(["ab"] * 8), P("x")),
     "datetime": (lambda: np.zeros(8, "datetime64[s]"), P("x")),
     "int_overflow": (lambda: 2**40, P()),
+    "big_endian": (lambda: np.arange(8, dtype=">f4"), P("x")),
+    "float128": (lambda: np.ones(8, np.longdouble), P("x")),
+    "structured": (lambda: np.zeros(8, [("a", "f4")]), P("x")),
 }
 
 
