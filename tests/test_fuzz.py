@@ -2,7 +2,8 @@
 
 Hypothesis draws a pytree (nested tuples, lists, dicts, None) of random
 leaves (numpy arrays of many dtypes and shapes, 0-d and empty included; jax
-arrays, committed to a random host device or not; Python and numpy
+arrays, committed to a random host device or not, or sharded over 2 or 4
+devices; Python and numpy
 scalars), a static argument, and x64 on or off. Each call goes through
 `nbjit.jit(f)` twice (a miss, then a hit) and `jax.jit(f)` once; the outputs
 must agree leaf by leaf (value, dtype, weak type, sharding, committedness)
@@ -25,6 +26,7 @@ import pytest
 from _diff import assert_same_call, assert_same_outputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import nbjit
 
@@ -33,7 +35,7 @@ SLOW_EXAMPLES = 3000
 
 DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64,
           np.float16, np.float32, np.float64, np.complex64, np.complex128, jnp.bfloat16]
-SHAPES = [(), (0,), (1,), (3,), (2, 2), (0, 3), (1, 1, 2)]
+SHAPES = [(), (0,), (1,), (3,), (2, 2), (0, 3), (1, 1, 2), (4,), (4, 1)]
 PY_INTS = [0, 1, -3, 7, 2**31, 2**40, -(2**63), 2**64]  # the big ones overflow somewhere
 NP_SCALAR_TYPES = [np.bool_, np.int8, np.int32, np.int64, np.uint32, np.float16, np.float32,
                    np.float64, np.complex64]
@@ -46,7 +48,7 @@ STATICS = [None, 0, 1, True, False, 1.0, -2.5, "a", (1, 2), frozenset({3})]
 
 @dataclasses.dataclass(frozen=True)
 class Leaf:
-    kind: str  # numpy | jax | committed | py_scalar | np_scalar
+    kind: str  # numpy | jax | committed | sharded | py_scalar | np_scalar
     dtype: Any = None
     shape: tuple = ()
     seed: int = 0
@@ -74,6 +76,13 @@ class Leaf:
             return jnp.asarray(self.host())
         if self.kind == "committed":
             return jax.device_put(self.host(), jax.devices()[self.device])
+        if self.kind == "sharded":  # over 2 or 4 devices; split on axis 0 where it divides
+            host = self.host()
+            n = 2 if self.device % 2 else 4
+            mesh = Mesh(np.array(jax.devices()[self.device % 4:][:n]), ("d",))
+            split = host.ndim and host.shape[0] % n == 0
+            spec = PartitionSpec("d") if split else PartitionSpec()
+            return jax.device_put(host, NamedSharding(mesh, spec))
         if self.kind == "py_scalar":
             return self.value
         return np.dtype(self.dtype).type(self.value)  # np_scalar
@@ -81,7 +90,7 @@ class Leaf:
 
 @st.composite
 def array_leaves(draw) -> Leaf:
-    kind = draw(st.sampled_from(["numpy", "jax", "committed"]))
+    kind = draw(st.sampled_from(["numpy", "jax", "committed", "sharded"]))
     return Leaf(kind, dtype=draw(st.sampled_from(DTYPES)), shape=draw(st.sampled_from(SHAPES)),
                 seed=draw(st.integers(0, 1000)), nan=draw(st.booleans()),
                 device=draw(st.integers(0, 7)))
