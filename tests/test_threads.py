@@ -224,3 +224,40 @@ def test_reentry_with_another_signature_is_fine():
     out = g(np.ones(2, np.float32))
     np.testing.assert_array_equal(np.asarray(out), [6, 6])
     np.testing.assert_array_equal(np.asarray(ref(np.ones(2, np.float32))), [6, 6])
+
+
+def test_eviction_and_clearing_under_contention():
+    """A cache too small for the signatures in use, cleared meanwhile: every
+    result still right, nothing wedges, the cache stays within capacity."""
+    cache = nbjit.PjitFunctionCache(3)
+    jitted = nbjit.dispatch.PjitFunction(_double_plus_one, {}, cache=cache)
+    cases = _signature_mix()
+    expected = [jax.jit(_double_plus_one)(x) for x in cases]
+    stop = threading.Event()
+
+    def clearer() -> None:
+        while not stop.is_set():
+            jitted._clear_cache()
+            stop.wait(0.001)
+
+    def worker(i: int) -> None:
+        rng = np.random.default_rng(100 + i)
+        for k in rng.integers(len(cases), size=120):
+            assert_same_outputs(jitted(cases[k]), expected[k])
+            assert cache.size() <= cache.capacity()
+
+    clearing = threading.Thread(target=clearer, daemon=True)
+    clearing.start()
+    try:
+        errors = _run_threads(worker, 6)
+    finally:
+        stop.set()
+        clearing.join(JOIN_TIMEOUT)
+    assert not errors, errors[0]
+    assert not clearing.is_alive()
+    assert cache.size() <= 3 and jitted._cache_size() <= 3
+    # and it settles: a repeated call is a hit
+    jitted(cases[0])
+    misses = jitted.miss_count
+    assert_same_outputs(jitted(cases[0]), expected[0])
+    assert jitted.miss_count == misses
