@@ -293,3 +293,12 @@ def test_keyword_options_and_devices_go_to_jax():
     assert ours.committed == theirs.committed
     ours, theirs = sharding.device_put(x), jax.device_put(x)
     assert ours.devices() == theirs.devices() and ours.committed == theirs.committed
+
+
+@pytest.mark.parametrize("axis_types", ["Auto,Auto", "Explicit,Auto", "Auto,Explicit"])
+@pytest.mark.parametrize("spec", [P("x", "y"), P(("y", "x")), P(None, "x")], ids=str)
+def test_mesh_axis_types(axis_types, spec):
+    types = tuple(getattr(jax.sharding.AxisType, t) for t in axis_types.split(","))
+    requested = NamedSharding(jax.make_mesh((4, 2), ("x", "y"), axis_types=types), spec)
+    x = _in_layout(_values((16, 8), np.float32), "F")
+    assert_same_array(sharding.device_put(x, requested), jax.device_put(x, requested), requested)
