@@ -84,6 +84,9 @@ def cases():
     multi = [("64x64 f32 P('x','y') mesh 4x2", small, P("x", "y"), 0.25)]
     multi += [(f"2048x2048 f32 {spec} mesh 4x2", big, spec, 0.5)
               for spec in (P("x", None), P(None, "y"), P())]
+    # The SPEC's worst upstream case (~0.6 s per jit call); no bar.
+    multi.append(("64 MiB f32 P() mesh 4x2", rng.standard_normal((4096, 4096), np.float32),
+                  P(), None))
     out = []
     for name, x, spec, _bar in multi:
         s = NamedSharding(mesh, spec)
