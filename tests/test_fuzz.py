@@ -33,6 +33,7 @@ import nbjit
 CI_EXAMPLES = 1000
 SLOW_EXAMPLES = 3000
 CI_SIZE_EXAMPLES = 300
+CI_DONATE_EXAMPLES = 200
 
 DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64,
           np.float16, np.float32, np.float64, np.complex64, np.complex128, jnp.bfloat16]
@@ -170,9 +171,16 @@ FUNCTIONS = {
 _PAIRS: dict[str, tuple] = {}
 
 
+def _donating(tree):
+    return jax.tree.map(lambda x: x + 1, tree)
+
+
+DONATING = {"donate": (_donating, {"donate_argnums": 0})}  # not in FUNCTIONS: inputs die
+
+
 def _pair(name: str) -> tuple:
     if name not in _PAIRS:
-        fun, options = FUNCTIONS[name]
+        fun, options = FUNCTIONS[name] if name in FUNCTIONS else DONATING[name]
         _PAIRS[name] = (nbjit.jit(fun, **options), jax.jit(fun, **options))
     return _PAIRS[name]
 
@@ -219,6 +227,23 @@ def test_fuzz_nbjit_agrees_with_jax_jit(name, recipe, static, extra_recipe, x64)
 @given(**example)
 def test_fuzz_nbjit_agrees_with_jax_jit_at_scale(name, recipe, static, extra_recipe, x64):
     _check_example(name, recipe, static, extra_recipe, x64)
+
+
+def _deleted(tree: Any) -> list[bool]:
+    return [x.is_deleted() for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+
+
+@settings(max_examples=CI_DONATE_EXAMPLES, derandomize=True, **_common)
+@given(recipe=trees, x64=st.booleans())
+def test_fuzz_donation_agrees_with_jax_jit(recipe, x64):
+    """Donated inputs: each side gets its own copy of the inputs (donation
+    deletes them); outputs agree, and so does which inputs were deleted."""
+    nb, jx = _pair("donate")
+    with jax.enable_x64(x64):
+        for _ in range(2):  # a miss, then a hit
+            t_nb, t_jax = _make(recipe), _make(recipe)
+            assert_same_call(lambda: nb(t_nb), lambda: jx(t_jax))  # noqa: B023
+            assert _deleted(t_nb) == _deleted(t_jax)
 
 
 def test_fuzz_functions_stay_on_the_fast_path():
