@@ -456,18 +456,17 @@ class PjitFunction:
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
         if kwargs or not self._flat_args:
             return self._call_pytree(args, kwargs)
-        try:  # every argument a jax.Array? (anything else lacks these attributes)
+        try:  # all jax.Arrays? (pytrees, numpy, scalars, tracers lack these attributes)
             key = (_flat_treedef_ids[len(args)], tuple([(x.aval, x._committed) for x in args]))
+            shardings = [x._sharding for x in args]
         except AttributeError:
-            self._flat_args = False  # this function takes pytrees or numpy: flatten
-            return self._call_pytree(args, kwargs)
-        shardings = [x._sharding for x in args]
+            return self._not_flat(args, kwargs)
         context = _trace_context()
         entry = self._lookup(key)
         while entry is not None and (entry.shardings != shardings or entry.context != context):
             entry = entry.next
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
-            return self._miss_or_slow(args, kwargs, list(args), (key, shardings, context), entry)
+            return self._flat_miss(args, kwargs, (key, shardings, context), entry)
         try:  # the executable refuses a deleted or non-jax.Array input before running
             self._touch(entry)  # KeyError if another thread evicted it meanwhile
             results = entry.execute(args if entry.inputs_are_leaves else entry.inputs(args))
@@ -475,6 +474,19 @@ class PjitFunction:
             return self._execute_failed(error, args, kwargs, args)
         outs = _consume(results, entry.out_handlers)
         return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+
+    def _not_flat(self, args: tuple, kwargs: dict) -> Any:
+        """This function takes pytrees, host values or other arrays: always flatten."""
+        self._flat_args = False
+        return self._call_pytree(args, kwargs)
+
+    def _flat_miss(self, args: tuple, kwargs: dict, signature: tuple,
+                   entry: _Entry | None) -> Any:
+        if entry is None and any(type(x) is not ArrayImpl for x in args):
+            # Attributes alike, but not an ArrayImpl (a typed PRNG key array, say):
+            # never cached under a flat key.
+            return self._not_flat(args, kwargs)
+        return self._miss_or_slow(args, kwargs, list(args), signature, entry)
 
     def _call_pytree(self, args: tuple, kwargs: dict) -> Any:
         """The same hit path for pytree or keyword arguments: flatten first."""

@@ -336,16 +336,15 @@ def test_bad_call_after_bad_call_keeps_the_cache_consistent():
     _assert_cache_intact(nb, jx, X, X)
 
 
-# Not bad input, but found here: typed PRNG key arrays are jax.Arrays that are not ArrayImpl.
-_KEY_XFAIL = pytest.mark.xfail(strict=True, reason="typed key arrays (PRNGKeyArray) crash nbjit's "
-                               "hit path with AttributeError '_sharding' (/tmp/nbjit_bugs.md)")
+# Not bad input, but found here: typed PRNG key arrays are jax.Arrays that are not ArrayImpl
+# (they have `aval` and `_committed` but no `_sharding`), so they must leave the flat path.
 
 
 @pytest.mark.parametrize("make_key", [
-    pytest.param(lambda: jax.random.key(0), marks=_KEY_XFAIL, id="typed_key"),
-    pytest.param(lambda: jax.random.split(jax.random.key(1), 1)[0], marks=_KEY_XFAIL,
+    pytest.param(lambda: jax.random.key(0), id="typed_key"),
+    pytest.param(lambda: jax.random.split(jax.random.key(1), 1)[0],
                  id="typed_key_from_split"),
-    pytest.param(lambda: jax.device_put(jax.random.key(2), jax.devices()[2]), marks=_KEY_XFAIL,
+    pytest.param(lambda: jax.device_put(jax.random.key(2), jax.devices()[2]),
                  id="typed_key_committed"),
     pytest.param(lambda: jax.random.PRNGKey(3), id="raw_uint32_key"),
 ])
