@@ -3,7 +3,7 @@
 Hypothesis draws a pytree (nested tuples, lists, dicts, None) of random
 leaves (numpy arrays of many dtypes and shapes, 0-d and empty included; jax
 arrays, committed to a random host device or not, or sharded over 2 or 4
-devices; Python and numpy
+devices; typed PRNG key arrays; Python and numpy
 scalars), a static argument, and x64 on or off. Each call goes through
 `nbjit.jit(f)` twice (a miss, then a hit) and `jax.jit(f)` once; the outputs
 must agree leaf by leaf (value, dtype, weak type, sharding, committedness)
@@ -50,7 +50,7 @@ STATICS = [None, 0, 1, True, False, 1.0, -2.5, "a", (1, 2), frozenset({3})]
 
 @dataclasses.dataclass(frozen=True)
 class Leaf:
-    kind: str  # numpy | jax | committed | sharded | py_scalar | np_scalar
+    kind: str  # numpy | jax | committed | sharded | key | py_scalar | np_scalar
     dtype: Any = None
     shape: tuple = ()
     seed: int = 0
@@ -85,6 +85,11 @@ class Leaf:
             split = host.ndim and host.shape[0] % n == 0
             spec = PartitionSpec("d") if split else PartitionSpec()
             return jax.device_put(host, NamedSharding(mesh, spec))
+        if self.kind == "key":  # typed PRNG keys: jax.Arrays that are not ArrayImpl
+            keys = jax.random.split(jax.random.key(self.seed), max(1, int(np.prod(self.shape))))
+            keys = keys[0] if self.shape == () else keys[: int(np.prod(self.shape))].reshape(
+                self.shape)
+            return jax.device_put(keys, jax.devices()[self.device]) if self.nan else keys
         if self.kind == "py_scalar":
             return self.value
         return np.dtype(self.dtype).type(self.value)  # np_scalar
@@ -92,7 +97,7 @@ class Leaf:
 
 @st.composite
 def array_leaves(draw) -> Leaf:
-    kind = draw(st.sampled_from(["numpy", "jax", "committed", "sharded"]))
+    kind = draw(st.sampled_from(["numpy", "jax", "committed", "sharded", "key"]))
     return Leaf(kind, dtype=draw(st.sampled_from(DTYPES)), shape=draw(st.sampled_from(SHAPES)),
                 seed=draw(st.integers(0, 1000)), nan=draw(st.booleans()),
                 device=draw(st.integers(0, 7)))
