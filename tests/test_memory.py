@@ -162,6 +162,7 @@ def test_dropped_functions_leave_no_entries_or_executables():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 2 x 10,000 compiles, ~30 ms each here
 def test_ten_thousand_dropped_functions_leave_nothing():
     _check_create_and_drop(10_000)
 
