@@ -7,11 +7,12 @@ inputs on the right devices, run, wrap the outputs.
 
 Keys. A call's signature is (key, shardings, trace context):
   * key, hashed: every leaf a `jax.Array` (the common case) gives
-    ``(treedef id, ((aval, committed), ...))``; avals are interned by JAX,
-    so they hash by identity, and a treedef is replaced by a small int once.
-    Any other mix of leaves (numpy arrays, scalars) gives
-    ``(prefix, treedef id, _GENERAL, per-leaf signatures)``, where the
-    prefix carries the static arguments (exact type and ``==``).
+    ``(treedef id, ((aval, committed), ...), prefix)``; avals are interned
+    by JAX, so they hash by identity, and a treedef is replaced by a small
+    int once. Any other mix of leaves (numpy arrays, scalars) gives
+    ``(prefix, treedef id, _GENERAL, per-leaf signatures)``. The prefix
+    says how the leaves were flattened and carries the static arguments
+    (exact type and ``==``); see `PjitFunction._call_leaves`.
   * shardings and trace context (the C++ tuple of every config value that
     enters a jit key), compared per entry rather than hashed: their hashes
     are not cheap, while tuple equality checks identity first and the
@@ -55,7 +56,6 @@ _trace_context = _jax.trace_context
 _debug_nans = _jax.debug_nans
 _debug_infs = _jax.debug_infs
 _GENERAL = object()  # marks keys built by the general (mixed-leaf) path
-_KWARGS = object()  # marks keys of calls with keyword arguments (treedef of (args, kwargs))
 _NOT_SET = object()  # marks jit options the caller did not pass
 
 
@@ -457,7 +457,8 @@ class PjitFunction:
         if kwargs or not self._flat_args:
             return self._call_pytree(args, kwargs)
         try:  # all jax.Arrays? (pytrees, numpy, scalars, tracers lack these attributes)
-            key = (_flat_treedef_ids[len(args)], tuple([(x.aval, x._committed) for x in args]))
+            key = (_flat_treedef_ids[len(args)], tuple([(x.aval, x._committed) for x in args]),
+                   False)
             shardings = [x._sharding for x in args]
         except AttributeError:
             return self._not_flat(args, kwargs)
@@ -489,16 +490,26 @@ class PjitFunction:
         return self._miss_or_slow(args, kwargs, list(args), signature, entry)
 
     def _call_pytree(self, args: tuple, kwargs: dict) -> Any:
-        """The same hit path for pytree or keyword arguments: flatten first."""
         leaves, treedef = _flatten((args, kwargs) if kwargs else args)
+        return self._call_leaves(args, kwargs, leaves, treedef, bool(kwargs))
+
+    def _call_leaves(self, args: tuple, kwargs: dict, leaves: list, treedef: Any,
+                     prefix: Any) -> Any:
+        """The hit path for flattened leaves (pytrees, keywords, static arguments).
+
+        `prefix` tells apart calls whose leaves flatten alike: False (positional
+        only), True (with keywords: leaves of ``(args, kwargs)``), or
+        ``(static key, has dynamic keywords)``.
+        """
         if tuple(map(type, leaves)).count(ArrayImpl) != len(leaves):
-            return self._general(args, kwargs, leaves, treedef, (bool(kwargs),))
-        key = (_treedef_id(treedef), tuple([(x.aval, x._committed) for x in leaves]))
-        if kwargs:
-            key += (_KWARGS,)
+            return self._general(args, kwargs, leaves, treedef, prefix)
+        key = (_treedef_id(treedef), tuple([(x.aval, x._committed) for x in leaves]), prefix)
         shardings = [x._sharding for x in leaves]
         context = _trace_context()
-        entry = self._lookup(key)
+        try:  # a static argument's __eq__ may raise: JAX reports it
+            entry = self._lookup(key)
+        except Exception:
+            return self._slow(args, kwargs)
         while entry is not None and (entry.shardings != shardings or entry.context != context):
             entry = entry.next
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
@@ -508,11 +519,10 @@ class PjitFunction:
     # -- slow paths -------------------------------------------------------------
 
     def _general(self, args: tuple, kwargs: dict, leaves: list, treedef: Any,
-                 prefix: tuple) -> Any:
+                 prefix: Any) -> Any:
         """Leaves that are not all jax.Arrays: numpy arrays, scalars, others.
 
-        `prefix` holds the static key and whether the leaves came from
-        ``(args, kwargs)`` or from ``args`` alone (their treedefs can collide).
+        `prefix` as in `_call_leaves`.
         """
         canonical = _canonical_dtypes[_jax.enable_x64.value]
         signatures = tuple([_leaf_signature(x, canonical) for x in leaves])
@@ -613,7 +623,7 @@ class PjitFunction:
             return self._jax_cache_miss(*args, **kwargs)[0]
         try:
             self._touch(entry)  # KeyError if another thread evicted it meanwhile
-            inputs = entry.inputs(leaves)
+            inputs = leaves if entry.inputs_are_leaves else entry.inputs(leaves)
         except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
             return self._slow(args, kwargs)
         try:
@@ -653,18 +663,15 @@ class PjitFunction:
 
     def _entry_for(self, args: tuple, kwargs: dict) -> tuple[_Entry | None, list]:
         """The entry a call would hit, and its flat dynamic leaves (no side effects)."""
-        static = bool(self._static_argnums or self._static_argnames)
-        if static:
+        if self._static_argnums or self._static_argnames:
             static_key, args, kwargs = self._split_static(args, kwargs)
-            prefix = (static_key, bool(kwargs))
+            prefix: Any = (static_key, bool(kwargs))
         else:
-            prefix = (bool(kwargs),)
+            prefix = bool(kwargs)
         leaves, treedef = _flatten((args, kwargs) if kwargs else args)
         context = _trace_context()
-        if not static and all(type(x) is ArrayImpl for x in leaves):
-            key = (_treedef_id(treedef), tuple([(x.aval, x._committed) for x in leaves]))
-            if kwargs:
-                key += (_KWARGS,)
+        if all(type(x) is ArrayImpl for x in leaves):
+            key = (_treedef_id(treedef), tuple([(x.aval, x._committed) for x in leaves]), prefix)
             return self._namespace.find(key, [x._sharding for x in leaves], context), leaves
         canonical = _canonical_dtypes[_jax.enable_x64.value]
         signatures = tuple([_leaf_signature(x, canonical) for x in leaves])
@@ -716,7 +723,7 @@ class _StaticPjitFunction(PjitFunction):
         except Exception:
             return self._slow(args, kwargs)  # JAX raises its "non-hashable static" error
         leaves, treedef = _flatten((dyn_args, dyn_kwargs) if dyn_kwargs else dyn_args)
-        return self._general(args, kwargs, leaves, treedef, (static_key, bool(dyn_kwargs)))
+        return self._call_leaves(args, kwargs, leaves, treedef, (static_key, bool(dyn_kwargs)))
 
 
 def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
