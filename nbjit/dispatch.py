@@ -444,6 +444,7 @@ class PjitFunction:
         self._flat_args = True  # until a call passes a non-jax.Array argument
         self._static_argnums = tuple(info.static_argnums)
         self._static_argnames = frozenset(info.static_argnames)
+        self._static_split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._fun_signature = info.fun_signature
         self.miss_count = 0
         self.slow_count = 0
@@ -682,20 +683,28 @@ class PjitFunction:
         """(static key, dynamic positional args, dynamic keyword args).
 
         Static values enter the key with their exact type, so 1 and 1.0 and
-        True are different signatures, as in jaxlib.
+        True are different signatures, as in jaxlib. The key is not hashed
+        here: an unhashable one fails the lookup, which sends the call to
+        JAX's path and its error.
         """
-        nargs = len(args)
-        positions = sorted({i if i >= 0 else i + nargs for i in self._static_argnums})
-        positions = [i for i in positions if 0 <= i < nargs]
-        names = sorted(k for k in kwargs if k in self._static_argnames)
-        static_key = (tuple((type(args[i]), args[i]) for i in positions)
-                      + tuple((k, type(kwargs[k]), kwargs[k]) for k in names))
-        if positions:
-            skip = set(positions)
-            args = tuple(a for i, a in enumerate(args) if i not in skip)
-        if names:
+        split = self._static_split.get(len(args))
+        if split is None:
+            split = self._static_split[len(args)] = self._positions(len(args))
+        static_positions, dynamic_positions = split
+        static_key = tuple([(type(args[i]), args[i]) for i in static_positions])
+        if static_positions:
+            args = tuple([args[i] for i in dynamic_positions])
+        if kwargs and not self._static_argnames.isdisjoint(kwargs):
+            names = sorted(self._static_argnames.intersection(kwargs))
+            static_key += tuple([(k, type(kwargs[k]), kwargs[k]) for k in names])
             kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
         return static_key, args, kwargs
+
+    def _positions(self, nargs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(static, dynamic) positions of `nargs` positional arguments."""
+        static = sorted({i if i >= 0 else i + nargs for i in self._static_argnums})
+        static = tuple(i for i in static if 0 <= i < nargs)
+        return static, tuple(i for i in range(nargs) if i not in static)
 
     def _cache_size(self) -> int:
         """Number of signatures cached for this function (and its twins)."""
@@ -717,11 +726,7 @@ class _StaticPjitFunction(PjitFunction):
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         _collect_garbage()
-        try:
-            static_key, dyn_args, dyn_kwargs = self._split_static(args, kwargs)
-            hash(static_key)
-        except Exception:
-            return self._slow(args, kwargs)  # JAX raises its "non-hashable static" error
+        static_key, dyn_args, dyn_kwargs = self._split_static(args, kwargs)
         leaves, treedef = _flatten((dyn_args, dyn_kwargs) if dyn_kwargs else dyn_args)
         return self._call_leaves(args, kwargs, leaves, treedef, (static_key, bool(dyn_kwargs)))
 
