@@ -79,7 +79,8 @@ class PjitFunctionCache:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self._capacity = int(capacity)
         self._lru: collections.OrderedDict[_Entry, None] = collections.OrderedDict()
-        self._namespaces: dict[tuple[int, Any], _Namespace] = {}
+        self._namespaces: dict[tuple[int, Any], _Namespace] = {}  # by weakly-held function
+        self._all_namespaces: weakref.WeakSet[_Namespace] = weakref.WeakSet()
         self._lock = threading.RLock()
         PjitFunctionCache._instances.add(self)
 
@@ -93,7 +94,7 @@ class PjitFunctionCache:
     def clear(self) -> None:
         """Drops every entry of every function using this cache."""
         with self._lock:
-            for namespace in list(self._namespaces.values()):
+            for namespace in list(self._all_namespaces):
                 namespace.entries.clear()
             self._lru.clear()
 
@@ -121,6 +122,7 @@ class PjitFunctionCache:
             if namespace is not None and namespace.fun_ref() is fun:
                 return namespace
             namespace = _Namespace(self, None)
+            self._all_namespaces.add(namespace)
             try:
                 namespace.fun_ref = weakref.ref(
                     fun, functools.partial(self._forget, key, namespace))

@@ -617,3 +617,20 @@ def test_unknown_keyword():
     e_nb, _ = assert_same_exception(f_nb, f_jax, x, x, z=x)
     assert "z" in str(e_nb)
     _assert_cache_intact(f_nb, (x, x))
+
+
+class _Unweakrefable:
+    """A callable without __weakref__ (JAX's trace caches need weak references)."""
+
+    __slots__ = ()
+
+    def __call__(self, x):
+        return x + 2
+
+
+def test_functions_that_cannot_be_weakly_referenced_fail_like_upstream():
+    cache = nbjit.PjitFunctionCache(8)
+    f = PjitFunction(_Unweakrefable(), {}, cache=cache)
+    assert_same_exception(f, jax.jit(_Unweakrefable()), jnp.ones(2))
+    cache.clear()
+    assert f._cache_size() == 0 and cache.size() == 0
