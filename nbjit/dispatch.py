@@ -610,7 +610,10 @@ class PjitFunction:
                 with lock:  # as jaxlib: this signature now takes JAX's path
                     namespace.link(_Entry(*signature, namespace))
                 raise
-            entry = _build_entry(signature, namespace, leaves, fastpath)
+            try:
+                entry = _build_entry(signature, namespace, leaves, fastpath)
+            except Exception:  # something nbjit cannot hold: JAX's path for good
+                entry = _Entry(*signature, namespace)
             if not rebuild:
                 with lock:
                     namespace.link(entry)
