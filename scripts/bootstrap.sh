@@ -8,21 +8,19 @@ cd "$(dirname "$0")/.."
 venv=${1:-.venv}
 shift || true
 
+works() {  # a pyenv shim can exist and still fail, so run each candidate
+  "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1
+}
+
 find_python() {
-  if command -v python3.12 >/dev/null 2>&1; then
-    command -v python3.12
-    return
-  fi
-  if command -v pyenv >/dev/null 2>&1; then
-    local candidate
-    candidate="$(pyenv root)/versions/3.12.1/bin/python3"
-    [ -x "$candidate" ] && { echo "$candidate"; return; }
-    for candidate in "$(pyenv root)"/versions/3.12*/bin/python3; do
-      [ -x "$candidate" ] && { echo "$candidate"; return; }
-    done
-  fi
-  for candidate in "$HOME"/.pyenv/versions/3.12*/bin/python3; do
-    [ -x "$candidate" ] && { echo "$candidate"; return; }
+  local candidate
+  for candidate in "$(command -v python3.12 || true)" \
+                   "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12*/bin/python3 \
+                   "$HOME"/.pyenv/versions/3.12*/bin/python3; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ] && works "$candidate"; then
+      echo "$candidate"
+      return 0
+    fi
   done
   return 1
 }
