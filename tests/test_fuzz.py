@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import nbjit
 
 CI_EXAMPLES = 1000
-SLOW_EXAMPLES = 3000
+SLOW_EXAMPLES = 10_000
 CI_SIZE_EXAMPLES = 300
 CI_DONATE_EXAMPLES = 200
 
