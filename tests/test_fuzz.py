@@ -34,6 +34,7 @@ CI_EXAMPLES = 1000
 SLOW_EXAMPLES = 10_000
 CI_SIZE_EXAMPLES = 300
 CI_DONATE_EXAMPLES = 200
+CI_SHARDED_EXAMPLES = 500
 
 DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64,
           np.float16, np.float32, np.float64, np.complex64, np.complex128, jnp.bfloat16]
@@ -317,3 +318,80 @@ def test_fuzz_cache_sizes_agree_with_jax_jit(recipe, x64):
         tree = _make(recipe)
         assert_same_call(nb, jx, tree)
         assert nb._cache_size() == jx._cache_size()
+
+
+# ---------------------------------------------------------------------------
+# Explicit in_shardings: numpy inputs are sliced on the host by nbjit's own code.
+
+
+def _shardings() -> dict[str, Any]:
+    devices = jax.devices()
+    line = Mesh(np.array(devices), ("d",))
+    grid = Mesh(np.array(devices).reshape(2, 4), ("a", "b"))
+    half = Mesh(np.array(devices[4:]), ("d",))
+    return {
+        "line_split": NamedSharding(line, PartitionSpec("d")),
+        "line_replicated": NamedSharding(line, PartitionSpec()),
+        "grid_2d": NamedSharding(grid, PartitionSpec("a", "b")),
+        "grid_cols": NamedSharding(grid, PartitionSpec(None, "a")),
+        "grid_partial": NamedSharding(grid, PartitionSpec("b")),  # replicated over "a"
+        "grid_flat": NamedSharding(grid, PartitionSpec(("a", "b"))),
+        "half_split": NamedSharding(half, PartitionSpec("d")),
+        "one_device": jax.sharding.SingleDeviceSharding(devices[5]),
+    }
+
+
+SHARDED_SHAPES = [(8,), (16,), (4, 8), (8, 4), (2, 4), (8, 0), (), (3,), (6, 4), (8, 2, 3)]
+_SHARDED_PAIRS: dict[str, tuple] = {}
+
+
+def _sharded_pair(name: str) -> tuple:
+    if name not in _SHARDED_PAIRS:
+        sharding = _shardings()[name]
+        _SHARDED_PAIRS[name] = (nbjit.jit(_double, in_shardings=sharding),
+                                jax.jit(_double, in_shardings=sharding))
+    return _SHARDED_PAIRS[name]
+
+
+@st.composite
+def sharded_inputs(draw) -> Any:
+    """A numpy array (maybe a strided or transposed view), or another leaf kind."""
+    kind = draw(st.sampled_from(["numpy"] * 4 + ["view"] * 2 + [
+        "jax", "committed", "py_scalar", "np_scalar"]))
+    if kind == "py_scalar":
+        return draw(py_scalars)
+    if kind == "np_scalar":
+        return draw(np_scalars())
+    shape = draw(st.sampled_from(SHARDED_SHAPES))
+    leaf = Leaf("numpy" if kind == "view" else kind, dtype=draw(st.sampled_from(DTYPES)),
+                shape=shape, seed=draw(st.integers(0, 1000)), device=draw(st.integers(0, 7)))
+    if kind != "view":
+        return leaf
+    return ("view", leaf, draw(st.sampled_from(["step", "transpose", "fortran"])))
+
+
+def _make_sharded(item: Any) -> Any:
+    if isinstance(item, Leaf):
+        return item.make()
+    _, leaf, how = item
+    a = leaf.host()
+    if how == "step":  # every other element of a twice-as-long array
+        big = np.repeat(a, 2, axis=0) if a.ndim else a
+        return big[::2] if a.ndim else big
+    if how == "transpose":
+        return np.ascontiguousarray(a.T).T  # a's shape, column-major strides
+    return np.asfortranarray(a)
+
+
+@settings(max_examples=CI_SHARDED_EXAMPLES, derandomize=True, **_common)
+@given(name=st.sampled_from(sorted(_shardings())),
+       items=st.lists(sharded_inputs(), min_size=1, max_size=2), x64=st.booleans())
+def test_fuzz_in_shardings_agree_with_jax_jit(name, items, x64):
+    """numpy inputs (contiguous, strided, column-major; any dtype; shapes the
+    sharding divides or not), scalars and jax arrays, against every kind of
+    sharding: the same values, shardings and errors as jax.jit, miss and hit."""
+    nb, jx = _sharded_pair(name)
+    with jax.enable_x64(x64):
+        tree = [_make_sharded(item) for item in items]
+        for _ in range(2):  # a miss, then a hit
+            assert_same_call(nb, jx, tree)
