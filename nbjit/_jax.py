@@ -82,6 +82,13 @@ ShapedArray = _core.ShapedArray
 shaped_abstractify = _core.shaped_abstractify
 shard_arg_handlers = _pxla.shard_arg_handlers
 batched_device_put = _jaxlib_ext.batched_device_put
+batched_copy_array_to_devices_with_sharding = (
+    _jaxlib_ext.batched_copy_array_to_devices_with_sharding)
+
+
+def device_list(sharding):
+    """The jaxlib DeviceList a sharding's addressable shards live on."""
+    return sharding._internal_device_list.addressable_device_list
 cpp_shard_args = _jaxlib_ext.shard_args
 
 

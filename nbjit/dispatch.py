@@ -50,6 +50,7 @@ __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
 ArrayImpl = _jax.ArrayImpl
 _flatten = _jax.flatten_for_dispatch
 _device_put = _jax.batched_device_put
+_copy_to_devices = _jax.batched_copy_array_to_devices_with_sharding
 _consume = _jax.ExecuteResults.consume_with_handlers
 _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
@@ -215,7 +216,7 @@ class _Entry:
     __slots__ = (
         "key", "shardings", "context", "next", "namespace", "fast", "executable", "execute",
         "out_handlers", "out_tree", "single_output", "inputs_are_leaves", "kept",
-        "consts", "host", "planned",
+        "consts", "copies", "host", "planned",
         "convert", "convert_shardings", "__weakref__",
     )
 
@@ -231,12 +232,16 @@ class _Entry:
     def inputs(self, leaves: Sequence) -> list:
         """The executable's input list: consts, kept leaves, converted ones.
 
-        Host values (numpy arrays, scalars) bound for one device go in one
-        batched C++ transfer; those bound for a multi-device sharding are
-        sliced on the host by their `ShardingPlan`; anything else (a
-        jax.Array on the wrong device, say) goes through JAX's shard_args.
+        A single-device jax.Array on the wrong device is copied (C++); host
+        values (numpy arrays, scalars) bound for one device go in one batched
+        C++ transfer each; those bound for a multi-device sharding are sliced
+        on the host by their `ShardingPlan`; anything else (a resharding)
+        goes through JAX's shard_args.
         """
         inputs = [*self.consts, *[leaves[i] for i in self.kept]]
+        for i, device_list, sharding in self.copies:
+            inputs[i] = _copy_to_devices([inputs[i]], [device_list], [sharding],
+                                         [_jax.REUSE_INPUT])[0]
         for i, dtype, aval, sharding, devices in self.host:
             inputs[i] = _device_put(aval, sharding, [np.asarray(inputs[i], dtype)], devices, False)
         for i, dtype, plan in self.planned:
@@ -267,10 +272,14 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
     if len(consts) + len(kept) != len(in_shardings):
         return entry
     inputs = [*consts, *[leaves[i] for i in kept]]
-    host, planned, convert = [], [], []
+    copies, host, planned, convert = [], [], [], []
     for i, (x, sharding) in enumerate(zip(inputs, in_shardings, strict=True)):
         if type(x) is ArrayImpl:
-            if not _same_placement(x, sharding):
+            if _same_placement(x, sharding):
+                continue
+            if len(x._sharding.device_set) == 1 and len(sharding.device_set) == 1:
+                copies.append((i, _jax.device_list(sharding), sharding))
+            else:
                 convert.append(i)
             continue
         dtype = _host_dtype(x)
@@ -285,6 +294,7 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
                 convert.append(i)
             else:
                 planned.append((i, dtype, plan))
+    entry.copies = tuple(copies)
     entry.host = tuple(host)
     entry.planned = tuple(planned)
     entry.executable = fastpath.xla_executable
@@ -300,8 +310,8 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
     entry.consts = consts
     entry.convert = tuple(convert)
     entry.convert_shardings = [in_shardings[i] for i in convert]
-    entry.inputs_are_leaves = (not consts and not convert and not host and not planned
-                               and len(kept) == len(leaves))
+    entry.inputs_are_leaves = (not consts and not copies and not convert and not host
+                               and not planned and len(kept) == len(leaves))
     entry.fast = True
     return entry
 

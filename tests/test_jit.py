@@ -634,3 +634,26 @@ def test_functions_that_cannot_be_weakly_referenced_fail_like_upstream():
     assert_same_exception(f, jax.jit(_Unweakrefable()), jnp.ones(2))
     cache.clear()
     assert f._cache_size() == 0 and cache.size() == 0
+
+
+def test_hits_never_enter_jax_python_for_moved_or_host_inputs(monkeypatch):
+    """Uncommitted arrays on another device, numpy and scalars: the hit path is
+    nbjit's own (C++ copies and transfers), never JAX's Python shard_args."""
+    from jax._src.interpreters import pxla
+
+    with jax.default_device(jax.devices()[5]):
+        moved = jnp.arange(3.0) + 0  # uncommitted, on device 5
+    f_nb, f_jax = both(lambda a, b, c: a * b + c)
+    args = (moved, np.float32(2), 1.0)
+    assert_same_call(f_nb, f_jax, *args)  # miss
+
+    def forbidden(*_a, **_k):
+        raise AssertionError("JAX's Python shard_args called on a hit")
+
+    monkeypatch.setattr(pxla, "shard_args", forbidden)
+    monkeypatch.setattr(f_nb, "_slow", forbidden)
+    nb_out = f_nb(*args)
+    monkeypatch.undo()
+    assert_same_outputs(nb_out, f_jax(*args))
+    entry, _ = f_nb._entry_for(args, {})
+    assert entry.fast and len(entry.copies) == 1 and len(entry.host) == 2 and not entry.convert
