@@ -395,3 +395,11 @@ def test_fuzz_in_shardings_agree_with_jax_jit(name, items, x64):
         tree = [_make_sharded(item) for item in items]
         for _ in range(2):  # a miss, then a hit
             assert_same_call(nb, jx, tree)
+
+
+@pytest.mark.slow
+@settings(max_examples=SLOW_EXAMPLES // 2, **_common)
+@given(name=st.sampled_from(sorted(_shardings())),
+       items=st.lists(sharded_inputs(), min_size=1, max_size=3), x64=st.booleans())
+def test_fuzz_in_shardings_at_scale(name, items, x64):
+    test_fuzz_in_shardings_agree_with_jax_jit.hypothesis.inner_test(name, items, x64)
