@@ -7,9 +7,10 @@ inputs on the right devices, run, wrap the outputs.
 
 Keys. A call's signature is (key, shardings, trace context):
   * key, hashed: every leaf a `jax.Array` (the common case) gives
-    ``(treedef id, ((aval, committed), ...), prefix)``; avals are interned
-    by JAX, so they hash by identity, and a treedef is replaced by a small
-    int once. Any other mix of leaves (numpy arrays, scalars) gives
+    ``((aval, committed), ...)`` for positional array arguments, else
+    ``(treedef id, ((aval, committed), ...), prefix)`` (`_array_key`);
+    avals are interned by JAX, so they hash by identity, and a treedef is
+    replaced by a small int once. Any other mix of leaves (numpy arrays, scalars) gives
     ``(prefix, treedef id, _GENERAL, per-leaf signatures)``. The prefix
     says how the leaves were flattened and carries the static arguments
     (exact type and ``==``); see `PjitFunction._call_leaves`.
@@ -375,6 +376,22 @@ class _FlatTreedefIds(dict):
 _flat_treedef_ids = _FlatTreedefIds()
 
 
+def _array_key(treedef: Any, leaves: Sequence, prefix: Any) -> tuple:
+    """The hashed key of a call whose leaves are all jax.Arrays.
+
+    Positional arguments that are themselves the leaves (the hit path in
+    `PjitFunction.__call__`) key as the bare tuple of (aval, committed)
+    pairs; any other structure adds its treedef id and prefix. The two
+    forms never compare equal (a pair is not an int), and the same call
+    gets the same key on either path.
+    """
+    pairs = tuple([(x.aval, x._committed) for x in leaves])
+    tid = _treedef_id(treedef)
+    if prefix is False and tid == _flat_treedef_ids[len(leaves)]:
+        return pairs
+    return (tid, pairs, prefix)
+
+
 # ---------------------------------------------------------------------------
 # Per-leaf signatures (general path)
 
@@ -473,8 +490,7 @@ class PjitFunction:
         if kwargs or not self._flat_args:
             return self._call_pytree(args, kwargs)
         try:  # all jax.Arrays? (pytrees, numpy, scalars, tracers lack these attributes)
-            key = (_flat_treedef_ids[len(args)], tuple([(x.aval, x._committed) for x in args]),
-                   False)
+            key = tuple([(x.aval, x._committed) for x in args])  # see _array_key
             shardings = [x._sharding for x in args]
         except AttributeError:
             return self._not_flat(args, kwargs)
@@ -520,7 +536,7 @@ class PjitFunction:
         """
         if tuple(map(type, leaves)).count(ArrayImpl) != len(leaves):
             return self._general(args, kwargs, leaves, treedef, prefix)
-        key = (_treedef_id(treedef), tuple([(x.aval, x._committed) for x in leaves]), prefix)
+        key = _array_key(treedef, leaves, prefix)
         shardings = [x._sharding for x in leaves]
         context = _trace_context()
         try:  # a static argument's __eq__ may raise: JAX reports it
@@ -692,7 +708,7 @@ class PjitFunction:
         leaves, treedef = _flatten((args, kwargs) if kwargs else args)
         context = _trace_context()
         if all(type(x) is ArrayImpl for x in leaves):
-            key = (_treedef_id(treedef), tuple([(x.aval, x._committed) for x in leaves]), prefix)
+            key = _array_key(treedef, leaves, prefix)
             return self._namespace.find(key, [x._sharding for x in leaves], context), leaves
         canonical = _canonical_dtypes[_jax.enable_x64.value]
         signatures = tuple([_leaf_signature(x, canonical) for x in leaves])
