@@ -32,7 +32,6 @@ if not (SUPPORTED_JAX[0] <= JAX_VERSION < SUPPORTED_JAX[1]):
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dtypes as _dtypes
-from jax._src import pjit as _pjit
 from jax._src import source_info_util as _source_info_util
 from jax._src import tree_util as _tree_util
 from jax._src import xla_bridge as _xla_bridge
@@ -45,10 +44,6 @@ _source_info_util.register_exclusion(__file__.rsplit("/", 1)[0])
 
 ArrayImpl = _jaxlib_ext.ArrayImpl
 JaxRuntimeError = jax.errors.JaxRuntimeError
-PyTreeDef = _jaxlib_ext.pytree.PyTreeDef if hasattr(_jaxlib_ext, "pytree") else type(
-    jax.tree_util.tree_structure(0)
-)
-LoadedExecutable = _jaxlib_ext.LoadedExecutable
 ExecuteResults = _jaxlib_ext.ExecuteResults
 # Frees Python objects whose last reference was dropped off the GIL (jaxlib's
 # PjitFunction calls its "maybe" twin on every call; without it a hit-only loop
@@ -56,7 +51,6 @@ ExecuteResults = _jaxlib_ext.ExecuteResults
 collect_garbage = _jaxlib_ext.collect_garbage
 SingleDeviceSharding = jax.sharding.SingleDeviceSharding
 NamedSharding = jax.sharding.NamedSharding
-FastpathData = _pxla.MeshExecutableFastpathData
 
 # The C++ tuple of every config value that enters a jit key (x64, default
 # device, matmul precision, ...). Cheap: one C++ call.
@@ -65,22 +59,17 @@ enable_x64 = _config.enable_x64
 disable_jit = _config.disable_jit
 debug_nans = _config.debug_nans
 debug_infs = _config.debug_infs
-no_execution = _config.no_execution
 
 # Pytree flattening with the registry jit itself uses (so custom nodes agree).
 dispatch_registry = _tree_util.dispatch_registry
 flatten_for_dispatch = dispatch_registry.flatten
 
 python_scalar_types = frozenset(_dtypes.python_scalar_types)
-ArrayCopySemantics = _jaxlib_ext.ArrayCopySemantics
 REUSE_INPUT = _jaxlib_ext.ArrayCopySemantics.REUSE_INPUT
 
 canonicalize_value = _dtypes.canonicalize_value
 canonicalize_dtype = _dtypes.canonicalize_dtype
-is_weakly_typed = _dtypes.is_weakly_typed
 ShapedArray = _core.ShapedArray
-shaped_abstractify = _core.shaped_abstractify
-shard_arg_handlers = _pxla.shard_arg_handlers
 batched_device_put = _jaxlib_ext.batched_device_put
 batched_copy_array_to_devices_with_sharding = (
     _jaxlib_ext.batched_copy_array_to_devices_with_sharding)
@@ -89,7 +78,6 @@ batched_copy_array_to_devices_with_sharding = (
 def device_list(sharding):
     """The jaxlib DeviceList a sharding's addressable shards live on."""
     return sharding._internal_device_list.addressable_device_list
-cpp_shard_args = _jaxlib_ext.shard_args
 
 
 def result_handler(aval, sharding, committed: bool):
@@ -102,8 +90,6 @@ def pxla_shard_args(shardings, layouts, args):
     return _pxla.shard_args(shardings, layouts, [REUSE_INPUT] * len(args), args)
 
 
-def needs_check_special() -> bool:
-    return _config.debug_nans.value or _config.debug_infs.value
 
 
 def is_top_level_trace() -> bool:
@@ -152,19 +138,10 @@ def live_executables(backend=None) -> list:
     return _xla_bridge.get_backend(backend).live_executables()
 
 
-def local_devices():
-    return jax.local_devices()
 
 
-def clear_jax_caches() -> None:
-    """Clears JAX's own tracing/compilation caches (used by `clear_all`)."""
-    _pjit._infer_params_cached.cache_clear()
-    _pxla._cached_lowering_to_hlo.cache_clear()
-    _pxla._cached_compilation.cache_clear()
 
 
-def addressable_devices_indices_map(sharding, shape):
-    return sharding.addressable_devices_indices_map(shape)
 
 
 def addressable_device_assignment(sharding):

@@ -469,7 +469,6 @@ class PjitFunction:
         self._jax_jitted = jitted
         self._jax_cache_miss = _jax.cache_miss_of(jitted)
         self._cache = cache
-        self._global_key = global_key
         self._namespace = cache._namespace_for(fun, global_key)
         self._lookup = self._namespace.entries.get  # the dict is never replaced
         self._touch = cache._lru.move_to_end
