@@ -243,17 +243,29 @@ def test_donation_deletes_and_second_use_raises():
     assert f_nb(jnp.ones(3)).shape == (3,)  # and the entry still works
 
 
-def test_donated_numpy_input_mutated_after_identity_call():
+def _aligned_arange(n, misalign):
+    """np.arange(n) float32 in a buffer at a chosen offset from 64-byte alignment
+    (aligned host buffers are the ones XLA:CPU may use in place)."""
+    raw = np.empty(n * 4 + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + misalign
+    out = raw[start:start + n * 4].view(np.float32)
+    out[:] = np.arange(n)
+    return out
+
+
+@pytest.mark.parametrize("misalign", [0, 16])
+def test_donated_numpy_input_mutated_after_identity_call(misalign):
     results = []
     for f in both(lambda x: x, donate_argnums=0):
         outs = []
-        for _ in range(2):  # miss, then hit
-            x = np.arange(4, dtype=np.float32)
+        for _ in range(3):  # miss, then hits
+            x = _aligned_arange(4, misalign)
             out = f(x)
             x[:] = -1
             outs.append(np.asarray(out))
         results.append(outs)
     np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], [np.arange(4, dtype=np.float32)] * 3)
 
 
 # ---------------------------------------------------------------------------
