@@ -328,9 +328,8 @@ def _host_dtype(x: Any) -> np.dtype | None:
         dtype = np.asarray(_jax.canonicalize_value(x)).dtype
     else:
         return None
-    if not _is_numeric(dtype):
-        return None  # float0, strings, objects, ...: JAX's shard_args decides
-    return np.dtype(_jax.canonicalize_dtype(dtype))
+    # None for float0, strings, objects, ...: JAX's shard_args decides.
+    return _canonical_dtypes[_jax.enable_x64.value].get(dtype)
 
 
 def _same_placement(x: Any, sharding: Any) -> bool:
