@@ -168,5 +168,19 @@ def aval_with_sharding(aval, sharding):
     return _core.update_aval_with_sharding(aval, sharding)
 
 
+# Transfer guards as jaxlib's C++ reads them: a thread-local level, else the global one.
+_guard_global = _config.guard_lib.global_state()
+_guard_thread_local = _config.guard_lib.thread_local_state
+_GUARD_ALLOW = _config.guard_lib.TransferGuardLevel.ALLOW
+
+
+def host_transfers_unguarded() -> bool:
+    """True when a host-to-device transfer now would neither log nor raise."""
+    level = _guard_thread_local().host_to_device
+    if level is None:
+        level = _guard_global.host_to_device
+    return level is None or level == _GUARD_ALLOW
+
+
 # Marks the transfers inside as explicit (jax.device_put's), for transfer guards.
 explicit_device_put_scope = _config.explicit_device_put_scope

@@ -60,6 +60,8 @@ _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
 _debug_nans = _jax.debug_nans
 _debug_infs = _jax.debug_infs
+_host_transfers_unguarded = _jax.host_transfers_unguarded
+_enable_x64 = _jax.enable_x64
 _GENERAL = object()  # marks keys built by the general (mixed-leaf) path
 _NOT_SET = object()  # marks jit options the caller did not pass
 
@@ -246,8 +248,9 @@ class _Entry:
         for i, device_list, sharding in self.copies:
             inputs[i] = _copy_to_devices([inputs[i]], [device_list], [sharding],
                                          [_jax.REUSE_INPUT])[0]
-        for i, dtype, aval, sharding, devices in self.host:
-            inputs[i] = _device_put(aval, sharding, [np.asarray(inputs[i], dtype)], devices, False)
+        for host in self.host:
+            i = host.index
+            inputs[i] = host.put(inputs[i])
         for i, dtype, plan in self.planned:
             inputs[i] = plan.put(np.asarray(inputs[i], dtype))
         if self.convert:
@@ -260,8 +263,11 @@ class _Entry:
 
 
 def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
-                 fastpath: Any) -> _Entry:
-    """Turns JAX's fast-path data into an entry; unusual cases stay slow."""
+                 fastpath: Any, donated: bool) -> _Entry:
+    """Turns JAX's fast-path data into an entry; unusual cases stay slow.
+
+    `donated`: the function donates some argument (host inputs keep no memo).
+    """
     entry = _Entry(*signature, namespace)
     if fastpath is None or any(layout is not None for layout in fastpath.in_device_local_layouts):
         return entry
@@ -291,7 +297,8 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
             convert.append(i)
         elif len(sharding.device_set) == 1:
             aval = _jax.ShapedArray(np.shape(x), dtype)
-            host.append((i, dtype, aval, sharding, list(sharding.device_set)))
+            memo = not donated and aval.size * dtype.itemsize <= _HostInput.MEMO_MAX_BYTES
+            host.append(_HostInput(i, dtype, aval, sharding, memo))
         else:
             plan = _sharding.plan_for(sharding, np.shape(x), dtype)
             if plan is None:
@@ -318,6 +325,50 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
                                and not planned and len(kept) == len(leaves))
     entry.fast = True
     return entry
+
+
+class _HostInput:
+    """A numpy array or scalar bound for one device, at `index` of the inputs.
+
+    With `memo`, the device copy of the last value is kept: a call passing
+    equal bytes (the same immutable scalar object, or a small array with
+    the same contents) reuses it instead of transferring again. It is exact:
+    bytes, not ``==``, so -0.0, NaN payloads and every dtype are told apart;
+    the copy is never donated (no memo for donating functions) and never
+    handed to the caller. A guarded transfer (log, disallow) always goes
+    through `batched_device_put`, which applies the guard as jaxlib does.
+    """
+
+    MEMO_MAX_BYTES = 1024  # a bytes compare this size costs far less than a transfer
+
+    __slots__ = ("index", "dtype", "aval", "sharding", "devices", "memo", "last")
+
+    def __init__(self, index: int, dtype: np.dtype, aval: Any, sharding: Any,
+                 memo: bool) -> None:
+        self.index = index
+        self.dtype = dtype
+        self.aval = aval
+        self.sharding = sharding
+        self.devices = list(sharding.device_set)
+        self.memo = memo
+        self.last: tuple | None = None  # (source object, bytes, device array)
+
+    def put(self, x: Any) -> Any:
+        if not self.memo:
+            return _device_put(self.aval, self.sharding, [np.asarray(x, self.dtype)],
+                               self.devices, False)
+        last = self.last
+        if last is not None and x is last[0] and _host_transfers_unguarded():
+            return last[2]  # the same immutable scalar object
+        value = np.asarray(x, self.dtype)
+        data = value.tobytes()
+        if last is not None and data == last[1] and _host_transfers_unguarded():
+            return last[2]
+        array = _device_put(self.aval, self.sharding, [value], self.devices, False)
+        # Scalars are immutable: the object itself is a key. Arrays are not,
+        # and are not kept alive.
+        self.last = (None if type(x) is np.ndarray else x, data, array)
+        return array
 
 
 def _host_dtype(x: Any) -> np.dtype | None:
@@ -476,6 +527,7 @@ class PjitFunction:
         self._static_argnames = frozenset(info.static_argnames)
         self._static_split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._fun_signature = info.fun_signature
+        self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0
         self.slow_count = 0
         if self._static_argnums or self._static_argnames:
@@ -521,6 +573,14 @@ class PjitFunction:
         return self._miss_or_slow(args, kwargs, list(args), signature, entry)
 
     def _call_pytree(self, args: tuple, kwargs: dict) -> Any:
+        if not kwargs and tuple(map(type, args)).count(ArrayImpl) != len(args):
+            # Positional arguments that are all leaves (numpy arrays, scalars,
+            # jax.Arrays) key as `_general` would key their flattening.
+            canonical = _canonical_dtypes[_enable_x64.value]
+            signatures = tuple([_leaf_signature(x, canonical) for x in args])
+            if None not in signatures:
+                key = (False, _flat_treedef_ids[len(args)], _GENERAL, signatures)
+                return self._general_hit(args, kwargs, args, key)
         leaves, treedef = _flatten((args, kwargs) if kwargs else args)
         return self._call_leaves(args, kwargs, leaves, treedef, bool(kwargs))
 
@@ -561,9 +621,15 @@ class PjitFunction:
         if None in signatures:
             return self._slow(args, kwargs)  # JAX handles (or rejects) it
         key = (prefix, _treedef_id(treedef), _GENERAL, signatures)
+        return self._general_hit(args, kwargs, leaves, key)
+
+    def _general_hit(self, args: tuple, kwargs: dict, leaves: Sequence, key: tuple) -> Any:
+        """Looks up a `_GENERAL` key (no shardings: they are per entry) and runs it."""
         context = _trace_context()
         try:  # a static argument's __eq__ may raise: JAX reports it
-            entry = self._namespace.find(key, [], context)
+            entry = self._lookup(key)
+            while entry is not None and entry.context != context:
+                entry = entry.next
         except Exception:
             return self._slow(args, kwargs)
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
@@ -640,7 +706,7 @@ class PjitFunction:
                     namespace.link(_Entry(*signature, namespace))
                 raise
             try:
-                entry = _build_entry(signature, namespace, leaves, fastpath)
+                entry = _build_entry(signature, namespace, leaves, fastpath, self._donates)
             except Exception:  # something nbjit cannot hold: JAX's path for good
                 entry = _Entry(*signature, namespace)
             if not rebuild:
