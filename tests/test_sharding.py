@@ -302,3 +302,121 @@ def test_mesh_axis_types(axis_types, spec):
     requested = NamedSharding(jax.make_mesh((4, 2), ("x", "y"), axis_types=types), spec)
     x = _in_layout(_values((16, 8), np.float32), "F")
     assert_same_array(sharding.device_put(x, requested), jax.device_put(x, requested), requested)
+
+
+@pytest.fixture
+def small_big_thresholds(monkeypatch):
+    """Parallel copy and staging pool from 1 KiB, so small arrays take the big-array path."""
+    monkeypatch.setattr(sharding, "PARALLEL_COPY_MIN_BYTES", 1024)
+    monkeypatch.setattr(sharding, "STAGING_POOL_MIN_BYTES", 1024)
+    monkeypatch.setattr(sharding, "_COPY_CHUNK_BYTES", 256)
+    monkeypatch.setattr(sharding, "_COPY_THREADS", 3)
+    sharding.clear_plans()
+    yield
+    sharding.clear_plans()
+
+
+@pytest.mark.parametrize("layout", ["C", "F", "transposed"])
+@pytest.mark.parametrize("spec", [P(), P("x"), P(None, "y"), P("y", "x"), P(("x", "y"))], ids=str)
+@pytest.mark.parametrize("shape", [(64, 32), (8, 1, 16, 8), (1024,), (1, 1, 64, 16)], ids=str)
+def test_parallel_put_matches_jax(small_big_thresholds, layout, spec, shape):
+    requested = NamedSharding(_mesh("4x2"), spec)
+    x = _in_layout(_values(shape, np.float32), layout)
+    plan = sharding.plan_for(requested, x.shape, x.dtype)
+    if plan is None:
+        pytest.skip("the sharding does not divide this shape")
+    assert plan.parallel
+    before = x.copy()
+    ours = sharding.device_put(x, requested)
+    assert_same_array(ours, jax.device_put(x, requested), requested)
+    x[...] = -1  # the caller's array is not aliased
+    assert np.array_equal(_bits(ours), _bits(before))
+
+
+def test_parallel_put_of_one_device_matches_jax(small_big_thresholds):
+    requested = SingleDeviceSharding(jax.devices()[3])
+    x = _values((128, 33), np.float32)
+    plan = sharding.plan_for(requested, x.shape, x.dtype)
+    assert plan.parallel and len(plan._parts) > 2
+    assert_same_array(plan.put(x), jax.device_put(x, requested), requested)
+
+
+def test_split_copy_covers_every_shard_byte_once():
+    lows = np.array([[0, 0], [0, 5], [3, 0]])
+    highs = np.array([[3, 5], [3, 9], [4, 9]])
+    offsets = [0, 64, 128]
+    parts = sharding._split_copy(lows, highs, offsets, 4, 4, None)
+    assert 2 <= len(parts) <= 4
+    covered = [(off, off + 4 * int(np.prod(shape)))
+               for part in parts for _, shape, off in part.pieces]
+    expected = [(0, 60), (64, 112), (128, 164)]
+    merged = []
+    for a, b in sorted(covered):
+        if merged and merged[-1][1] == a:
+            merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    assert merged == expected
+
+
+def test_big_plans_take_the_parallel_path_and_small_ones_do_not():
+    requested = NamedSharding(_mesh("4x2"), P("x", None))
+    big = sharding.plan_for(requested, (2048, 2048), np.dtype(np.float32))
+    small = sharding.plan_for(requested, (64, 64), np.dtype(np.float32))
+    assert big.parallel == (sharding._COPY_THREADS > 1)
+    assert not small.parallel
+    x = _values((2048, 2048), np.float32)
+    assert_same_array(big.put(x), jax.device_put(x, requested), requested)
+
+
+def test_staging_pool_never_hands_out_a_buffer_a_live_array_uses(small_big_thresholds):
+    requested = NamedSharding(_mesh("4x2"), P("x"))
+    plan = sharding.plan_for(requested, (256, 8), np.dtype(np.float32))
+    first_values, second_values = _values((256, 8), np.float32, 1), _values((256, 8), np.float32, 2)
+    first = plan.put(first_values)
+    second = plan.put(second_values)
+    assert sharding.staging_pool_size() == 2
+    pointers = {s.data.unsafe_buffer_pointer() for s in first.addressable_shards}
+    assert not pointers & {s.data.unsafe_buffer_pointer() for s in second.addressable_shards}
+    third = plan.put(_values((256, 8), np.float32, 3))  # both pooled buffers busy: a fresh one
+    assert sharding.staging_pool_size() == 2
+    assert np.array_equal(_bits(first), _bits(first_values))
+    assert np.array_equal(_bits(second), _bits(second_values))
+    del third
+    again = plan.put(second_values * 2)
+    assert np.array_equal(_bits(first), _bits(first_values))
+    assert np.array_equal(_bits(second), _bits(second_values))
+    del first
+    # The runtime lets go of the last dropped array's staging by the next put:
+    # within a few puts the first array's buffer comes back.
+    reused = []
+    for k in range(3, 7):
+        out = plan.put(second_values * k)
+        reused.append({s.data.unsafe_buffer_pointer() for s in out.addressable_shards})
+        assert np.array_equal(_bits(out), _bits(second_values * k))
+        assert np.array_equal(_bits(second), _bits(second_values))
+        assert np.array_equal(_bits(again), _bits(second_values * 2))
+    assert pointers in reused
+    assert sharding.staging_pool_size() == 2
+
+
+def test_staging_pool_keeps_buffers_a_donated_result_uses(small_big_thresholds):
+    requested = SingleDeviceSharding(jax.devices()[0])
+    plan = sharding.plan_for(requested, (64, 64), np.dtype(np.float32))
+    x = _values((64, 64), np.float32)
+    out = jax.jit(lambda a: a + 1, donate_argnums=0)(plan.put(x))
+    others = [plan.put(x * k) for k in (2, 3, 4)]
+    assert np.array_equal(_bits(out), _bits(x + 1))
+    for k, other in zip((2, 3, 4), others, strict=True):
+        assert np.array_equal(_bits(other), _bits(x * k))
+
+
+def test_staging_pool_refcount_baseline():
+    raw = np.empty(8, np.uint8)
+    assert sharding._refcounts([raw]) == [sharding._FREE_REFCOUNT + 1]  # `raw` here
+    assert sharding._refcounts([np.empty(8, np.uint8)]) == [sharding._FREE_REFCOUNT]
+
+
+def test_single_device_plan_min_bytes_is_an_int():
+    assert isinstance(sharding.SINGLE_DEVICE_PLAN_MIN_BYTES, int)
+    assert sharding.SINGLE_DEVICE_PLAN_MIN_BYTES >= sharding.PARALLEL_COPY_MIN_BYTES
