@@ -240,9 +240,11 @@ class _Entry:
 
         A single-device jax.Array on the wrong device is copied (C++); host
         values (numpy arrays, scalars) bound for one device go in one batched
-        C++ transfer each; those bound for a multi-device sharding are sliced
-        on the host by their `ShardingPlan`; anything else (a resharding)
-        goes through JAX's shard_args.
+        C++ transfer each (`_HostInput`), except arrays of at least
+        `sharding.SINGLE_DEVICE_PLAN_MIN_BYTES`; those and host values bound
+        for a multi-device sharding are copied/sliced on the host by their
+        `ShardingPlan`; anything else (a resharding) goes through JAX's
+        shard_args.
         """
         inputs = [*self.consts, *[leaves[i] for i in self.kept]]
         for i, device_list, sharding in self.copies:
@@ -295,11 +297,12 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
         dtype = _host_dtype(x)
         if dtype is None:
             convert.append(i)
-        elif len(sharding.device_set) == 1:
+        elif (len(sharding.device_set) == 1 and np.size(x) * dtype.itemsize
+              < _sharding.SINGLE_DEVICE_PLAN_MIN_BYTES):
             aval = _jax.ShapedArray(np.shape(x), dtype)
             memo = not donated and aval.size * dtype.itemsize <= _HostInput.MEMO_MAX_BYTES
             host.append(_HostInput(i, dtype, aval, sharding, memo))
-        else:
+        else:  # many devices, or one and a big array: sliced/copied on the host
             plan = _sharding.plan_for(sharding, np.shape(x), dtype)
             if plan is None:
                 convert.append(i)

@@ -1,9 +1,10 @@
-"""The host-input memo: a one-device numpy/scalar input equal to the last one
-reuses its device copy (nbjit/dispatch.py `_HostInput`).
+"""Host inputs (numpy arrays, numpy and Python scalars) bound for one device.
 
-It must be exact (bytes, not ``==``), follow mutation of numpy inputs, never
-apply to donated or large inputs, and never bypass a transfer guard (the
-guard tests live in test_bad_input.py). Every test compares with jax.jit.
+The memo (nbjit/dispatch.py `_HostInput`): an input equal to the last one
+reuses its device copy. It must be exact (bytes, not ``==``), follow mutation
+of numpy inputs, never apply to donated or large inputs, and never bypass a
+transfer guard (the guard tests live in test_bad_input.py). Big arrays go
+through a `ShardingPlan` instead. Every test compares with jax.jit.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from jax import lax
 
 import nbjit
+from nbjit import sharding as _sharding
 from nbjit.dispatch import _HostInput
 from tests._diff import assert_same_outputs
 
@@ -150,3 +152,24 @@ def test_any_bit_pattern_round_trips(bit_patterns, kind):
                 continue  # float64 NaN -> float32 need not keep the payload
             x = float(x)
         assert int(f(x)) == bits
+
+
+def test_big_one_device_input_is_copied_by_its_plan():
+    """From SINGLE_DEVICE_PLAN_MIN_BYTES a one-device numpy input goes through
+    a ShardingPlan (parallel copy into aligned staging): same result as
+    jax.jit, and the caller's array is never aliased."""
+    n = _sharding.SINGLE_DEVICE_PLAN_MIN_BYTES // 4 + 1024
+    a = np.arange(n, dtype=np.float32)
+    f, g = nbjit.jit(lambda x: x * 2), jax.jit(lambda x: x * 2)
+    f(a)
+    entry, _ = f._entry_for((a,), {})
+    assert not entry.host and len(entry.planned) == 1
+    out = f(a)
+    assert_same_outputs(out, g(a))
+    a[:] = -1  # mutating the input after the call changes nothing
+    np.testing.assert_array_equal(np.asarray(out)[:5], np.arange(5, dtype=np.float32) * 2)
+    assert float(f(a)[7]) == -2.0
+    small = np.arange(16, dtype=np.float32)
+    f(small)
+    entry, _ = f._entry_for((small,), {})
+    assert len(entry.host) == 1 and not entry.planned
