@@ -117,6 +117,18 @@ def cases():
         out.append(("jit", "2 small numpy args, one device", 1.0,
                     _blocked(nbjit.jit(add), a2, b2), _blocked(add_jax, a2, b2),
                     _blocked(add_jax, *jax.device_put((a2, b2)))))
+        # The same, each call with new values: the host-input memo (one device,
+        # equal bytes reuse the last device copy) never hits. No bar: quoted.
+        values = [(np.float32(i), np.full((4,), i, np.float32)) for i in range(64)]
+        turn = iter(range(1 << 62))
+
+        def rotating(fn):
+            def call():
+                return jax.block_until_ready(fn(*values[next(turn) % 64]))
+            return call
+
+        out.append(("jit", "2 small numpy args, new values each call", None,
+                    rotating(nbjit.jit(add)), rotating(add_jax), None))
         double_jax = jax.jit(double)
         out.append(("jit", "128x224x224 f32 numpy, one device", 1.0,
                     _blocked(nbjit.jit(double), image), _blocked(double_jax, image),
