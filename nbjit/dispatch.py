@@ -526,6 +526,7 @@ class PjitFunction:
         self._lookup = self._namespace.entries.get  # the dict is never replaced
         self._touch = cache._lru.move_to_end
         self._flat_args = True  # until a call passes a non-jax.Array argument
+        self._leaf_args = True  # positional arguments are leaves (see _call_pytree)
         self._static_argnums = tuple(info.static_argnums)
         self._static_argnames = frozenset(info.static_argnames)
         self._static_split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -576,7 +577,7 @@ class PjitFunction:
         return self._miss_or_slow(args, kwargs, list(args), signature, entry)
 
     def _call_pytree(self, args: tuple, kwargs: dict) -> Any:
-        if not kwargs and tuple(map(type, args)).count(ArrayImpl) != len(args):
+        if not kwargs and self._leaf_args and tuple(map(type, args)).count(ArrayImpl) != len(args):
             # Positional arguments that are all leaves (numpy arrays, scalars,
             # jax.Arrays) key as `_general` would key their flattening.
             canonical = _canonical_dtypes[_enable_x64.value]
@@ -584,7 +585,10 @@ class PjitFunction:
             if None not in signatures:
                 key = (False, _flat_treedef_ids[len(args)], _GENERAL, signatures)
                 return self._general_hit(args, kwargs, args, key)
+            self._leaf_args = False  # pytrees (or other leaves): flatten from now on
         leaves, treedef = _flatten((args, kwargs) if kwargs else args)
+        if not self._leaf_args and not kwargs and len(leaves) == len(args) == treedef.num_leaves:
+            self._leaf_args = treedef.num_nodes == len(args) + 1  # leaves again: try keying them
         return self._call_leaves(args, kwargs, leaves, treedef, bool(kwargs))
 
     def _call_leaves(self, args: tuple, kwargs: dict, leaves: list, treedef: Any,
