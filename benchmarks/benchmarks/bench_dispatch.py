@@ -167,6 +167,36 @@ class InputKinds:
         self.f(*self.args).block_until_ready()
 
 
+class InputKindsNewValues:
+    """Two host arguments with new values on every call (64 pairs, in turn).
+
+    InputKinds passes the same values again, which nbjit's host-input memo
+    serves without a transfer; here every call transfers, as a loop over
+    data batches does.
+    """
+
+    params = [["numpy", "python_scalar"], IMPLS]
+    param_names = ["kind", "impl"]
+
+    def setup(self, kind, impl):
+        import operator
+
+        self.f = common.get_jit(impl)(operator.add)
+        if kind == "numpy":
+            self.pool = [tuple(common.numpy_vectors(2, seed=i)) for i in range(64)]
+        elif kind == "python_scalar":
+            self.pool = [(i, i + 0.5) for i in range(1000, 1064)]  # not small-int cached
+        else:
+            raise NotImplementedError(kind)
+        self.turn = 0
+        for args in self.pool:
+            common.block(self.f(*args))
+
+    def time_dispatch(self, kind, impl):
+        self.turn = (self.turn + 1) & 63
+        self.f(*self.pool[self.turn])
+
+
 class StaticArgsKwargs:
     """A static positional arg, a static kwarg and an array kwarg."""
 
