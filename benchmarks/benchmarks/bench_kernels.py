@@ -2,6 +2,9 @@
 
 - SignatureKey: plain-Python vs Numba signature key, 1..1000 leaves (the
   crossover `nbjit._kernels.NUMBA_KEY_MIN_LEAVES` comes from here).
+- DispatchKey: the same starting from jax.Arrays (reading each leaf's fields
+  is part of the cost), next to the key the dispatcher's hit path builds:
+  the tuple of (aval, committed) pairs, hashed (avals hash by identity).
 - Gather: copying every distinct shard into a staging buffer, numpy's
   per-shard copy vs the Numba kernel, by source memory layout.
 - PlanBuild: building a ShardingPlan (index domains, replicas) uncached.
@@ -63,6 +66,37 @@ class SignatureKey:
 
     def time_key(self, impl, leaves):
         self.key(self.leaves)
+
+
+class DispatchKey:
+    """A hashed key for n jax.Array leaves, from the arrays themselves."""
+
+    params = [["aval_pairs", "python_packed", "numba_packed"], [1, 4, 10, 100, 1000]]
+    param_names = ["impl", "leaves"]
+
+    def setup(self, impl, leaves):
+        kernels = _nbjit_module("nbjit._kernels")
+        dtypes = [np.float32, np.int32, np.float16, np.bool_]
+        self.arrays = [jax.device_put(np.zeros((8, i % 7 + 1), dtypes[i % 4]))
+                       for i in range(leaves)]
+        dtype_ids: dict = {}
+        sharding_ids: dict = {}
+
+        def fields(xs):  # what a packed key must read per leaf before packing
+            return [(dtype_ids.setdefault(x.dtype, len(dtype_ids)), x.weak_type, x._committed,
+                     sharding_ids.setdefault(x._sharding, len(sharding_ids)), 0, x.shape)
+                    for x in xs]
+
+        if impl == "aval_pairs":
+            self.key = lambda xs: hash(tuple([(x.aval, x._committed) for x in xs]))
+        elif impl == "python_packed":
+            self.key = lambda xs: kernels.python_signature_key(fields(xs))
+        else:
+            self.key = lambda xs: kernels.numba_signature_key(fields(xs))[0]
+        self.key(self.arrays)  # compile / load from cache, fill the id tables
+
+    def time_key(self, impl, leaves):
+        self.key(self.arrays)
 
 
 class Gather:
