@@ -64,6 +64,7 @@ _host_transfers_unguarded = _jax.host_transfers_unguarded
 _enable_x64 = _jax.enable_x64
 _GENERAL = object()  # marks keys built by the general (mixed-leaf) path
 _NOT_SET = object()  # marks jit options the caller did not pass
+_MAX_CALL_SHAPES = 256  # static-argument splits remembered per function
 
 
 # ---------------------------------------------------------------------------
@@ -529,7 +530,7 @@ class PjitFunction:
         self._leaf_args = True  # positional arguments are leaves (see _call_pytree)
         self._static_argnums = tuple(info.static_argnums)
         self._static_argnames = frozenset(info.static_argnames)
-        self._static_split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._static_split: dict[Any, tuple[tuple, ...]] = {}  # call shape -> split
         self._fun_signature = info.fun_signature
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0
@@ -792,26 +793,34 @@ class PjitFunction:
         Static values enter the key with their exact type, so 1 and 1.0 and
         True are different signatures, as in jaxlib. The key is not hashed
         here: an unhashable one fails the lookup, which sends the call to
-        JAX's path and its error.
+        JAX's path and its error. Which positions and names are static is
+        worked out once per call shape (count of positional arguments and
+        keyword names in order).
         """
-        split = self._static_split.get(len(args))
+        shape = (len(args), *kwargs) if kwargs else len(args)
+        split = self._static_split.get(shape)
         if split is None:
-            split = self._static_split[len(args)] = self._positions(len(args))
-        static_positions, dynamic_positions = split
+            split = self._split_for(len(args), tuple(kwargs))
+            if len(self._static_split) >= _MAX_CALL_SHAPES:
+                self._static_split.clear()
+            self._static_split[shape] = split
+        static_positions, dynamic_positions, static_names, dynamic_names = split
         static_key = tuple([(type(args[i]), args[i]) for i in static_positions])
         if static_positions:
             args = tuple([args[i] for i in dynamic_positions])
-        if kwargs and not self._static_argnames.isdisjoint(kwargs):
-            names = sorted(self._static_argnames.intersection(kwargs))
-            static_key += tuple([(k, type(kwargs[k]), kwargs[k]) for k in names])
-            kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
+        if static_names:
+            static_key += tuple([(k, type(kwargs[k]), kwargs[k]) for k in static_names])
+            kwargs = {k: kwargs[k] for k in dynamic_names}
         return static_key, args, kwargs
 
-    def _positions(self, nargs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(static, dynamic) positions of `nargs` positional arguments."""
+    def _split_for(self, nargs: int, names: tuple[str, ...]) -> tuple[tuple, ...]:
+        """(static positions, dynamic positions, static names sorted, dynamic names)."""
         static = sorted({i if i >= 0 else i + nargs for i in self._static_argnums})
         static = tuple(i for i in static if 0 <= i < nargs)
-        return static, tuple(i for i in range(nargs) if i not in static)
+        dynamic = tuple(i for i in range(nargs) if i not in static)
+        static_names = tuple(sorted(self._static_argnames.intersection(names)))
+        dynamic_names = tuple(k for k in names if k not in self._static_argnames)
+        return static, dynamic, static_names, dynamic_names
 
     def _cache_size(self) -> int:
         """Number of signatures cached for this function (and its twins)."""

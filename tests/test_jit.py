@@ -207,6 +207,30 @@ def test_static_args_exact_type():
     assert trace == [int, float, bool], "1, 1.0 and True are distinct static values"
 
 
+def test_static_and_dynamic_keywords_in_every_call_shape(monkeypatch):
+    """Which arguments are static is worked out once per call shape (number of
+    positional arguments, keyword names in order) and remembered, at most
+    _MAX_CALL_SHAPES of them: every shape must split as jax.jit does."""
+    from nbjit import dispatch
+
+    monkeypatch.setattr(dispatch, "_MAX_CALL_SHAPES", 4)
+
+    def f(x, n, *, scale=1.0, mode="mul", y=None):
+        out = x * scale if mode == "mul" else x + scale
+        return out ** n if y is None else out ** n + y
+
+    f_nb, f_jax = both(f, static_argnums=1, static_argnames=("mode",))
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    calls = [((x, 2), {}), ((x, 2), {"mode": "add"}), ((x, 3), {"y": y, "mode": "mul"}),
+             ((x, 3), {"mode": "mul", "y": y}), ((x, 2), {"scale": 2.0, "mode": "add", "y": y}),
+             ((x,), {"n": 2, "mode": "add"}), ((x, 2), {"y": y}), ((x, 2), {"scale": 3.0})]
+    for _ in range(2):
+        for args, kwargs in calls:
+            assert_same_call(f_nb, f_jax, *args, **kwargs)
+    assert len(f_nb._static_split) <= 4
+    assert f_nb._cache_size() == f_jax._cache_size()
+
+
 def test_kwargs_order_does_not_matter():
     f_nb, f_jax = both(lambda a, b: a - b)
     x, y = jnp.ones(2), jnp.arange(2.0)
