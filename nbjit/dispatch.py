@@ -298,10 +298,10 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
         dtype = _host_dtype(x)
         if dtype is None:
             convert.append(i)
-        elif (len(sharding.device_set) == 1 and np.size(x) * dtype.itemsize
-              < _sharding.SINGLE_DEVICE_PLAN_MIN_BYTES):
+        elif (len(sharding.device_set) == 1
+              and (nbytes := np.size(x) * dtype.itemsize) < _sharding.SINGLE_DEVICE_PLAN_MIN_BYTES):
             aval = _jax.ShapedArray(np.shape(x), dtype)
-            memo = not donated and aval.size * dtype.itemsize <= _HostInput.MEMO_MAX_BYTES
+            memo = not donated and nbytes <= _HostInput.MEMO_MAX_BYTES
             host.append(_HostInput(i, dtype, aval, sharding, memo))
         else:  # many devices, or one and a big array: sliced/copied on the host
             plan = _sharding.plan_for(sharding, np.shape(x), dtype)
@@ -588,7 +588,7 @@ class PjitFunction:
                 return self._general_hit(args, kwargs, args, key)
             self._leaf_args = False  # pytrees (or other leaves): flatten from now on
         leaves, treedef = _flatten((args, kwargs) if kwargs else args)
-        if not self._leaf_args and not kwargs and len(leaves) == len(args) == treedef.num_leaves:
+        if not self._leaf_args and not kwargs and len(leaves) == len(args):
             self._leaf_args = treedef.num_nodes == len(args) + 1  # leaves again: try keying them
         return self._call_leaves(args, kwargs, leaves, treedef, bool(kwargs))
 
@@ -632,12 +632,10 @@ class PjitFunction:
         return self._general_hit(args, kwargs, leaves, key)
 
     def _general_hit(self, args: tuple, kwargs: dict, leaves: Sequence, key: tuple) -> Any:
-        """Looks up a `_GENERAL` key (no shardings: they are per entry) and runs it."""
+        """Looks up a `_GENERAL` key (its shardings list is empty) and runs it."""
         context = _trace_context()
         try:  # a static argument's __eq__ may raise: JAX reports it
-            entry = self._lookup(key)
-            while entry is not None and entry.context != context:
-                entry = entry.next
+            entry = self._namespace.find(key, [], context)
         except Exception:
             return self._slow(args, kwargs)
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
