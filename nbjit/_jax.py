@@ -7,7 +7,6 @@ new jax release moves something, this is the one file to mend.
 from __future__ import annotations
 
 import jax
-import jaxlib
 
 SUPPORTED_JAX = ((0, 11, 2), (0, 13, 0))  # [lowest, first unsupported)
 
@@ -21,7 +20,6 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 JAX_VERSION = _version_tuple(jax.__version__)
-JAXLIB_VERSION = _version_tuple(jaxlib.__version__)
 if not (SUPPORTED_JAX[0] <= JAX_VERSION < SUPPORTED_JAX[1]):
     raise ImportError(
         f"nbjit supports jax >= 0.11.2, < 0.13 (found jax {jax.__version__}); "
@@ -66,10 +64,13 @@ flatten_for_dispatch = dispatch_registry.flatten
 
 python_scalar_types = frozenset(_dtypes.python_scalar_types)
 REUSE_INPUT = _jaxlib_ext.ArrayCopySemantics.REUSE_INPUT
+HostBufferSemantics = _jaxlib_ext.HostBufferSemantics
 
 canonicalize_value = _dtypes.canonicalize_value
 canonicalize_dtype = _dtypes.canonicalize_dtype
 ShapedArray = _core.ShapedArray
+Tracer = _core.Tracer
+block_until_ready = jax.block_until_ready
 batched_device_put = _jaxlib_ext.batched_device_put
 batched_copy_array_to_devices_with_sharding = (
     _jaxlib_ext.batched_copy_array_to_devices_with_sharding)
@@ -184,3 +185,15 @@ def host_transfers_unguarded() -> bool:
 
 # Marks the transfers inside as explicit (jax.device_put's), for transfer guards.
 explicit_device_put_scope = _config.explicit_device_put_scope
+
+
+# JAX's own jit, captured where JAX defines it: users rebind the public name
+# (`jax.jit = nbjit.jit`) to try nbjit on existing code.
+from jax._src import api as _api  # noqa: E402
+
+jax_jit = _api.jit
+
+# Set while jax_debug_nans/infs is on (thread-local or global): jaxlib's C++
+# fast path then hands every call's outputs to it; nbjit sends such calls to
+# JAX's own path, which checks them.
+post_hook_state = _api._post_hook_state
