@@ -291,13 +291,17 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
             if _same_placement(x, sharding):
                 continue
             if len(x._sharding.device_set) == 1 and len(sharding.device_set) == 1:
-                copies.append((i, _jax.device_list(sharding), sharding))
+                device_list = _jax.device_list(sharding)
+                if len(device_list):
+                    copies.append((i, device_list, sharding))
+                # else: the device is another process's; as jaxlib, hand the
+                # array over as it is and let the executable say what is wrong.
             else:
                 convert.append(i)
             continue
         dtype = _host_dtype(x)
-        if dtype is None:
-            convert.append(i)
+        if dtype is None or not len(_jax.device_list(sharding)):
+            convert.append(i)  # JAX's shard_args, as jaxlib's fallback for these
         elif (len(sharding.device_set) == 1
               and (nbytes := np.size(x) * dtype.itemsize) < _sharding.SINGLE_DEVICE_PLAN_MIN_BYTES):
             aval = _jax.ShapedArray(np.shape(x), dtype)
