@@ -54,7 +54,7 @@ __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
 ArrayImpl = _jax.ArrayImpl
 _flatten = _jax.flatten_for_dispatch
 _device_put = _jax.batched_device_put
-_copy_to_devices = _jax.batched_copy_array_to_devices_with_sharding
+_copy_to_devices = _jax.copy_to_devices_unguarded
 _consume = _jax.ExecuteResults.consume_with_handlers
 _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
@@ -248,9 +248,8 @@ class _Entry:
         shard_args.
         """
         inputs = [*self.consts, *[leaves[i] for i in self.kept]]
-        for i, device_list, sharding in self.copies:
-            inputs[i] = _copy_to_devices([inputs[i]], [device_list], [sharding],
-                                         [_jax.REUSE_INPUT])[0]
+        for i, device_list, sharding in self.copies:  # unguarded, as jaxlib's CopyArrays
+            inputs[i] = _copy_to_devices([inputs[i]], [device_list], [sharding])[0]
         for host in self.host:
             i = host.index
             inputs[i] = host.put(inputs[i])
