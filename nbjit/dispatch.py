@@ -559,9 +559,13 @@ class PjitFunction:
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
             return self._flat_miss(args, kwargs, (key, shardings, context), entry)
         entry.shardings = shardings  # equal; keeping the newest makes identity checks hit
-        try:  # the executable refuses a deleted or non-jax.Array input before running
+        try:
             self._touch(entry)  # KeyError if another thread evicted it meanwhile
-            results = entry.execute(args if entry.inputs_are_leaves else entry.inputs(args))
+            inputs = args if entry.inputs_are_leaves else entry.inputs(args)
+        except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
+            return self._slow(args, kwargs)
+        try:  # the executable refuses a deleted or non-jax.Array input before running
+            results = entry.execute(inputs)
         except Exception as error:
             return self._execute_failed(error, args, kwargs, args)
         outs = _consume(results, entry.out_handlers)

@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from _diff import assert_same_call, assert_same_exception
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 import nbjit
 from nbjit import _jax
@@ -98,3 +99,14 @@ def test_a_miss_inside_the_guard_raises_as_upstream():
         e_nb, _ = assert_same_exception(nb, jx, jnp.arange(4.0))
     assert "isallowed device-to-device" in str(e_nb)
 
+
+def test_resharding_onto_many_devices_stays_guarded():
+    """Uncommitted one-device input to a NamedSharding: JAX's shard_args, guarded."""
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    nb, jx = _pair(in_shardings=NamedSharding(mesh, PartitionSpec("x")))
+    x = jnp.arange(8.0)
+    assert_same_call(nb, jx, x)
+    with jax.transfer_guard_device_to_device("disallow"):
+        e_nb, _ = assert_same_exception(nb, jx, x)
+    assert "isallowed device-to-device" in str(e_nb)
+    assert_same_call(nb, jx, x)
