@@ -23,6 +23,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 import nbjit
 from nbjit import _jax
 
+pytestmark = pytest.mark.cpu_devices  # devices()[1..7], meshes of 8
+
 LEVELS = ["disallow", "disallow_explicit", "log", "log_explicit"]
 
 
