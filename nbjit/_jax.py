@@ -197,3 +197,22 @@ jax_jit = _api.jit
 # fast path then hands every call's outputs to it; nbjit sends such calls to
 # JAX's own path, which checks them.
 post_hook_state = _api._post_hook_state
+
+
+def copy_to_devices_unguarded(arrays, device_lists, shardings):
+    """`batched_copy_array_to_devices_with_sharding` that no d2d transfer guard sees.
+
+    jaxlib's fast path moves a one-device input to the executable's device
+    with IFRT CopyArrays, below the layer that applies transfer guards, so a
+    hit copies even under `transfer_guard_device_to_device("disallow")` (and
+    logs nothing under "log"); the Python binding would apply the guard.
+    The thread-local level is set to allow for the copy and then restored.
+    """
+    state = _guard_thread_local()
+    old = state.device_to_device
+    state.device_to_device = _GUARD_ALLOW
+    try:
+        return batched_copy_array_to_devices_with_sharding(
+            arrays, device_lists, shardings, [REUSE_INPUT] * len(arrays))
+    finally:
+        state.device_to_device = old

@@ -35,7 +35,7 @@ __all__ = ["FastPath", "HostInput", "Unsupported", "build_record", "canonical_dt
 
 ArrayImpl = _jax.ArrayImpl
 _device_put = _jax.batched_device_put
-_copy_to_devices = _jax.batched_copy_array_to_devices_with_sharding
+_copy_to_devices = _jax.copy_to_devices_unguarded
 _host_transfers_unguarded = _jax.host_transfers_unguarded
 # Host buffers are copied while the transfer call runs: the result never
 # aliases the caller's array (jaxlib's default, zero copy, uses a 64-byte
@@ -164,7 +164,11 @@ class HostInput:
 
 
 class _Copy:
-    """A one-device jax.Array on another device: copied in C++, as jaxlib does."""
+    """A one-device jax.Array on another device: copied in C++, as jaxlib does.
+
+    As jaxlib's IFRT CopyArrays, the copy is below the layer that applies
+    device-to-device transfer guards: a hit copies under "disallow" too.
+    """
 
     __slots__ = ("index", "device_list", "sharding")
 
@@ -175,8 +179,7 @@ class _Copy:
 
     def apply(self, inputs: list) -> None:
         i = self.index
-        inputs[i] = _copy_to_devices([inputs[i]], [self.device_list], [self.sharding],
-                                     [_jax.REUSE_INPUT])[0]
+        inputs[i] = _copy_to_devices([inputs[i]], [self.device_list], [self.sharding])[0]
 
 
 class _Planned:
@@ -218,14 +221,16 @@ def _array_step(i: int, x: Any, sharding: Any, donated: bool) -> Any:
     if _same_placement(x, sharding):
         return None
     if len(x._sharding.device_set) == 1 and len(sharding.device_set) == 1:
-        return _Copy(i, sharding)
+        # A device of another process (none addressable here): as jaxlib's
+        # PrepareIfrtInputs, the array goes to the executable as it is.
+        return _Copy(i, sharding) if len(_jax.device_list(sharding)) else None
     return _SHARD_ARGS
 
 
 def _host_step(i: int, x: Any, sharding: Any, donated: bool) -> Any:
     dtype = host_dtype(x, canonical_dtypes[_jax.enable_x64.value])
-    if dtype is None:
-        return _SHARD_ARGS
+    if dtype is None or not len(_jax.device_list(sharding)):
+        return _SHARD_ARGS  # not a host value, or no device of this process: JAX's way
     nbytes = np.size(x) * dtype.itemsize
     if len(sharding.device_set) == 1 and nbytes < _sharding.SINGLE_DEVICE_PLAN_MIN_BYTES:
         memo = not donated and nbytes <= HostInput.MEMO_MAX_BYTES
