@@ -7,10 +7,11 @@ inputs on the right devices, run, wrap the outputs.
 
 A call goes: `__call__` -> the binder of its call shape (`nbjit._keys`: one
 generated function per positional count and keyword names, which builds the
-key of an all-jax.Array call) -> `_hit` (lookup -> inputs -> execute ->
-outputs). Anything a binder does not expect goes to `_general` (flattened
-leaves, host values), which keys the call and also ends in `_hit`. A miss or
-a signature that cannot take the fast path goes to `_miss_or_slow`.
+key of an all-jax.Array call and runs the hit path: lookup -> inputs ->
+execute -> outputs). Anything a binder does not expect goes to `_general`
+(flattened leaves, host values), which keys the call and ends in the same
+hit path (`_Binders.hit`, compiled from the same template). A miss or a
+signature that cannot take the fast path goes to `_miss_or_slow`.
 
 Invariants:
   * Only `_miss` links nodes into the cache (`nbjit._cache`); a node's
@@ -33,7 +34,15 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache
-from nbjit._keys import LEAVES, Split, flat_treedef_ids, leaf_signature, make_binder, treedef_id
+from nbjit._keys import (
+    LEAVES,
+    Split,
+    flat_treedef_ids,
+    leaf_signature,
+    make_binder,
+    make_hit,
+    treedef_id,
+)
 from nbjit._record import Unsupported, build_record, canonical_dtypes, host_dtype
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
@@ -46,17 +55,43 @@ _trace_context = _jax.trace_context
 _post_hook = _jax.post_hook_state
 _NOT_SET = object()  # marks jit options the caller did not pass
 _MAX_CALL_SHAPES = 256  # binders kept per function; the table starts afresh when full
-_LEAF_TYPES = frozenset({ArrayImpl, np.ndarray, *_jax.python_scalar_types})
+# Types that are pytree leaves themselves: positional arguments of these types
+# are keyed without flattening.
+_LEAF_TYPES = frozenset({
+    ArrayImpl, np.ndarray, *_jax.python_scalar_types,
+    *(t for t in np.sctypeDict.values() if issubclass(t, (np.number, np.bool_))),
+})
+
+
+def _whole(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
+    """A slow or miss call from the hit path (the timed flavour times it whole)."""
+    return fn(*args)
 
 
 class _Binders(dict):
-    """call shape -> binder, built on first use (see `nbjit._keys`)."""
+    """call shape -> binder of one function, built on first use (see `nbjit._keys`).
 
-    def __init__(self, static_argnums: tuple[int, ...], static_argnames: frozenset[str]) -> None:
+    Looked up with a plain subscript (a `__missing__` hook would make every
+    lookup slower): `build` makes and stores a missing binder.
+
+    Also holds what the generated code reads (`env`: the namespace's lookup,
+    the LRU's touch, ...) and `hit`, the hit path the general path ends in.
+    """
+
+    def __init__(self, namespace: Namespace, static_argnums: tuple[int, ...],
+                 static_argnames: frozenset[str]) -> None:
         super().__init__()
         self.static_argnums = static_argnums
         self.static_argnames = static_argnames
         self.splits: dict[Any, Split] = {}
+        self.env = {
+            "lookup": namespace.entries.get,  # the dict is never replaced
+            "touch": namespace.cache._lru.move_to_end,
+            "trace_context": _trace_context, "post_hook": _post_hook, "consume": _consume,
+            "whole": _whole, "clock": time.perf_counter_ns, "record_hit": None,
+        }
+        self.flavour = "plain"
+        self.hit = make_hit(self.env)
 
     def split(self, shape: Any) -> Split:
         split = self.splits.get(shape)
@@ -67,12 +102,15 @@ class _Binders(dict):
             self.splits[shape] = split
         return split
 
-    def __missing__(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
-        binder = make_binder(self.split(shape))
+    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        binder = make_binder(self.split(shape), self.env, self.flavour)
         if len(self) >= _MAX_CALL_SHAPES:
             self.clear()
         self[shape] = binder
         return binder
+
+    def probe(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        return make_binder(self.split(shape), self.env, "probe")
 
 
 _default_cache = PjitFunctionCache(8192)  # jit(f) with no explicit options
@@ -97,56 +135,37 @@ class PjitFunction:
         self._cache = cache
         self._namespace: Namespace = cache.namespace_for(fun, global_key)
         self._counters = self._namespace.counters
-        self._lookup = self._namespace.entries.get  # the dict is never replaced
-        self._touch = cache._lru.move_to_end
         self._static_argnums = tuple(info.static_argnums)
         self._static_argnames = frozenset(info.static_argnames)
-        self._binders = _Binders(self._static_argnums, self._static_argnames)
+        self._binders = _Binders(self._namespace, self._static_argnums, self._static_argnames)
         self._fun_signature = info.fun_signature
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
 
-    # -- the hit path: binder (key) -> _hit (lookup -> inputs -> execute -> outputs)
+    # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
-        if kwargs:
-            return self._binders[(len(args), *kwargs)](self, args, kwargs)
-        return self._binders[len(args)](self, args, kwargs)
-
-    def _hit(self, args: tuple, kwargs: dict, leaves: Sequence, key: Any, shardings: list) -> Any:
-        context = _trace_context()
-        try:  # a static argument's __hash__ or __eq__ may raise: JAX reports it
-            node = self._lookup(key)
-        except Exception:
-            return self._slow(args, kwargs, "static_arg_error")
-        while node is not None and (node.shardings != shardings or node.context != context):
-            node = node.next
-        if node is None or (record := node.record) is None or _post_hook.value is not None:
-            return self._miss_or_slow(args, kwargs, leaves, (key, shardings, context), node)
-        node.shardings = shardings  # equal; keeping the newest makes identity checks hit
+        shape = (len(args), *kwargs) if kwargs else len(args)
         try:
-            self._touch(node)  # KeyError if another thread evicted it meanwhile
-            inputs = leaves if record.leaves_are_inputs else record.inputs(leaves)
-        except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
-            return self._slow(args, kwargs, "input_refused")
-        try:
-            results = record.execute(inputs)
-        except Exception as error:
-            return self._execute_failed(error, args, kwargs, inputs)
-        outs = _consume(results, record.out_handlers)
-        node.hits += 1
-        return outs[0] if record.single_output else record.out_tree.unflatten(outs)
+            binder = self._binders[shape]
+        except KeyError:
+            binder = self._binders.build(shape)
+        return binder(self, args, kwargs)
 
     # -- the general path: flattened leaves, host values ------------------------
 
-    def _general(self, args: tuple, kwargs: dict) -> Any:
-        """Calls a binder does not expect: pytrees, host values, anything else."""
+    def _general(self, args: tuple, kwargs: dict, t0: int = 0) -> Any:
+        """Calls a binder does not expect: pytrees, host values, anything else.
+
+        `t0`: when the call began, from a timed binder (0 otherwise).
+        """
         signature = self._general_signature(args, kwargs)
         if type(signature) is str:
-            return self._slow(args, kwargs, signature)
-        return self._hit(args, kwargs, *signature)
+            return _whole(self, t0, self._slow, args, kwargs, signature)
+        t_key = time.perf_counter_ns() if t0 else 0
+        return self._binders.hit(self, args, kwargs, *signature, t0, t_key)
 
     def _general_signature(self, args: tuple, kwargs: dict) -> tuple | str:
         """``(leaves, key, shardings)`` of a call, or the reason JAX must take it.
@@ -157,7 +176,7 @@ class PjitFunction:
         split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
         static_key, args_d, kwargs_d = split.apply(args, kwargs) if split.has_static else (
             (), args, kwargs)
-        if not kwargs_d and all(type(x) in _LEAF_TYPES for x in args_d):
+        if not kwargs_d and _LEAF_TYPES.issuperset(map(type, args_d)):
             leaves, tid = args_d, flat_treedef_ids[len(args_d)]
         else:
             leaves, treedef = _flatten((args_d, kwargs_d) if kwargs_d else args_d)
@@ -235,8 +254,8 @@ class PjitFunction:
             pending.done.wait()
             node = namespace.find(*signature)
         if not owner:  # another thread compiled it (or failed: JAX's path)
-            return self._hit(args, kwargs, leaves, key, shardings) if node is not None else (
-                self._slow(args, kwargs, "compile_failed"))
+            return self._binders.hit(self, args, kwargs, leaves, key, shardings, 0, 0) if (
+                node is not None) else self._slow(args, kwargs, "compile_failed")
         try:
             return self._compile(args, kwargs, leaves, signature)
         finally:
@@ -303,7 +322,7 @@ class PjitFunction:
     def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence]:
         """The node a call would hit, and its dynamic leaves (no side effects)."""
         shape = (len(args), *kwargs) if kwargs else len(args)
-        signature = make_binder(self._binders.split(shape), probe=True)(self, args, kwargs)
+        signature = self._binders.probe(shape)(self, args, kwargs)
         if type(signature) is str:
             return None, []
         leaves, key, shardings = signature
