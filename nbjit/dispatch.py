@@ -177,14 +177,19 @@ class PjitFunction:
         static_key, args_d, kwargs_d = split.apply(args, kwargs) if split.has_static else (
             (), args, kwargs)
         if not kwargs_d and _LEAF_TYPES.issuperset(map(type, args_d)):
-            leaves, tid = args_d, flat_treedef_ids[len(args_d)]
+            # Leaves already, and not all jax.Arrays (a binder keys those): host values.
+            leaves, tid, mixed = args_d, flat_treedef_ids[len(args_d)], True
         else:
             leaves, treedef = _flatten((args_d, kwargs_d) if kwargs_d else args_d)
-            tid = treedef_id(treedef)
-        try:  # all jax.Arrays (pytrees of parameters)?
-            signatures = tuple([(x.aval, x._committed) for x in leaves])
-            shardings = [x._sharding for x in leaves]
-        except AttributeError:
+            tid, mixed = treedef_id(treedef), False
+        signatures = None
+        if not mixed:
+            try:  # all jax.Arrays (pytrees of parameters)?
+                signatures = tuple([(x.aval, x._committed) for x in leaves])
+                shardings = [x._sharding for x in leaves]
+            except AttributeError:
+                pass
+        if signatures is None:
             canonical = canonical_dtypes[_jax.enable_x64.value]
             signatures = tuple([leaf_signature(x, canonical) for x in leaves])
             if None in signatures:
