@@ -4,19 +4,12 @@ XLA_FLAGS must be set before the CPU backend starts; jax reads it when the
 first device is used, so setting it here (before any test touches jax) works.
 """
 
-import os
+from nbjit._devices import request_host_devices
 
-_FLAG = "--xla_force_host_platform_device_count=8"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+request_host_devices(8)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-
-try:  # belt and braces for jax versions that take the device count from config
-    jax.config.update("jax_num_cpu_devices", 8)
-except Exception:  # the backend may already be initialised; XLA_FLAGS covers it
-    pass
 
 
 @pytest.fixture
