@@ -9,20 +9,10 @@ is in time; `main` checks that it was.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
-HOST_DEVICES = 8
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
-
-
-def request_host_devices(n: int = HOST_DEVICES) -> None:
-    """Append ``--xla_force_host_platform_device_count=n`` to XLA_FLAGS unless one is set."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if _DEVICE_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={n}".strip()
-
+from nbjit._devices import HOST_DEVICES, request_host_devices
 
 request_host_devices()
 
