@@ -512,7 +512,8 @@ class PjitFunction:
 
     def __init__(self, fun: Callable, options: dict[str, Any],
                  cache: PjitFunctionCache | None = None) -> None:
-        jitted = jax.jit(fun, **options)  # JAX validates the options, as upstream
+        # Upstream validates the options. Its jit, not `jax.jit` (may be nbjit.jit).
+        jitted = _jax.jax_jit(fun, **options)
         functools.update_wrapper(self, fun)
         info = _jax.jit_info(jitted)
         global_key = _jax.jit_global_cache_key(info)
