@@ -749,7 +749,10 @@ class PjitFunction:
         return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
-        return f"<nbjit.PjitFunction of {self.__wrapped__!r}>"
+        try:  # jaxlib's format; a failing repr (or no __wrapped__) gives its fallback
+            return f"<PjitFunction of {self.__wrapped__!r}>"
+        except Exception:
+            return "<PjitFunction>"
 
     def __reduce__(self) -> tuple:
         return (_rebuild, (self._fun, self._options))

@@ -27,12 +27,6 @@ def _scale(x, y=2.0):
     return x * y
 
 
-def test_repr_says_nbjit():
-    """The repr names nbjit, so a traceback or a notebook cell shows who dispatched."""
-    assert repr(nbjit.jit(_scale)) == f"<nbjit.PjitFunction of {_scale!r}>"
-    assert repr(jax.jit(_scale)) == f"<PjitFunction of {_scale!r}>"
-
-
 def test_the_object_is_a_python_class_not_jaxlibs():
     """nbjit's dispatcher is Python: its type is not jaxlib's C++ PjitFunction.
 
