@@ -757,6 +757,14 @@ class PjitFunction:
     def __reduce__(self) -> tuple:
         return (_rebuild, (self._fun, self._options))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Like jaxlib's: "function_name" is `fun`'s name (through functools.partial).
+
+        Pickling uses `__reduce__`; this is for code that inspects the state.
+        """
+        return {"function_name": _jax.fun_name(self._fun), "fun": self._fun,
+                "options": dict(self._options)}
+
     @property
     def __signature__(self) -> inspect.Signature:
         if self._fun_signature is None:
