@@ -579,28 +579,32 @@ class PjitFunction:
     # -- the hit path: key -> lookup -> inputs -> execute -> outputs ----------
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
-        if kwargs or not self._flat_args:
-            return self._call_pytree(args, kwargs)
-        try:  # all jax.Arrays? (pytrees, numpy, scalars, tracers lack these attributes)
-            key = tuple([(x.aval, x._committed) for x in args])  # see _array_key
-            shardings = [x._sharding for x in args]
-        except AttributeError:
-            return self._not_flat(args, kwargs)
-        context = _trace_context()
-        entry = self._lookup(key)
-        while entry is not None and (entry.shardings != shardings or entry.context != context):
-            entry = entry.next
-        if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
-            return self._flat_miss(args, kwargs, (key, shardings, context), entry)
-        entry.shardings = shardings  # equal; keeping the newest makes identity checks hit
-        try:  # the executable refuses a deleted or non-jax.Array input before running
-            self._touch(entry)  # KeyError if another thread evicted it meanwhile
-            results = entry.execute(args if entry.inputs_are_leaves else entry.inputs(args))
-        except Exception as error:
-            return self._execute_failed(error, args, kwargs, args)
-        outs = _consume(results, entry.out_handlers)
-        return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+        try:  # costs nothing unless something raises (Python >= 3.11)
+            _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
+            if kwargs or not self._flat_args:
+                return self._call_pytree(args, kwargs)
+            try:  # all jax.Arrays? (pytrees, numpy, scalars, tracers lack these attributes)
+                key = tuple([(x.aval, x._committed) for x in args])  # see _array_key
+                shardings = [x._sharding for x in args]
+            except AttributeError:
+                return self._not_flat(args, kwargs)
+            context = _trace_context()
+            entry = self._lookup(key)
+            while entry is not None and (entry.shardings != shardings or entry.context != context):
+                entry = entry.next
+            if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
+                return self._flat_miss(args, kwargs, (key, shardings, context), entry)
+            entry.shardings = shardings  # equal; keeping the newest makes identity checks hit
+            try:  # the executable refuses a deleted or non-jax.Array input before running
+                self._touch(entry)  # KeyError if another thread evicted it meanwhile
+                results = entry.execute(args if entry.inputs_are_leaves else entry.inputs(args))
+            except Exception as error:
+                return self._execute_failed(error, args, kwargs, args)
+            outs = _consume(results, entry.out_handlers)
+            return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+        except Exception as error:  # a miss, slow path or bad input: jaxlib shows no frames
+            _jax.filter_dispatch_frames(error)
+            raise
 
     def _not_flat(self, args: tuple, kwargs: dict) -> Any:
         """This function takes pytrees, host values or other arrays: always flatten."""
@@ -888,10 +892,15 @@ class _StaticPjitFunction(PjitFunction):
     """A PjitFunction with static arguments: their values join the key."""
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        _collect_garbage()
-        static_key, dyn_args, dyn_kwargs = self._split_static(args, kwargs)
-        leaves, treedef = _flatten((dyn_args, dyn_kwargs) if dyn_kwargs else dyn_args)
-        return self._call_leaves(args, kwargs, leaves, treedef, (static_key, bool(dyn_kwargs)))
+        try:  # as PjitFunction.__call__
+            _collect_garbage()
+            static_key, dyn_args, dyn_kwargs = self._split_static(args, kwargs)
+            leaves, treedef = _flatten((dyn_args, dyn_kwargs) if dyn_kwargs else dyn_args)
+            return self._call_leaves(args, kwargs, leaves, treedef,
+                                     (static_key, bool(dyn_kwargs)))
+        except Exception as error:
+            _jax.filter_dispatch_frames(error)
+            raise
 
 
 def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
