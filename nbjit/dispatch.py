@@ -812,12 +812,15 @@ class PjitFunction:
             raise ValueError(f"no signature found for {self._fun!r}")
         return self._fun_signature
 
+    @_jax.api_boundary  # as upstream's: its traceback shows no nbjit or JAX frames
     def lower(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.lower(*args, **kwargs)
 
+    @_jax.api_boundary
     def trace(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.trace(*args, **kwargs)
 
+    @_jax.api_boundary
     def eval_shape(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.eval_shape(*args, **kwargs)
 
