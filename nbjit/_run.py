@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import importlib.machinery
+import importlib.util
 import io
 import os
 import runpy
@@ -42,6 +43,9 @@ def run_script(argv: Sequence[str], module: bool = False,
         print(f"python -m nbjit run: can't open file {os.path.abspath(target)!r}: "
               "No such file or directory", file=sys.stderr)
         return 2
+    if module and (problem := _module_problem(target)):
+        print(f"python -m nbjit run: {problem}", file=sys.stderr)  # as `python -m` says it
+        return 1
     sys.argv[:] = list(argv)  # runpy sets argv[0] to the path it runs
     if not module:
         script_dir = os.path.dirname(os.path.abspath(target))
@@ -70,6 +74,18 @@ def run_script(argv: Sequence[str], module: bool = False,
     finally:
         if on_exit is not None:
             on_exit()
+
+
+def _module_problem(name: str) -> str | None:
+    """Why `python -m name` would not start (no such module), or None."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as error:
+        return (f"Error while finding module specification for {name!r} "
+                f"({type(error).__name__}: {error})")
+    if spec is None:
+        return f"No module named {name}"
+    return None
 
 
 def _run_path_as_main(path: str) -> None:

@@ -103,9 +103,12 @@ def test_run_module(project):
     assert _nbjit_run("-m", "pkg.tool", "--five", cwd=project).returncode == 5
 
 
-def test_run_missing_script(project):
+def test_run_missing_script_or_module(project):
     done = _nbjit_run("app/nope.py", cwd=project)
     assert done.returncode == 2 and "can't open file" in done.stderr
+    done = _nbjit_run("-m", "pkg.nope", cwd=project)
+    assert done.returncode == 1 and "No module named pkg.nope" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_run_script_in_process_calls_on_exit(project, monkeypatch):
