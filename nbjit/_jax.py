@@ -208,6 +208,10 @@ fun_name = _util.fun_name
 jit_cpp_cache_obj = _config.jax_jit_cpp_cache_obj
 JaxlibPjitFunctionCache = _jaxlib_ext.PjitFunctionCache
 
+# `jax.clear_caches()` calls `cache_clear()` on every cache registered here
+# (held by weak reference).
+register_cache = _util.register_cache
+
 # Tracebacks: `api_boundary` filters JAX's (and nbjit's) frames out of an
 # exception's traceback, as every JAX transformation does.
 api_boundary = _traceback_util.api_boundary

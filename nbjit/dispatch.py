@@ -153,6 +153,24 @@ class PjitFunctionCache:
                 old.namespace.unlink(old)
 
 
+class _ClearedWithJax:
+    """Registered with JAX's cache management: `jax.clear_caches()` clears every
+    `PjitFunctionCache` too, as it clears jaxlib's."""
+
+    def cache_clear(self) -> None:
+        PjitFunctionCache.clear_all()
+
+    def cache_info(self) -> None:
+        return None
+
+    def cache_keys(self) -> list:
+        return []
+
+
+_cleared_with_jax = _ClearedWithJax()  # JAX holds it weakly
+_jax.register_cache(_cleared_with_jax, "nbjit.PjitFunctionCache (all)")
+
+
 class _Namespace:
     """The entries of one (function, global cache key) inside a cache."""
 
