@@ -10,8 +10,12 @@ Tracing, lowering and compiling are JAX's own; nbjit owns the cache-hit path.
 """
 
 from nbjit import _jax  # noqa: F401  (checks the jax version at import)
+from nbjit._explain import explain_misses
+from nbjit._profile import Profile, profile
+from nbjit._stats import DispatchStats, stats
 from nbjit.dispatch import PjitFunction, PjitFunctionCache, jit
 from nbjit.sharding import device_put
 
-__all__ = ["PjitFunction", "PjitFunctionCache", "device_put", "jit"]
+__all__ = ["DispatchStats", "PjitFunction", "PjitFunctionCache", "Profile", "device_put",
+           "explain_misses", "jit", "profile", "stats"]
 __version__ = "0.1.0"

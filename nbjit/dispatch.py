@@ -38,6 +38,7 @@ import functools
 import inspect
 import itertools
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -46,7 +47,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from nbjit import _jax
+from nbjit import _explain, _jax, _profile, _stats
 from nbjit import sharding as _sharding
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
@@ -151,18 +152,20 @@ class PjitFunctionCache:
             while len(self._lru) > self._capacity:
                 old, _ = self._lru.popitem(last=False)
                 old.namespace.unlink(old)
+                old.namespace.counters.count_eviction(old.description)
 
 
 class _Namespace:
     """The entries of one (function, global cache key) inside a cache."""
 
-    __slots__ = ("cache", "entries", "pending", "fun_ref", "__weakref__")
+    __slots__ = ("cache", "entries", "pending", "fun_ref", "counters", "__weakref__")
 
     def __init__(self, cache: PjitFunctionCache, fun_ref: Any) -> None:
         self.cache = cache
         self.entries: dict[Any, _Entry] = {}  # key -> first entry of a chain
         self.pending: dict[Any, _Pending] = {}  # signature -> compile in flight
         self.fun_ref = fun_ref
+        self.counters = _stats.Counters()  # shared by twins, as the entries are
 
     def find(self, key: Any, shardings: list, context: tuple) -> _Entry | None:
         entry = self.entries.get(key)
@@ -224,7 +227,7 @@ class _Entry:
         "key", "shardings", "context", "next", "namespace", "fast", "executable", "execute",
         "out_handlers", "out_tree", "single_output", "inputs_are_leaves", "kept",
         "consts", "copies", "host", "planned",
-        "convert", "convert_shardings", "__weakref__",
+        "convert", "convert_shardings", "description", "slow_reason", "__weakref__",
     )
 
     def __init__(self, key: Any, shardings: list, context: tuple,
@@ -235,6 +238,8 @@ class _Entry:
         self.namespace = namespace
         self.next: _Entry | None = None
         self.fast = False
+        self.description: Any = None  # _explain.CallDescription, set by _miss
+        self.slow_reason = "no_fastpath"  # why a slow entry is slow (_stats.SLOW_REASONS)
 
     def inputs(self, leaves: Sequence) -> list:
         """The executable's input list: consts, kept leaves, converted ones.
@@ -272,8 +277,12 @@ def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
     `donated`: the function donates some argument (host inputs keep no memo).
     """
     entry = _Entry(*signature, namespace)
-    if fastpath is None or any(layout is not None for layout in fastpath.in_device_local_layouts):
+    if fastpath is None:
         return entry
+    entry.slow_reason = "layout"
+    if any(layout is not None for layout in fastpath.in_device_local_layouts):
+        return entry
+    entry.slow_reason = "unsupported_fastpath"
     const_args = list(fastpath.const_args)
     kept_bits = list(fastpath.kept_var_bitvec)
     n_const = len(const_args)
@@ -535,8 +544,12 @@ class PjitFunction:
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0
         self.slow_count = 0
+        self._counters = self._namespace.counters
         if self._static_argnums or self._static_argnames:
             self.__class__ = _StaticPjitFunction
+        _stats.register(self)
+        if _profile.active():
+            self.__class__ = _ProfiledPjitFunction
 
     # -- the hit path: key -> lookup -> inputs -> execute -> outputs ----------
 
@@ -562,6 +575,7 @@ class PjitFunction:
         except Exception as error:
             return self._execute_failed(error, args, kwargs, args)
         outs = _consume(results, entry.out_handlers)
+        self._counters.hits += 1
         return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
 
     def _not_flat(self, args: tuple, kwargs: dict) -> Any:
@@ -608,7 +622,7 @@ class PjitFunction:
         try:  # a static argument's __eq__ may raise: JAX reports it
             entry = self._lookup(key)
         except Exception:
-            return self._slow(args, kwargs)
+            return self._slow(args, kwargs, "static_arg_error")
         while entry is not None and (entry.shardings != shardings or entry.context != context):
             entry = entry.next
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
@@ -626,8 +640,8 @@ class PjitFunction:
         """
         canonical = _canonical_dtypes[_jax.enable_x64.value]
         signatures = tuple([_leaf_signature(x, canonical) for x in leaves])
-        if None in signatures:
-            return self._slow(args, kwargs)  # JAX handles (or rejects) it
+        if None in signatures:  # JAX handles (or rejects) it
+            return self._slow(args, kwargs, _unknown_leaf_reason(leaves))
         key = (prefix, _treedef_id(treedef), _GENERAL, signatures)
         return self._general_hit(args, kwargs, leaves, key)
 
@@ -637,7 +651,7 @@ class PjitFunction:
         try:  # a static argument's __eq__ may raise: JAX reports it
             entry = self._namespace.find(key, [], context)
         except Exception:
-            return self._slow(args, kwargs)
+            return self._slow(args, kwargs, "static_arg_error")
         if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
             return self._miss_or_slow(args, kwargs, leaves, (key, [], context), entry)
         return self._run_entry(entry, args, kwargs, leaves)
@@ -654,24 +668,36 @@ class PjitFunction:
         if isinstance(error, _jax.JaxRuntimeError) and all(
                 type(x) is ArrayImpl and not x.is_deleted() for x in inputs):
             raise ValueError(str(error)) from error
-        return self._slow(args, kwargs)
+        deleted = any(type(x) is ArrayImpl and x.is_deleted() for x in inputs)
+        return self._slow(args, kwargs, "deleted_or_donated" if deleted else "execute_refused")
 
-    def _slow(self, args: tuple, kwargs: dict) -> Any:
-        """JAX's own path, uncached here; JAX raises what it raises."""
+    def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        """JAX's own path, uncached here; JAX raises what it raises.
+
+        `reason`: a key of `_stats.SLOW_REASONS`, counted in the stats.
+        """
         self.slow_count += 1
+        self._counters.count_slow(reason)
         return self._jax_jitted(*args, **kwargs)
+
+    def _slow_entry(self, entry: _Entry, args: tuple, kwargs: dict) -> Any:
+        """A signature whose entry has no fast path: JAX's cache-miss function runs it."""
+        self.slow_count += 1
+        self._counters.count_slow(entry.slow_reason)
+        return self._jax_cache_miss(*args, **kwargs)[0]
 
     def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                       entry: _Entry | None) -> Any:
         if entry is not None:  # a slow entry, or debug_nans/infs is on
             if entry.fast:
-                return self._slow(args, kwargs)
-            self.slow_count += 1
-            return self._jax_cache_miss(*args, **kwargs)[0]
+                return self._slow(args, kwargs,
+                                  "debug_nans" if _debug_nans.value else "debug_infs")
+            return self._slow_entry(entry, args, kwargs)
         if _jax.disable_jit.value:
+            self._counters.count_slow("disable_jit")
             return self._fun(*args, **kwargs)
-        if not _jax.is_top_level_trace():
-            return self._slow(args, kwargs)  # staged into an outer trace: never cached
+        if not _jax.is_top_level_trace():  # staged into an outer trace: never cached
+            return self._slow(args, kwargs, "tracer")
         return self._miss(args, kwargs, leaves, signature)
 
     def _miss(self, args: tuple, kwargs: dict, leaves: list, signature: tuple) -> Any:
@@ -699,22 +725,35 @@ class PjitFunction:
             pending.done.wait()
             entry = namespace.find(*signature)
             if entry is None:  # the compile failed or was evicted: JAX's path
-                return self._slow(args, kwargs)
+                return self._slow(args, kwargs, "compile_failed")
             return self._run_entry(entry, args, kwargs, leaves)
         self.miss_count += 1
         try:
             if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
-                return self._slow(args, kwargs)  # JAX rejects it before caching anything
+                # JAX rejects it before caching anything
+                return self._slow(args, kwargs, "deleted_or_donated")
+            started = time.perf_counter_ns()
+            description, explaining = self._describe_miss(args, kwargs, context)
             try:
                 outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
             except BaseException:
+                failed = _Entry(*signature, namespace)
+                failed.description, failed.slow_reason = description, "compile_failed"
                 with lock:  # as jaxlib: this signature now takes JAX's path
-                    namespace.link(_Entry(*signature, namespace))
+                    namespace.link(failed)
+                self._counters.count_miss(time.perf_counter_ns() - started)
                 raise
             try:
                 entry = _build_entry(signature, namespace, leaves, fastpath, self._donates)
             except Exception:  # something nbjit cannot hold: JAX's path for good
                 entry = _Entry(*signature, namespace)
+                entry.slow_reason = "unsupported_fastpath"
+            if entry.slow_reason == "no_fastpath" and not entry.fast:
+                entry.slow_reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
+            entry.description = description
+            self._counters.count_miss(time.perf_counter_ns() - started)
+            if explaining is not None:
+                _explain.log_miss(description, explaining(_jax.jax_cache_misses()))
             if not rebuild:
                 with lock:
                     namespace.link(entry)
@@ -726,19 +765,56 @@ class PjitFunction:
 
     def _run_entry(self, entry: _Entry, args: tuple, kwargs: dict, leaves: list) -> Any:
         if not entry.fast:
-            self.slow_count += 1
-            return self._jax_cache_miss(*args, **kwargs)[0]
+            return self._slow_entry(entry, args, kwargs)
         try:
             self._touch(entry)  # KeyError if another thread evicted it meanwhile
             inputs = leaves if entry.inputs_are_leaves else entry.inputs(leaves)
         except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
-            return self._slow(args, kwargs)
+            return self._slow(args, kwargs, "inputs_refused")
         try:
             results = entry.execute(inputs)
         except Exception as error:
             return self._execute_failed(error, args, kwargs, inputs)
         outs = _consume(results, entry.out_handlers)
+        self._counters.hits += 1
         return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+
+    # -- observability (nbjit/_stats.py, _explain.py, _profile.py) -------------
+
+    def stats(self) -> _stats.DispatchStats:
+        """Calls, hits, misses, slow calls (with reasons), evictions of this function
+        and its twins (same function, same options)."""
+        return self._counters.snapshot(_stats.qualified_name(self._fun), self._cache_size())
+
+    def reset_stats(self) -> None:
+        """Zeroes the counters of this function and its twins (entries stay)."""
+        self._counters.reset()
+
+    def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
+        """(this call's description, and when misses are explained, a function
+        (JAX's cache misses now) -> `_explain.MissContext`, else None)."""
+        static, _, static_names, _ = self._split_for(len(args), tuple(kwargs))
+        try:
+            description = _explain.describe_call(args, kwargs, static, static_names, context)
+        except Exception:  # describing must never break a call
+            return None, None
+        if not _explain.enabled():
+            return description, None
+        namespace, counters = self._namespace, self._counters
+        with namespace.cache._lock:
+            cached = [e.description for head in namespace.entries.values()
+                      for e in _chain(head) if e.description is not None]
+        evicted = list(counters.evicted)
+        twins = [] if cached or evicted else [
+            (other._options, self._options) for other in _stats.live_functions()
+            if other._fun is self._fun and other._namespace is not namespace
+            and other._namespace.entries]
+        if not (cached or evicted or twins):
+            return description, None
+        before = _jax.jax_cache_misses()
+        return description, lambda after: _explain.MissContext(
+            _stats.qualified_name(self._fun), cached, evicted, twins,
+            namespace.cache.capacity(), (before, after))
 
     # -- Python surface -------------------------------------------------------
 
@@ -835,6 +911,24 @@ class PjitFunction:
         self._jax_jitted.clear_cache()
 
 
+def _chain(entry: _Entry | None) -> Iterable[_Entry]:
+    while entry is not None:
+        yield entry
+        entry = entry.next
+
+
+def _unknown_leaf_reason(leaves: Sequence) -> str:
+    return "tracer" if any(isinstance(x, _jax.Tracer) for x in leaves) else "unknown_leaf_type"
+
+
+def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
+    """'effects' when JAX gave no fast-path data because the function has effects."""
+    try:
+        return "effects" if _jax.jaxpr_has_effects(jitted, args, kwargs) else "no_fastpath"
+    except Exception:
+        return "no_fastpath"
+
+
 class _StaticPjitFunction(PjitFunction):
     """A PjitFunction with static arguments: their values join the key."""
 
@@ -843,6 +937,102 @@ class _StaticPjitFunction(PjitFunction):
         static_key, dyn_args, dyn_kwargs = self._split_static(args, kwargs)
         leaves, treedef = _flatten((dyn_args, dyn_kwargs) if dyn_kwargs else dyn_args)
         return self._call_leaves(args, kwargs, leaves, treedef, (static_key, bool(dyn_kwargs)))
+
+
+_clock = time.perf_counter_ns
+_profiled_call = threading.local()  # .t0: when the profiled call on this thread began
+
+
+class _ProfiledPjitFunction(PjitFunction):
+    """Any PjitFunction while a `nbjit.profile()` is active: the same paths, timed.
+
+    Flat calls (positional jax.Arrays) are timed in all five phases; hits of
+    other call shapes time key and lookup together (reported as key, lookup
+    0) until the per-call-shape binders split them. Misses and slow calls
+    are timed whole.
+    """
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        t0 = _clock()
+        _collect_garbage()
+        if kwargs or not self._flat_args or self._static_argnums or self._static_argnames:
+            return self._profiled_other(t0, args, kwargs)
+        try:
+            key = tuple([(x.aval, x._committed) for x in args])
+            shardings = [x._sharding for x in args]
+        except AttributeError:
+            return self._profiled_other(t0, args, kwargs)
+        context = _trace_context()
+        t_key = _clock()
+        entry = self._lookup(key)
+        while entry is not None and (entry.shardings != shardings or entry.context != context):
+            entry = entry.next
+        if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
+            return self._profiled_other(t0, args, kwargs)
+        t_lookup = _clock()
+        entry.shardings = shardings
+        try:
+            self._touch(entry)
+            inputs = args if entry.inputs_are_leaves else entry.inputs(args)
+            t_inputs = _clock()
+            results = entry.execute(inputs)
+        except Exception:
+            return self._profiled_other(t0, args, kwargs)  # the plain path handles it
+        t_execute = _clock()
+        outs = _consume(results, entry.out_handlers)
+        out = outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+        self._counters.hits += 1
+        _profile.record(self, t0, t_key, t_lookup, t_inputs, t_execute, _clock())
+        return out
+
+    def _profiled_other(self, t0: int, args: tuple, kwargs: dict) -> Any:
+        """Any call but a flat hit: hits record through `_run_entry`, the rest whole."""
+        counters = self._counters
+        hits, misses = counters.hits, counters.misses
+        _profiled_call.t0 = t0
+        try:
+            if self._static_argnums or self._static_argnames:
+                return _StaticPjitFunction.__call__(self, *args, **kwargs)
+            return PjitFunction.__call__(self, *args, **kwargs)
+        finally:
+            if counters.hits == hits:
+                kind = "miss" if counters.misses != misses else "slow"
+                _profile.record_whole(self, kind, _clock() - t0)
+
+    def _run_entry(self, entry: _Entry, args: tuple, kwargs: dict, leaves: list) -> Any:
+        t_lookup = _clock()
+        if not entry.fast:
+            return self._slow_entry(entry, args, kwargs)
+        try:
+            self._touch(entry)
+            inputs = leaves if entry.inputs_are_leaves else entry.inputs(leaves)
+        except Exception:
+            return self._slow(args, kwargs, "inputs_refused")
+        t_inputs = _clock()
+        try:
+            results = entry.execute(inputs)
+        except Exception as error:
+            return self._execute_failed(error, args, kwargs, inputs)
+        t_execute = _clock()
+        outs = _consume(results, entry.out_handlers)
+        out = outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+        self._counters.hits += 1
+        t0 = getattr(_profiled_call, "t0", t_lookup)
+        _profile.record(self, t0, t_lookup, t_lookup, t_inputs, t_execute, _clock())
+        return out
+
+
+def _set_profiled(on: bool) -> None:
+    """Swaps every live function to the profiled flavour (on) or back (off)."""
+    for jitted in _stats.live_functions():
+        if on and type(jitted) in (PjitFunction, _StaticPjitFunction):
+            jitted.__class__ = _ProfiledPjitFunction
+        elif not on and type(jitted) is _ProfiledPjitFunction:
+            static = jitted._static_argnums or jitted._static_argnames
+            jitted.__class__ = _StaticPjitFunction if static else PjitFunction
+
+
+_profile.on_switch(_set_profiled)
 
 
 def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
