@@ -21,6 +21,7 @@ benchmarks/benchmarks/bench_observe.py `ClosestEntry`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -278,13 +279,16 @@ def _equal(a: Any, b: Any) -> bool:
         return False
 
 
-def options_differences(old: dict, new: dict) -> list[str]:
+def options_differences(old: Any, new: Any) -> list[str]:
+    """The jit options (JAX's global cache keys: a dataclass, or dicts) that differ."""
+    if dataclasses.is_dataclass(old):
+        old = {f.name: getattr(old, f.name) for f in dataclasses.fields(old)}
+        new = {f.name: getattr(new, f.name) for f in dataclasses.fields(new)}
     out = []
     for name in sorted(set(old) | set(new)):
         if _equal(old.get(name), new.get(name)):
             continue
-        out.append(f"option {name}: {_show(old.get(name, 'default'))} -> "
-                   f"{_show(new.get(name, 'default'))}")
+        out.append(f"option {name}: {_show(old.get(name))} -> {_show(new.get(name))}")
     return out
 
 
@@ -315,7 +319,7 @@ class MissContext:
     name: str  # qualified name of the function
     cached: Sequence[CallDescription]  # descriptions of its entries now
     evicted: Sequence[CallDescription] = ()  # of its recently evicted entries
-    twin_options: Sequence[tuple[dict, dict]] = ()  # (other options, own) with entries
+    twin_options: Sequence[tuple[Any, Any]] = ()  # (other global key, own) with entries
     capacity: int = 0
     jax_misses: tuple[tuple[int, int], tuple[int, int]] | None = None  # before, after
 

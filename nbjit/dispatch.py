@@ -533,6 +533,7 @@ class PjitFunction:
         self._jax_cache_miss = _jax.cache_miss_of(jitted)
         self._cache = cache
         self._namespace = cache._namespace_for(fun, global_key)
+        self._global_key = global_key
         self._lookup = self._namespace.entries.get  # the dict is never replaced
         self._touch = cache._lru.move_to_end
         self._flat_args = True  # until a call passes a non-jax.Array argument
@@ -805,10 +806,7 @@ class PjitFunction:
             cached = [e.description for head in namespace.entries.values()
                       for e in _chain(head) if e.description is not None]
         evicted = list(counters.evicted)
-        twins = [] if cached or evicted else [
-            (other._options, self._options) for other in _stats.live_functions()
-            if other._fun is self._fun and other._namespace is not namespace
-            and other._namespace.entries]
+        twins = [] if cached or evicted else self._other_options_with_entries()
         if not (cached or evicted or twins):
             return description, None
         before = _jax.jax_cache_misses()
@@ -909,6 +907,18 @@ class PjitFunction:
         """Clears this function's entries and JAX's traces of it, as upstream."""
         self._clear_cache()
         self._jax_jitted.clear_cache()
+
+
+    def _other_options_with_entries(self) -> list[tuple[Any, Any]]:
+        """(global key, own global key) of the same function's other namespaces with entries."""
+        found = []
+        for cache in {_default_cache, _explicit_cache, self._cache}:
+            with cache._lock:
+                for (fun_id, global_key), namespace in cache._namespaces.items():
+                    if (fun_id == id(self._fun) and namespace is not self._namespace
+                            and namespace.entries and namespace.fun_ref() is self._fun):
+                        found.append((global_key, self._global_key))
+        return found
 
 
 def _chain(entry: _Entry | None) -> Iterable[_Entry]:
