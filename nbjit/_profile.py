@@ -84,7 +84,7 @@ def _measure_overhead(n: int = 2000) -> float:
         t2 = clock()
         t3 = clock()
         t4 = clock()
-        record(probe, t0, t1, t2, t3, clock(), clock())
+        record(probe, t0, t1, t2, t3, t4, clock())
         return x
 
     saved, _active = _active, (Profile(),)
