@@ -39,9 +39,14 @@ logger = logging.getLogger("nbjit")
 __all__ = ["CallDescription", "LeafDescription", "describe_call", "explain",
            "explain_misses", "enabled"]
 
-# Measured crossover (bench_observe.ClosestEntry, see the note there): below
-# this many packed words over all cached rows the Python loop wins.
-NUMBA_CLOSEST_MIN_WORDS = 2000
+# Measured crossover (bench_observe.ClosestEntry's setup and timed method,
+# min of 7 repeats in thread CPU time, 2-core machine at load ~9, 15:05
+# 2026-11-30): the Numba call costs ~9 us fixed, the Python loop ~0.04-0.07 us
+# per packed word. 1 leaf per entry: 30 entries (360 words) Python 24.6 vs
+# Numba 27.3 us, 100 entries (1200) 82.6 vs 31.9; 10 leaves: 3 entries (225)
+# 8.8 vs 9.9, 10 entries (750) 30.6 vs 12.5; 100 leaves: 1 entry (705) 35.6
+# vs 9.7; 1000 x 100 leaves 42.8 ms vs 1.2 ms. Numba from this many words on.
+NUMBA_CLOSEST_MIN_WORDS = 400
 
 _HEADER = 5  # _kernels.DESCRIPTION_HEADER_WORDS (not imported: numba loads lazily)
 _MAX_DIFFERENCES = 4  # differences named per message
