@@ -3,8 +3,11 @@
 The dispatcher keeps one `Counters` record per cache namespace (a function
 and its jit options; twins, two `jit` objects over the same function with
 the same options, share one namespace and so one record). A hit costs one
-attribute increment (``counters.hits += 1``); misses, slow calls and
-evictions are counted on their own (already slow) paths, and `calls` is
+attribute increment on the entry it ran (``entry.hits += 1``: the entry is
+already in a local, so this skips the ``self._counters`` load; measured on
+args_1, 1.011 vs 1.019 for ``self._counters.hits += 1``); an entry's hits
+move into `Counters.hits` when it is evicted or dropped. Misses, slow calls
+and evictions are counted on their own (already slow) paths, and `calls` is
 derived: hits + misses + slow.
 
 Under the GIL of CPython 3.12 ``obj.hits += 1`` on a ``__slots__`` object is
@@ -54,6 +57,8 @@ EVICTED_REMEMBERED = 64  # descriptions of evicted entries kept per namespace
 class Counters:
     """The mutable counters of one namespace, written by the dispatcher.
 
+    `hits` holds the hits of entries no longer cached (live entries count
+    their own).
     `slow_reasons` maps a reason (a key of SLOW_REASONS) to a count;
     `evicted` holds the call descriptions of the last evicted entries (for
     explained misses), newest last.
@@ -77,8 +82,9 @@ class Counters:
         self.misses += 1
         self.miss_ns += nanoseconds
 
-    def count_eviction(self, description: Any) -> None:
+    def count_eviction(self, description: Any, hits: int) -> None:
         self.evictions += 1
+        self.hits += hits
         if description is not None:
             self.evicted.append(description)
 
@@ -91,10 +97,11 @@ class Counters:
         self.slow_reasons = {}
         self.evicted.clear()
 
-    def snapshot(self, name: str, entries: int) -> DispatchStats:
+    def snapshot(self, name: str, entries: int, live_hits: int) -> DispatchStats:
+        """`live_hits`: the hits counted on the namespace's live entries."""
         reasons = dict(self.slow_reasons)  # one read: other threads may add keys
         slow = sum(reasons.values())
-        hits, misses = self.hits, self.misses
+        hits, misses = self.hits + live_hits, self.misses
         return DispatchStats(
             name=name, calls=hits + misses + slow, hits=hits, misses=misses, slow=slow,
             slow_reasons=reasons, evictions=self.evictions, entries=entries,

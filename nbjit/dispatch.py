@@ -104,6 +104,7 @@ class PjitFunctionCache:
         """Drops every entry of every function using this cache."""
         with self._lock:
             for namespace in list(self._all_namespaces):
+                namespace.fold_hits()
                 namespace.entries.clear()
             self._lru.clear()
 
@@ -152,7 +153,7 @@ class PjitFunctionCache:
             while len(self._lru) > self._capacity:
                 old, _ = self._lru.popitem(last=False)
                 old.namespace.unlink(old)
-                old.namespace.counters.count_eviction(old.description)
+                old.namespace.counters.count_eviction(old.description, old.hits)
 
 
 class _Namespace:
@@ -192,7 +193,24 @@ class _Namespace:
         if head is not None:
             head.next = entry.next
 
+    def fold_hits(self) -> None:
+        """Moves the hit counts of the entries into the counters (before they are dropped)."""
+        for head in self.entries.values():
+            for entry in _chain(head):
+                self.counters.hits += entry.hits
+                entry.hits = 0
+
+    def hits_and_size(self) -> tuple[int, int]:
+        """(hits counted on live entries, number of entries); call with the cache lock held."""
+        hits = n = 0
+        for head in self.entries.values():
+            for entry in _chain(head):
+                hits += entry.hits
+                n += 1
+        return hits, n
+
     def drop_all(self) -> None:
+        self.fold_hits()
         for head in list(self.entries.values()):
             entry = head
             while entry is not None:
@@ -227,7 +245,7 @@ class _Entry:
         "key", "shardings", "context", "next", "namespace", "fast", "executable", "execute",
         "out_handlers", "out_tree", "single_output", "inputs_are_leaves", "kept",
         "consts", "copies", "host", "planned",
-        "convert", "convert_shardings", "description", "slow_reason", "__weakref__",
+        "convert", "convert_shardings", "description", "slow_reason", "hits", "__weakref__",
     )
 
     def __init__(self, key: Any, shardings: list, context: tuple,
@@ -240,6 +258,7 @@ class _Entry:
         self.fast = False
         self.description: Any = None  # _explain.CallDescription, set by _miss
         self.slow_reason = "no_fastpath"  # why a slow entry is slow (_stats.SLOW_REASONS)
+        self.hits = 0  # hits of this signature (the hit path's one increment)
 
     def inputs(self, leaves: Sequence) -> list:
         """The executable's input list: consts, kept leaves, converted ones.
@@ -576,7 +595,7 @@ class PjitFunction:
         except Exception as error:
             return self._execute_failed(error, args, kwargs, args)
         outs = _consume(results, entry.out_handlers)
-        self._counters.hits += 1
+        entry.hits += 1
         return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
 
     def _not_flat(self, args: tuple, kwargs: dict) -> Any:
@@ -777,7 +796,7 @@ class PjitFunction:
         except Exception as error:
             return self._execute_failed(error, args, kwargs, inputs)
         outs = _consume(results, entry.out_handlers)
-        self._counters.hits += 1
+        entry.hits += 1
         return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
 
     # -- observability (nbjit/_stats.py, _explain.py, _profile.py) -------------
@@ -785,11 +804,15 @@ class PjitFunction:
     def stats(self) -> _stats.DispatchStats:
         """Calls, hits, misses, slow calls (with reasons), evictions of this function
         and its twins (same function, same options)."""
-        return self._counters.snapshot(_stats.qualified_name(self._fun), self._cache_size())
+        with self._cache._lock:
+            live_hits, entries = self._namespace.hits_and_size()
+        return self._counters.snapshot(_stats.qualified_name(self._fun), entries, live_hits)
 
     def reset_stats(self) -> None:
         """Zeroes the counters of this function and its twins (entries stay)."""
-        self._counters.reset()
+        with self._cache._lock:
+            self._namespace.fold_hits()
+            self._counters.reset()
 
     def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
         """(this call's description, and when misses are explained, a function
@@ -991,21 +1014,21 @@ class _ProfiledPjitFunction(PjitFunction):
         t_execute = _clock()
         outs = _consume(results, entry.out_handlers)
         out = outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
-        self._counters.hits += 1
+        entry.hits += 1
         _profile.record(self, t0, t_key, t_lookup, t_inputs, t_execute, _clock())
         return out
 
     def _profiled_other(self, t0: int, args: tuple, kwargs: dict) -> Any:
         """Any call but a flat hit: hits record through `_run_entry`, the rest whole."""
         counters = self._counters
-        hits, misses = counters.hits, counters.misses
-        _profiled_call.t0 = t0
+        misses = counters.misses
+        _profiled_call.t0, _profiled_call.hit = t0, False
         try:
             if self._static_argnums or self._static_argnames:
                 return _StaticPjitFunction.__call__(self, *args, **kwargs)
             return PjitFunction.__call__(self, *args, **kwargs)
         finally:
-            if counters.hits == hits:
+            if not _profiled_call.hit:
                 kind = "miss" if counters.misses != misses else "slow"
                 _profile.record_whole(self, kind, _clock() - t0)
 
@@ -1026,8 +1049,9 @@ class _ProfiledPjitFunction(PjitFunction):
         t_execute = _clock()
         outs = _consume(results, entry.out_handlers)
         out = outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
-        self._counters.hits += 1
+        entry.hits += 1
         t0 = getattr(_profiled_call, "t0", t_lookup)
+        _profiled_call.hit = True
         _profile.record(self, t0, t_lookup, t_lookup, t_inputs, t_execute, _clock())
         return out
 

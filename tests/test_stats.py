@@ -63,6 +63,11 @@ def test_reset_stats_keeps_entries():
     assert _counts(f.stats()) == (0, 0, 0, 0) and f.stats().entries == 1
     f(a)
     assert _counts(f.stats()) == (1, 1, 0, 0)
+    f._clear_cache()  # the entries go; their hits stay counted
+    assert _counts(f.stats()) == (1, 1, 0, 0) and f.stats().entries == 0
+    nbjit.PjitFunctionCache.clear_all()
+    f(a), f(a)
+    assert _counts(f.stats()) == (3, 2, 1, 0)
 
 
 def test_twins_share_counters():
