@@ -106,27 +106,17 @@ class CallDescription:
     array: np.ndarray  # the same row as int64, for the kernel
 
 
-_interned: dict[Any, int] = {}
-_intern_lock = threading.Lock()
-_MAX_INTERNED = 1 << 16
+def _word(value: Any) -> int:
+    """One packed word standing for `value`: its hash (-1 if unhashable).
 
-
-def _intern(value: Any) -> int:
-    """A small int per distinct (hashable) value; -1 for unhashable ones.
-
-    When the table is full it starts afresh: old rows then differ from new
-    ones in that word, which only makes a closest-entry choice less sharp.
+    Equal values give equal words; a rare collision only makes the closest
+    entry less sharp (the message compares the descriptions themselves). A
+    hash, not an interning table, so that no value outlives its entry here.
     """
     try:
-        found = _interned.get(value)
+        return hash(value)
     except TypeError:
         return -1
-    if found is None:
-        with _intern_lock:
-            if len(_interned) >= _MAX_INTERNED:
-                _interned.clear()
-            found = _interned.setdefault(value, len(_interned))
-    return found
 
 
 def _describe_leaf(path: str, x: Any) -> LeafDescription:
@@ -175,12 +165,12 @@ def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
         else:
             _flatten_argument(f"kwargs[{name!r}]", kwargs[name], leaves, structure)
     names = tuple(sorted(kwargs))
-    row = [len(leaves), _intern((len(args), tuple(structure))), _intern(names),
-           _intern(tuple(statics)), _intern(context)]
+    row = [len(leaves), _word((len(args), tuple(structure))), _word(names),
+           _word(tuple(statics)), _word(context)]
     for leaf in leaves:
-        row += (_intern(leaf.kind), _intern(leaf.dtype), _flag(leaf.weak_type),
-                _flag(leaf.committed), _intern(leaf.sharding),
-                -1 if leaf.shape is None else len(leaf.shape), _intern(leaf.shape))
+        row += (_word(leaf.kind), _word(leaf.dtype), _flag(leaf.weak_type),
+                _flag(leaf.committed), _word(leaf.sharding),
+                -1 if leaf.shape is None else len(leaf.shape), _word(leaf.shape))
     return CallDescription(tuple(leaves), tuple(statics), names, tuple(structure), context,
                            tuple(row), np.array(row, dtype=np.int64))
 

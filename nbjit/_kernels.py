@@ -193,7 +193,7 @@ def signature_key(leaves: Sequence[Leaf]) -> int:
 #   header: [n_leaves, structure_id, keyword_names_id, statics_id, context_id]
 #   then per leaf, fixed width:
 #   [kind_id, dtype_id, weak_type, committed, sharding_id, ndim, shape_id]
-# Ids are small interned ints, so equal fields pack to equal words. The
+# Words are the fields' hashes, so equal fields pack to equal words. The
 # distance of two rows is the number of differing words; rows whose leaf
 # counts differ count every leaf word of the longer one as different.
 DESCRIPTION_HEADER_WORDS = 5

@@ -1,5 +1,6 @@
 """Per-phase timing: `with nbjit.profile() as prof:` (nbjit/_profile.py)."""
 
+import gc
 import html
 import time
 
@@ -46,16 +47,22 @@ def test_phases_sum_to_the_call_within_the_stated_overhead():
     gaps = []
     with nbjit.profile() as prof:
         assert prof.overhead_ns > 0
-        for _ in range(300):
-            start = time.perf_counter_ns()
-            f(a)
-            gaps.append(time.perf_counter_ns() - start)
+        gc.disable()  # as in every timing here (nbjit/_measure.py): no collection mid-call
+        try:
+            outs = []  # kept: freeing an output array (~1 us) is no part of the call
+            for _ in range(300):
+                start = time.perf_counter_ns()
+                outs.append(f(a))
+                gaps.append(time.perf_counter_ns() - start)
+        finally:
+            gc.enable()
     spans = prof.phases_ns(f).sum(axis=1)
     outside = np.asarray(gaps) - spans  # the call's time not in any phase
     # What lies outside the phases: entering and leaving the call and the
-    # record itself, which the stated overhead measures; 1 us of slack for
-    # the Python call and a loaded machine.
-    assert np.median(outside) <= prof.overhead_ns + 1000, (np.median(outside), prof.overhead_ns)
+    # record itself, which the stated overhead bounds (measured 1.1 us outside
+    # vs 0.77 stated, load ~4); 0.5 us of slack for the test's own clock read
+    # and append.
+    assert np.median(outside) <= prof.overhead_ns + 500, (np.median(outside), prof.overhead_ns)
     assert np.median(outside) >= 0
 
 
