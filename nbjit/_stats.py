@@ -1,14 +1,14 @@
 """Dispatch statistics: what every nbjit function did with its calls.
 
-The dispatcher keeps one `Counters` record per cache namespace (a function
-and its jit options; twins, two `jit` objects over the same function with
-the same options, share one namespace and so one record). A hit costs one
-attribute increment on the entry it ran (``entry.hits += 1``: the entry is
-already in a local, so this skips the ``self._counters`` load; measured on
-args_1, 1.011 vs 1.019 for ``self._counters.hits += 1``); an entry's hits
-move into `Counters.hits` when it is evicted or dropped. Misses, slow calls
-and evictions are counted on their own (already slow) paths, and `calls` is
-derived: hits + misses + slow.
+The counters live with a cache namespace (`nbjit._cache.Counters`: a
+function and its jit options; twins, two `jit` objects over the same
+function with the same options, share one namespace and so one record). A
+hit costs one attribute increment on the node it ran (``node.hits += 1``:
+the node is already in a local, so this skips a ``self._counters`` load;
+measured on args_1 before the binder rewrite, 1.011 vs 1.019 for
+``self._counters.hits += 1``); a node's hits move into the counters when it
+leaves the cache. Misses, slow calls and evictions are counted on their own
+(already slow) paths, and `calls` is derived: hits + misses + slow.
 
 Under the GIL of CPython 3.12 ``obj.hits += 1`` on a ``__slots__`` object is
 not interrupted between its load and its store (no eval-breaker check
@@ -22,7 +22,6 @@ function.
 
 from __future__ import annotations
 
-import collections
 import html
 import threading
 import weakref
@@ -30,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DispatchStats", "Counters", "SLOW_REASONS", "StatsTable", "stats"]
+__all__ = ["DispatchStats", "SLOW_REASONS", "StatsTable", "snapshot", "stats"]
 
 # Why a call took JAX's own path instead of nbjit's (the keys of
 # `DispatchStats.slow_reasons`). One per place the dispatcher gives up.
@@ -43,69 +42,26 @@ SLOW_REASONS: dict[str, str] = {
     "deleted_or_donated": "an argument array was deleted or donated before the call",
     "layout": "the executable wants a non-default input layout",
     "no_fastpath": "JAX returned no fast-path data for this signature",
-    "unsupported_fastpath": "JAX's fast-path data has a form nbjit does not hold",
     "disable_jit": "jax.disable_jit() is on: the Python function ran as is",
     "static_arg_error": "a static argument's hash or == raised",
-    "inputs_refused": "preparing inputs failed (e.g. a transfer guard): JAX's path reports it",
+    "input_refused": "preparing inputs failed (e.g. a transfer guard): JAX's path reports it",
     "execute_refused": "the executable refused the inputs",
     "compile_failed": "the signature's compile failed (here or in another thread)",
 }
 
-EVICTED_REMEMBERED = 64  # descriptions of evicted entries kept per namespace
+def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> DispatchStats:
+    """A `DispatchStats` from a namespace's counters (`nbjit._cache.Counters`).
 
-
-class Counters:
-    """The mutable counters of one namespace, written by the dispatcher.
-
-    `hits` holds the hits of entries no longer cached (live entries count
-    their own).
-    `slow_reasons` maps a reason (a key of SLOW_REASONS) to a count;
-    `evicted` holds the call descriptions of the last evicted entries (for
-    explained misses), newest last.
+    `live_hits`: the hits counted on the namespace's live nodes; `entries`:
+    how many nodes it holds.
     """
-
-    __slots__ = ("hits", "misses", "slow_reasons", "evictions", "miss_ns", "evicted",
-                 "__weakref__")
-
-    def __init__(self) -> None:
-        self.hits = 0
-        self.misses = 0
-        self.slow_reasons: dict[str, int] = {}
-        self.evictions = 0
-        self.miss_ns = 0
-        self.evicted: collections.deque = collections.deque(maxlen=EVICTED_REMEMBERED)
-
-    def count_slow(self, reason: str) -> None:
-        self.slow_reasons[reason] = self.slow_reasons.get(reason, 0) + 1
-
-    def count_miss(self, nanoseconds: int) -> None:
-        self.misses += 1
-        self.miss_ns += nanoseconds
-
-    def count_eviction(self, description: Any, hits: int) -> None:
-        self.evictions += 1
-        self.hits += hits
-        if description is not None:
-            self.evicted.append(description)
-
-    @property
-    def slow(self) -> int:
-        return sum(self.slow_reasons.values())
-
-    def reset(self) -> None:
-        self.hits = self.misses = self.evictions = self.miss_ns = 0
-        self.slow_reasons = {}
-        self.evicted.clear()
-
-    def snapshot(self, name: str, entries: int, live_hits: int) -> DispatchStats:
-        """`live_hits`: the hits counted on the namespace's live entries."""
-        reasons = dict(self.slow_reasons)  # one read: other threads may add keys
-        slow = sum(reasons.values())
-        hits, misses = self.hits + live_hits, self.misses
-        return DispatchStats(
-            name=name, calls=hits + misses + slow, hits=hits, misses=misses, slow=slow,
-            slow_reasons=reasons, evictions=self.evictions, entries=entries,
-            miss_seconds=self.miss_ns / 1e9)
+    reasons = dict(counters.slow_reasons)  # one read: other threads may add keys
+    slow = sum(reasons.values())
+    hits, misses = counters.hits + live_hits, counters.misses
+    return DispatchStats(
+        name=name, calls=hits + misses + slow, hits=hits, misses=misses, slow=slow,
+        slow_reasons=reasons, evictions=counters.evictions, entries=entries,
+        miss_seconds=counters.miss_seconds)
 
 
 @dataclass(frozen=True)

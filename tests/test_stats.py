@@ -216,7 +216,7 @@ def test_slow_reason_inputs_refused():
     with jax.transfer_guard_host_to_device("disallow"):
         with pytest.raises(Exception, match="[Dd]isallowed"):
             f(np.zeros(3, np.float32))
-    assert _slow_reasons(f) == {"inputs_refused": 1}
+    assert _slow_reasons(f) == {"input_refused": 1}
 
 
 def test_slow_reason_compile_failed():
@@ -231,30 +231,19 @@ def test_slow_reason_compile_failed():
     assert s.misses == 1 and s.slow_reasons == {"compile_failed": 1}
 
 
-def test_slow_reason_layout_and_unsupported_fastpath():
-    """JAX's fast-path data with a non-default input layout keeps the entry slow."""
-    from nbjit import dispatch
-
-    f = _fresh()
-    a = jnp.ones(3)
-    f(a)
-    entry, leaves = f._entry_for((a,), {})
+def test_slow_reason_layout():
+    """JAX's fast-path data with a non-default input layout keeps the node slow."""
+    from nbjit import _record
 
     class FastPath:
         in_device_local_layouts = [object()]
 
-    built = dispatch._build_entry((entry.key, entry.shardings, entry.context),
-                                  entry.namespace, leaves, FastPath(), False)
-    assert not built.fast and built.slow_reason == "layout"
-    FastPath.in_device_local_layouts = [None]
-    FastPath.const_args, FastPath.kept_var_bitvec = [], [True, True]  # one leaf, two bits
-    built = dispatch._build_entry((entry.key, entry.shardings, entry.context),
-                                  entry.namespace, leaves, FastPath(), False)
-    assert not built.fast and built.slow_reason == "unsupported_fastpath"
+    with pytest.raises(_record.Unsupported, match="layout"):
+        _record.build_record(FastPath(), [jnp.ones(3)], False)
     assert set(_stats.SLOW_REASONS) >= {
         "tracer", "effects", "debug_nans", "debug_infs", "unknown_leaf_type",
         "deleted_or_donated", "layout", "no_fastpath", "disable_jit", "static_arg_error",
-        "execute_refused", "inputs_refused", "compile_failed", "unsupported_fastpath"}
+        "execute_refused", "input_refused", "compile_failed"}
 
 
 # -- nbjit.stats() ---------------------------------------------------------------
