@@ -41,7 +41,10 @@ class Counters:
     atomic); counters are statistics, not accounting.
     """
 
-    __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds")
+    __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
+                 "evicted")
+
+    EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit._explain)
 
     def __init__(self) -> None:
         self.reset()
@@ -53,6 +56,7 @@ class Counters:
         self.slow_reasons: collections.Counter[str] = collections.Counter()
         self.evictions = 0
         self.miss_seconds = 0.0
+        self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
 
     def count_slow(self, reason: str) -> None:
         self.slow += 1
@@ -237,3 +241,5 @@ class PjitFunctionCache:
                 old, _ = self._lru.popitem(last=False)
                 old.namespace.unlink(old)
                 old.namespace.counters.evictions += 1
+                if old.description is not None:
+                    old.namespace.counters.evicted.append(old.description)

@@ -267,3 +267,25 @@ def filter_dispatch_frames(error: BaseException) -> None:
         _traceback_util._add_tracebackhide_to_hidden_frames(tb)
     else:
         error.with_traceback(_traceback_util.filter_traceback(tb))
+# --- observability (issue 11) ---
+from jax._src import pjit as _pjit  # noqa: E402
+
+# The config option each position of `trace_context()` stands for (jax 0.11.2
+# and 0.12 both expose it; the tuples line up).
+trace_context_names = _config.trace_context_names
+explain_cache_misses = _config.explain_cache_misses
+
+
+def jax_cache_misses() -> tuple[int, int]:
+    """(tracing misses, compile misses) of JAX's own in-memory caches so far.
+
+    Read before and after nbjit's miss: unchanged numbers mean JAX traced
+    and compiled nothing new for it.
+    """
+    return (_pjit._infer_params_cached.cache_info().misses,
+            _pxla._cached_compilation.cache_info().misses)
+
+
+def jaxpr_has_effects(jitted, args, kwargs) -> bool:
+    """Whether the traced function has effects (JAX's tracing cache answers)."""
+    return bool(jitted.trace(*args, **kwargs).jaxpr.effects)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from nbjit import _jax
+from nbjit import _explain, _jax, _profile, _stats
 from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache
 from nbjit._keys import (
     LEAVES,
@@ -102,6 +102,15 @@ class _Binders(dict):
                 self.splits.clear()
             self.splits[shape] = split
         return split
+
+    def set_flavour(self, flavour: str) -> None:
+        """"plain" or "timed" (profiling): binders are rebuilt in that flavour on next use."""
+        timed = flavour == "timed"
+        self.env.update(whole=_whole_timed if timed else _whole,
+                        record_hit=_profile.record if timed else None)
+        self.flavour = flavour
+        self.hit = make_hit(self.env, timed)
+        self.clear()
 
     def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
         binder = make_binder(self.split(shape), self.env, self.flavour)
@@ -191,6 +200,7 @@ class PjitFunction:
         self._jax_cache_miss = _jax.cache_miss_of(jitted)
         self._cache = cache
         self._namespace: Namespace = cache.namespace_for(fun, global_key)
+        self._global_key = global_key
         self._counters = self._namespace.counters
         self._static_argnums = tuple(info.static_argnums)
         self._static_argnames = frozenset(info.static_argnames)
@@ -199,6 +209,9 @@ class PjitFunction:
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
+        _stats.register(self)  # observability hooks: nbjit/_stats.py, _profile.py
+        if _profile.active():
+            self._binders.set_flavour("timed")
 
     # -- the hit path: the binder of the call shape keys the call and runs it
 
@@ -224,7 +237,7 @@ class PjitFunction:
         """
         signature = self._general_signature(args, kwargs)
         if type(signature) is str:
-            return _whole(self, t0, self._slow, args, kwargs, signature)
+            return self._binders.env["whole"](self, t0, self._slow, args, kwargs, signature)
         t_key = time.perf_counter_ns() if t0 else 0
         return self._binders.hit(self, args, kwargs, *signature, t0, t_key)
 
@@ -281,13 +294,15 @@ class PjitFunction:
         if isinstance(error, _jax.JaxRuntimeError) and all(
                 type(x) is ArrayImpl and not x.is_deleted() for x in inputs):
             raise ValueError(str(error)) from error
-        return self._slow(args, kwargs, "deleted_or_donated")
+        deleted = any(type(x) is ArrayImpl and x.is_deleted() for x in inputs)
+        return self._slow(args, kwargs, "deleted_or_donated" if deleted else "execute_refused")
 
     def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
                       node: Node | None) -> Any:
         if node is not None:  # a slow node, or NaN/Inf checks are on
             if node.record is not None:
-                return self._slow(args, kwargs, "debug_nans_infs")
+                return self._slow(args, kwargs,
+                                  "debug_nans" if _jax.debug_nans.value else "debug_infs")
             self._count_slow(node.reason or "no_fastpath")
             return self._jax_cache_miss(*args, **kwargs)[0]
         if _jax.disable_jit.value:
@@ -320,8 +335,10 @@ class PjitFunction:
             pending.done.wait()
             node = namespace.find(*signature)
         if not owner:  # another thread compiled it (or failed: JAX's path)
-            return self._binders.hit(self, args, kwargs, leaves, key, shardings, 0, 0) if (
-                node is not None) else self._slow(args, kwargs, "compile_failed")
+            if node is None:
+                return self._slow(args, kwargs, "compile_failed")
+            now = time.perf_counter_ns()  # the timed flavour records the hit from here
+            return self._binders.hit(self, args, kwargs, leaves, key, shardings, now, now)
         try:
             return self._compile(args, kwargs, leaves, signature)
         finally:
@@ -337,12 +354,15 @@ class PjitFunction:
         counters = self._counters
         counters.misses += 1
         self.miss_count += 1
+        description, explaining = self._describe_miss(args, kwargs, signature[2])
         start = time.perf_counter()
         try:
             outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
         except BaseException:
+            node = Node(*signature, namespace, None, "compile_failed")
+            node.description = description
             with namespace.cache._lock:  # as jaxlib: this signature now takes JAX's path
-                namespace.link(Node(*signature, namespace, None, "compile_failed"))
+                namespace.link(node)
             raise
         finally:
             counters.miss_seconds += time.perf_counter() - start
@@ -352,10 +372,68 @@ class PjitFunction:
             record, reason = None, why.args[0]
         except Exception:  # something nbjit cannot hold: JAX's path for good
             record, reason = None, "no_fastpath"
+        if fastpath is None:  # effects, or something else JAX keeps on its own path
+            reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
+        if explaining is not None:
+            _explain.log_miss(description, explaining(_jax.jax_cache_misses()))
         if not rebuild:
+            node = Node(*signature, namespace, record, reason)
+            node.description = description
             with namespace.cache._lock:
-                namespace.link(Node(*signature, namespace, record, reason))
+                namespace.link(node)
         return outs  # JAX's own outputs: required when arguments were donated
+
+    # -- observability (nbjit/_stats.py, _explain.py, _profile.py) -------------
+
+    def stats(self) -> _stats.DispatchStats:
+        """Calls, hits, misses, slow calls (with reasons), evictions of this function
+        and its twins (same function, same options)."""
+        with self._cache._lock:
+            nodes = self._namespace.nodes()
+            live_hits = sum(node.hits for node in nodes)
+        return _stats.snapshot(self._counters, _stats.qualified_name(self._fun), len(nodes),
+                               live_hits)
+
+    def reset_stats(self) -> None:
+        """Zeroes the counters of this function and its twins (entries stay)."""
+        with self._cache._lock:
+            for node in self._namespace.nodes():
+                node.hits = 0
+            self._counters.reset()
+
+    def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
+        """(this call's description, and when misses are explained, a function
+        (JAX's cache misses now) -> `_explain.MissContext`, else None)."""
+        split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
+        try:
+            description = _explain.describe_call(args, kwargs, split.static_positions,
+                                                 split.static_names, context)
+        except Exception:  # describing must never break a call
+            return None, None
+        if not _explain.enabled():
+            return description, None
+        namespace = self._namespace
+        with namespace.cache._lock:
+            cached = [n.description for n in namespace.nodes() if n.description is not None]
+        evicted = list(self._counters.evicted)
+        twins = [] if cached or evicted else self._other_options_with_entries()
+        if not (cached or evicted or twins):
+            return description, None
+        before = _jax.jax_cache_misses()
+        return description, lambda after: _explain.MissContext(
+            _stats.qualified_name(self._fun), cached, evicted, twins,
+            namespace.cache.capacity(), (before, after))
+
+    def _other_options_with_entries(self) -> list[tuple[Any, Any]]:
+        """(global key, own global key) of the same function's other namespaces with entries."""
+        found = []
+        for cache in {_default_cache, _explicit_cache, self._cache}:
+            with cache._lock:
+                for (fun_id, global_key), namespace in cache._namespaces.items():
+                    if (fun_id == id(self._fun) and namespace is not self._namespace
+                            and namespace.entries and namespace.fun_ref() is self._fun):
+                        found.append((global_key, self._global_key))
+        return found
 
     # -- Python surface -------------------------------------------------------
 
@@ -433,6 +511,41 @@ def _unkeyable_reason(leaves: Sequence, canonical: dict) -> str:
                 continue
             return "unknown_leaf_type"
     return "unknown_leaf_type"
+
+
+def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
+    """'effects' when JAX gave no fast-path data because the function has effects."""
+    try:
+        return "effects" if _jax.jaxpr_has_effects(jitted, args, kwargs) else "no_fastpath"
+    except Exception:
+        return "no_fastpath"
+
+
+# ---------------------------------------------------------------------------
+# The timed flavour (while a `nbjit.profile()` is active; nbjit/_profile.py)
+
+
+def _whole_timed(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
+    """A slow or miss call under a profile: run it, record it whole."""
+    misses = jitted._counters.misses
+    try:
+        return fn(*args)
+    finally:
+        kind = "miss" if jitted._counters.misses != misses else "slow"
+        _profile.record_whole(jitted, kind, time.perf_counter_ns() - t0)
+
+
+def _set_timed(on: bool) -> None:
+    """Every live function's binders become the timed flavour (on) or plain again (off).
+
+    Called when the first profile starts and the last ends: outside a
+    profile the hit path has no clock reads.
+    """
+    for jitted in _stats.live_functions():
+        jitted._binders.set_flavour("timed" if on else "plain")
+
+
+_profile.on_switch(_set_timed)
 
 
 def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
