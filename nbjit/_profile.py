@@ -162,14 +162,22 @@ class Profile:
         stamps = np.asarray(self._hits.get(jitted, []), dtype=np.int64).reshape(-1, 6)
         return np.diff(stamps, axis=1)
 
+    def functions(self) -> list[Any]:
+        """The jitted functions with a recorded call, in first-call order."""
+        return list(dict.fromkeys([*self._hits, *self._whole]))
+
+    def whole_ns(self, jitted: Any) -> list[tuple[str, int]]:
+        """(kind, nanoseconds) of every miss ('miss') and slow call ('slow') of `jitted`."""
+        return list(self._whole.get(jitted, []))
+
     def summary(self) -> list[dict[str, Any]]:
         """One dict per function: name, hits, misses, slow, per-phase mean/p90 (us), total ms."""
         from nbjit._stats import qualified_name
 
         rows = []
-        for jitted in dict.fromkeys([*self._hits, *self._whole]):
+        for jitted in self.functions():
             phases = self.phases_ns(jitted) / 1e3
-            whole = self._whole.get(jitted, [])
+            whole = self.whole_ns(jitted)
             miss_us = [ns / 1e3 for kind, ns in whole if kind == "miss"]
             slow_us = [ns / 1e3 for kind, ns in whole if kind == "slow"]
             row: dict[str, Any] = {
