@@ -21,10 +21,15 @@ def _fresh():
     return nbjit.jit(step)
 
 
-def test_hits_in_five_phases_misses_and_slow_calls_whole():
-    f = _fresh()
-    a = jnp.ones(3)
+def _compiled():
+    """A fresh jitted function and an argument it has already compiled for."""
+    f, a = _fresh(), jnp.ones(3)
     f(a)
+    return f, a
+
+
+def test_hits_in_five_phases_misses_and_slow_calls_whole():
+    f, a = _compiled()
     with nbjit.profile() as prof:
         for _ in range(20):
             f(a)
@@ -41,9 +46,7 @@ def test_hits_in_five_phases_misses_and_slow_calls_whole():
 
 
 def test_phases_sum_to_the_call_within_the_stated_overhead():
-    f = _fresh()
-    a = jnp.ones(3)
-    f(a)
+    f, a = _compiled()
     gaps = []
     with nbjit.profile() as prof:
         assert prof.overhead_ns > 0
@@ -98,9 +101,7 @@ def test_no_cost_when_off_and_every_function_switched_back():
 
 
 def test_nested_profiles_both_record():
-    f = _fresh()
-    a = jnp.ones(3)
-    f(a)
+    f, a = _compiled()
     with nbjit.profile() as outer:
         f(a)
         with nbjit.profile() as inner:
@@ -112,9 +113,7 @@ def test_nested_profiles_both_record():
 
 def test_table_text_html_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    f = _fresh()
-    a = jnp.ones(3)
-    f(a)
+    f, a = _compiled()
     with nbjit.profile() as prof:
         for _ in range(10):
             f(a)
