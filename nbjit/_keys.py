@@ -36,6 +36,7 @@ __all__ = ["Split", "leaf_signature", "make_binder", "treedef_id",
 
 ArrayImpl = _jax.ArrayImpl
 LEAVES = object()  # first item of every general-path key
+_PYTHON_SCALARS = frozenset({bool, int, float, complex})  # not JAX's shape-polymorphic dims
 _BINDER_DIR = os.path.dirname(os.path.abspath(__file__))
 UNROLL_MAX = 8  # binders unroll the per-argument reads up to this many dynamic arguments
 
@@ -93,10 +94,10 @@ def leaf_signature(x: Any, canonical: dict) -> Any:
     t = type(x)
     if t is ArrayImpl:
         return (x.aval, x._committed)
+    if t in _PYTHON_SCALARS:
+        return t
     dtype = host_dtype(x, canonical)
-    if dtype is None:
-        return None
-    return t if t in _jax.python_scalar_types else (dtype, x.shape)
+    return None if dtype is None else (dtype, x.shape)
 
 
 # ---------------------------------------------------------------------------

@@ -52,25 +52,27 @@ class Unsupported(Exception):
 
 
 class _CanonicalDtypes(dict):
-    """dtype -> canonical dtype for one x64 setting; None for non-numeric dtypes."""
+    """dtype -> canonical dtype for one x64 setting, filled on first use.
+
+    Read with the plain (C) ``dict.get``, then `resolve` on a miss: numeric
+    dtypes are stored, others (strings, objects, float0) give None each
+    time, and JAX's own path handles them.
+    """
 
     def __init__(self, x64: bool) -> None:
         super().__init__()
         self._x64 = x64
 
-    def __missing__(self, dtype: np.dtype) -> np.dtype | None:
-        if not _is_numeric(dtype):
-            return None  # not cached: strings, objects, float0 go to JAX's path
-        with _jax.enable_x64(self._x64):
-            canonical = np.dtype(_jax.canonicalize_dtype(dtype))
-        self[dtype] = canonical
-        return canonical
-
-    def get(self, dtype: np.dtype, default: Any = None) -> np.dtype | None:
+    def resolve(self, dtype: Any) -> np.dtype | None:
         try:
-            return self[dtype]
-        except TypeError:  # an unhashable "dtype" of some exotic subclass
-            return default
+            if not _is_numeric(dtype):
+                return None
+            with _jax.enable_x64(self._x64):
+                canonical = np.dtype(_jax.canonicalize_dtype(dtype))
+            self[dtype] = canonical
+        except TypeError:  # an unhashable or odd "dtype" of some exotic subclass
+            return None
+        return canonical
 
 
 def _is_numeric(dtype: np.dtype) -> bool:
@@ -97,9 +99,14 @@ def host_dtype(x: Any, canonical: dict) -> np.dtype | None:
     """
     t = type(x)
     if t is np.ndarray or isinstance(x, np.generic):
-        return canonical.get(x.dtype)
-    dtype = _PYTHON_SCALAR_DTYPES.get(t)
-    return None if dtype is None else canonical[dtype]
+        dtype = x.dtype
+    elif (dtype := _PYTHON_SCALAR_DTYPES.get(t)) is None:
+        return None
+    try:
+        canonical_dtype = canonical.get(dtype)
+    except TypeError:  # unhashable
+        return None
+    return canonical.resolve(dtype) if canonical_dtype is None else canonical_dtype
 
 
 # ---------------------------------------------------------------------------
