@@ -10,10 +10,11 @@ Tracing, lowering and compiling are JAX's own; nbjit owns the cache-hit path.
 """
 
 from nbjit import _jax  # noqa: F401  (checks the jax version at import)
+from nbjit._compare import CompareResult, compare
 from nbjit._patch import patch_jax, patched_jax, unpatch_jax
 from nbjit.dispatch import PjitFunction, PjitFunctionCache, jit
 from nbjit.sharding import device_put
 
-__all__ = ["PjitFunction", "PjitFunctionCache", "device_put", "jit", "patch_jax",
-           "patched_jax", "unpatch_jax"]
+__all__ = ["CompareResult", "PjitFunction", "PjitFunctionCache", "compare", "device_put", "jit",
+           "patch_jax", "patched_jax", "unpatch_jax"]
 __version__ = "0.1.0"

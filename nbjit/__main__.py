@@ -13,16 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-HOST_DEVICES = 8
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
-
-
-def request_host_devices(n: int = HOST_DEVICES) -> None:
-    """Append ``--xla_force_host_platform_device_count=n`` to XLA_FLAGS unless one is set."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if _DEVICE_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={n}".strip()
-
+from nbjit._devices import HOST_DEVICES, request_host_devices
 
 _XLA_FLAGS_AT_START = os.environ.get("XLA_FLAGS")  # `run` gives the script these
 request_host_devices()

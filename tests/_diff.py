@@ -98,3 +98,13 @@ def assert_same_call(fn_nb: Callable, fn_jax: Callable, /, *args: Any,
         assert nb_ok, f"nbjit raised {type(nb).__name__}: {nb}; jax.jit returned"
         assert_same_outputs(nb, jx)
     return nb, jx
+
+
+def steps_of(jitted: Any, /, *args: Any, **kwargs: Any) -> dict[str, list]:
+    """The input steps of the fast-path record a call hits, by step class name."""
+    node, _ = jitted._entry_for(args, kwargs)
+    assert node is not None and node.record is not None, "the call has no fast-path record"
+    steps: dict[str, list] = {"HostInput": [], "_Copy": [], "_Planned": [], "_ShardArgs": []}
+    for step in node.record.step_objects():
+        steps[type(step).__name__].append(step)
+    return steps

@@ -16,6 +16,7 @@ import weakref
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from _diff import assert_same_outputs
 
 import nbjit
@@ -131,6 +132,7 @@ def _aligned(n: int) -> np.ndarray:
     return out
 
 
+@pytest.mark.cpu_devices
 def test_numpy_inputs_to_multi_device_shardings_are_always_copied_on_hits():
     """On a cache hit nbjit slices numpy inputs for multi-device shardings into
     fresh staging buffers, so the result never depends on the numpy array after
