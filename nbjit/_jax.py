@@ -7,7 +7,6 @@ new jax release moves something, this is the one file to mend.
 from __future__ import annotations
 
 import jax
-import jaxlib
 
 SUPPORTED_JAX = ((0, 11, 2), (0, 13, 0))  # [lowest, first unsupported)
 
@@ -21,7 +20,6 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 JAX_VERSION = _version_tuple(jax.__version__)
-JAXLIB_VERSION = _version_tuple(jaxlib.__version__)
 if not (SUPPORTED_JAX[0] <= JAX_VERSION < SUPPORTED_JAX[1]):
     raise ImportError(
         f"nbjit supports jax >= 0.11.2, < 0.13 (found jax {jax.__version__}); "
@@ -29,18 +27,29 @@ if not (SUPPORTED_JAX[0] <= JAX_VERSION < SUPPORTED_JAX[1]):
     )
 
 # ruff: noqa: E402
+from jax._src import api as _api
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dtypes as _dtypes
 from jax._src import source_info_util as _source_info_util
+from jax._src import traceback_util as _traceback_util
 from jax._src import tree_util as _tree_util
+from jax._src import util as _util
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import _jax as _jaxlib_ext
 
+NBJIT_DIR = __file__.rsplit("/", 1)[0]
+
+# JAX's own jit, taken from where JAX defines it rather than from the public
+# name: `jax.jit` may be rebound to `nbjit.jit` (`nbjit.patch_jax()`), and
+# nbjit must still reach upstream's.
+jax_jit = _api.jit
+
 # Errors that name the caller's source location skip nbjit's frames, as they
-# skip jax's own.
-_source_info_util.register_exclusion(__file__.rsplit("/", 1)[0])
+# skip jax's own; so do tracebacks filtered at a JAX api boundary.
+_source_info_util.register_exclusion(NBJIT_DIR)
+_traceback_util.register_exclusion(NBJIT_DIR)
 
 ArrayImpl = _jaxlib_ext.ArrayImpl
 JaxRuntimeError = jax.errors.JaxRuntimeError
@@ -66,10 +75,13 @@ flatten_for_dispatch = dispatch_registry.flatten
 
 python_scalar_types = frozenset(_dtypes.python_scalar_types)
 REUSE_INPUT = _jaxlib_ext.ArrayCopySemantics.REUSE_INPUT
+HostBufferSemantics = _jaxlib_ext.HostBufferSemantics
 
 canonicalize_value = _dtypes.canonicalize_value
 canonicalize_dtype = _dtypes.canonicalize_dtype
 ShapedArray = _core.ShapedArray
+Tracer = _core.Tracer
+block_until_ready = jax.block_until_ready
 batched_device_put = _jaxlib_ext.batched_device_put
 batched_copy_array_to_devices_with_sharding = (
     _jaxlib_ext.batched_copy_array_to_devices_with_sharding)
@@ -184,3 +196,96 @@ def host_transfers_unguarded() -> bool:
 
 # Marks the transfers inside as explicit (jax.device_put's), for transfer guards.
 explicit_device_put_scope = _config.explicit_device_put_scope
+
+
+# Set while jax_debug_nans/infs is on (thread-local or global): jaxlib's C++
+# fast path then hands every call's outputs to it; nbjit sends such calls to
+# JAX's own path, which checks them.
+post_hook_state = _api._post_hook_state
+
+
+def copy_to_devices_unguarded(arrays, device_lists, shardings):
+    """`batched_copy_array_to_devices_with_sharding` that no d2d transfer guard sees.
+
+    jaxlib's fast path moves a one-device input to the executable's device
+    with IFRT CopyArrays, below the layer that applies transfer guards, so a
+    hit copies even under `transfer_guard_device_to_device("disallow")` (and
+    logs nothing under "log"); the Python binding would apply the guard.
+    The thread-local level is set to allow for the copy and then restored.
+    """
+    state = _guard_thread_local()
+    old = state.device_to_device
+    state.device_to_device = _GUARD_ALLOW
+    try:
+        return batched_copy_array_to_devices_with_sharding(
+            arrays, device_lists, shardings, [REUSE_INPUT] * len(arrays))
+    finally:
+        state.device_to_device = old
+
+
+# --- drop-in behaviours (issue 9) ---
+
+# The name jaxlib's PjitFunction records (`__getstate__()["function_name"]`):
+# `__name__`, else that of the function a functools.partial wraps.
+fun_name = _util.fun_name
+
+# `with jax.config.jax_jit_cpp_cache_obj(cache):` makes jit objects created
+# inside use `cache` (a jaxlib PjitFunctionCache) instead of the global one.
+jit_cpp_cache_obj = _config.jax_jit_cpp_cache_obj
+JaxlibPjitFunctionCache = _jaxlib_ext.PjitFunctionCache
+
+# `jax.clear_caches()` calls `cache_clear()` on every cache registered here
+# (held by weak reference).
+register_cache = _util.register_cache
+
+# Tracebacks: `api_boundary` filters JAX's (and nbjit's) frames out of an
+# exception's traceback, as every JAX transformation does.
+api_boundary = _traceback_util.api_boundary
+
+
+def filter_dispatch_frames(error: BaseException) -> None:
+    """Removes nbjit's and JAX's frames from `error`'s traceback, as jaxlib shows none.
+
+    Called where an exception leaves a jitted function's `__call__` (never on
+    a hit). Follows JAX's `JAX_TRACEBACK_FILTERING` mode as `api_boundary`
+    does: "off" keeps everything; under an outer api boundary the outer one
+    filters; "tracebackhide" marks the frames for IPython/pytest to hide;
+    the remove modes drop them. JAX's own boundary below (the miss path) has
+    already filtered its part and added its note or unfiltered cause, so
+    nothing is added here.
+    """
+    mode = _traceback_util._filtering_mode()
+    tb = error.__traceback__
+    if mode == "off" or tb is None:
+        return
+    frame = tb.tb_frame.f_back
+    while frame is not None:
+        if _traceback_util._is_reraiser_frame(frame):
+            return  # an outer api boundary filters the whole traceback
+        frame = frame.f_back
+    if mode == "tracebackhide":
+        _traceback_util._add_tracebackhide_to_hidden_frames(tb)
+    else:
+        error.with_traceback(_traceback_util.filter_traceback(tb))
+# --- observability (issue 11) ---
+from jax._src import pjit as _pjit  # noqa: E402
+
+# The config option each position of `trace_context()` stands for (jax 0.11.2
+# and 0.12 both expose it; the tuples line up).
+trace_context_names = _config.trace_context_names
+explain_cache_misses = _config.explain_cache_misses
+
+
+def jax_cache_misses() -> tuple[int, int]:
+    """(tracing misses, compile misses) of JAX's own in-memory caches so far.
+
+    Read before and after nbjit's miss: unchanged numbers mean JAX traced
+    and compiled nothing new for it.
+    """
+    return (_pjit._infer_params_cached.cache_info().misses,
+            _pxla._cached_compilation.cache_info().misses)
+
+
+def jaxpr_has_effects(jitted, args, kwargs) -> bool:
+    """Whether the traced function has effects (JAX's tracing cache answers)."""
+    return bool(jitted.trace(*args, **kwargs).jaxpr.effects)

@@ -186,6 +186,86 @@ def signature_key(leaves: Sequence[Leaf]) -> int:
 
 
 # ---------------------------------------------------------------------------
+# Call descriptions: the closest cached signature (explained misses)
+# ---------------------------------------------------------------------------
+
+# A call description packs into one int64 row (nbjit/_explain.py builds it):
+#   header: [n_leaves, structure_id, keyword_names_id, statics_id, context_id]
+#   then per leaf, fixed width:
+#   [kind_id, dtype_id, weak_type, committed, sharding_id, ndim, shape_id]
+# Words are the fields' hashes, so equal fields pack to equal words. The
+# distance of two rows is the number of differing words; rows whose leaf
+# counts differ count every leaf word of the longer one as different.
+DESCRIPTION_HEADER_WORDS = 5
+DESCRIPTION_LEAF_WORDS = 7
+
+
+@njit(cache=True, nogil=True)
+def description_distances(row, rows, offsets):
+    """Field-by-field distance of `row` to every row packed in `rows`.
+
+    rows: int64[sum of lengths], the cached rows concatenated; offsets:
+    int64[m + 1], row i is rows[offsets[i]:offsets[i + 1]]. Returns int64[m].
+    """
+    m = offsets.shape[0] - 1
+    out = np.empty(m, dtype=np.int64)
+    n = row.shape[0]
+    for r in range(m):
+        start = offsets[r]
+        length = offsets[r + 1] - start
+        d = 0
+        for i in range(DESCRIPTION_HEADER_WORDS):
+            if row[i] != rows[start + i]:
+                d += 1
+        if length != n:
+            d += max(length, n) - DESCRIPTION_HEADER_WORDS
+        else:
+            for i in range(DESCRIPTION_HEADER_WORDS, n):
+                if row[i] != rows[start + i]:
+                    d += 1
+        out[r] = d
+    return out
+
+
+def description_distance_python(a: Sequence[int], b: Sequence[int]) -> int:
+    """Plain-Python twin of one `description_distances` element."""
+    d = 0
+    for i in range(DESCRIPTION_HEADER_WORDS):
+        d += a[i] != b[i]
+    if len(a) != len(b):
+        return d + max(len(a), len(b)) - DESCRIPTION_HEADER_WORDS
+    for i in range(DESCRIPTION_HEADER_WORDS, len(a)):
+        d += a[i] != b[i]
+    return d
+
+
+def closest_python(row: Sequence[int], rows: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """(index, distance) of the row in `rows` closest to `row` (first on ties)."""
+    best, best_d = -1, -1
+    for i, other in enumerate(rows):
+        d = description_distance_python(row, other)
+        if best < 0 or d < best_d:
+            best, best_d = i, d
+            if d == 0:
+                break
+    return best, best_d
+
+
+def closest_numba(row: np.ndarray, rows: Sequence[np.ndarray]) -> tuple[int, int]:
+    """As `closest_python`, from int64 arrays, with one kernel call over all rows.
+
+    Concatenating the rows is part of the cost (the crossover benchmark
+    `bench_observe.ClosestEntry` times this function).
+    """
+    lengths = np.fromiter((r.shape[0] for r in rows), np.int64, len(rows))
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    distances = description_distances(row, np.concatenate(rows), offsets)
+    best = int(np.argmin(distances))
+    return best, int(distances[best])
+
+
+# ---------------------------------------------------------------------------
 # Index domains and replicas
 # ---------------------------------------------------------------------------
 

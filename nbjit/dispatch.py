@@ -1,510 +1,184 @@
-"""The dispatcher: parse, key, cache, miss path, execute.
+"""The dispatcher: `jit` and `PjitFunction`, its hit path and its slow paths.
 
 `jit(fun)` returns a `PjitFunction`. Tracing, lowering and compiling stay
 JAX's own (`jax.jit(fun)._cache_miss`); what lives here is the per-call fast
 path that jaxlib writes in C++: key the call, find the executable, put the
 inputs on the right devices, run, wrap the outputs.
 
-Keys. A call's signature is (key, shardings, trace context):
-  * key, hashed: every leaf a `jax.Array` (the common case) gives
-    ``((aval, committed), ...)`` for positional array arguments, else
-    ``(treedef id, ((aval, committed), ...), prefix)`` (`_array_key`);
-    avals are interned by JAX, so they hash by identity, and a treedef is
-    replaced by a small int once. Any other mix of leaves (numpy arrays, scalars) gives
-    ``(prefix, treedef id, _GENERAL, per-leaf signatures)``. The prefix
-    says how the leaves were flattened and carries the static arguments
-    (exact type and ``==``); see `PjitFunction._call_leaves`.
-  * shardings and trace context (the C++ tuple of every config value that
-    enters a jit key), compared per entry rather than hashed: their hashes
-    are not cheap, while tuple equality checks identity first and the
-    result handlers hand back the same sharding objects on every call.
-A leaf of any other type (a tracer, a string, an object) takes JAX's own path
-and is never cached, so JAX raises what it raises.
+A call goes: `__call__` -> the binder of its call shape (`nbjit._keys`: one
+generated function per positional count and keyword names, which builds the
+key of an all-jax.Array call and runs the hit path: lookup -> inputs ->
+execute -> outputs). Anything a binder does not expect goes to `_general`
+(flattened leaves, host values), which keys the call and ends in the same
+hit path (`_Binders.hit`, compiled from the same template). A miss or a
+signature that cannot take the fast path goes to `_miss_or_slow`.
 
 Invariants:
-  * Only `_miss` writes the cache; an entry never changes after insertion,
-    except that a hit stores its (equal) shardings list in the entry: arrays
-    from `jax.device_put` carry equal but distinct sharding objects, whose
-    `==` costs ~0.25 us each, while identity is a pointer compare.
-  * An entry with ``fast=False`` sends its signature to JAX's own path for
-    good (no fast-path data, or its compile failed).
+  * Only `_miss` links nodes into the cache (`nbjit._cache`); a node's
+    record (`nbjit._record.FastPath`) never changes.
   * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
+  * JAX's own path answers everything else, so JAX raises what it raises.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import inspect
-import itertools
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
-from nbjit import _jax
-from nbjit import sharding as _sharding
+from nbjit import _explain, _jax, _profile, _stats
+from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache
+from nbjit._keys import (
+    LEAVES,
+    Split,
+    flat_treedef_ids,
+    leaf_signature,
+    make_binder,
+    make_hit,
+    treedef_id,
+)
+from nbjit._record import Unsupported, build_record, canonical_dtypes, host_dtype
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
 
 ArrayImpl = _jax.ArrayImpl
 _flatten = _jax.flatten_for_dispatch
-_device_put = _jax.batched_device_put
-_copy_to_devices = _jax.batched_copy_array_to_devices_with_sharding
 _consume = _jax.ExecuteResults.consume_with_handlers
 _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
-_debug_nans = _jax.debug_nans
-_debug_infs = _jax.debug_infs
-_host_transfers_unguarded = _jax.host_transfers_unguarded
-_enable_x64 = _jax.enable_x64
-_GENERAL = object()  # marks keys built by the general (mixed-leaf) path
+_post_hook = _jax.post_hook_state
 _NOT_SET = object()  # marks jit options the caller did not pass
-_MAX_CALL_SHAPES = 256  # static-argument splits remembered per function
+_MAX_CALL_SHAPES = 256  # binders kept per function; the table starts afresh when full
+# Types that are pytree leaves themselves: positional arguments of these types
+# are keyed without flattening.
+_LEAF_TYPES = frozenset({
+    ArrayImpl, np.ndarray, *_jax.python_scalar_types,
+    *(t for t in np.sctypeDict.values() if issubclass(t, (np.number, np.bool_))),
+})
 
 
-# ---------------------------------------------------------------------------
-# The cache
+def _whole(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
+    """A slow or miss call from the hit path (the timed flavour times it whole)."""
+    return fn(*args)
 
 
-class PjitFunctionCache:
-    """An LRU of compiled entries whose capacity is shared by many functions.
+class _Binders(dict):
+    """call shape -> binder of one function, built on first use (see `nbjit._keys`).
 
-    As in jaxlib, entries are grouped per (Python function, global cache key):
-    two `jit` objects over the same function with the same options share
-    executables. The function is held by weak reference: when it dies, so do
-    its entries.
+    Looked up with a plain subscript (a `__missing__` hook would make every
+    lookup slower): `build` makes and stores a missing binder.
+
+    Also holds what the generated code reads (`env`: the namespace's lookup,
+    the LRU's touch, ...) and `hit`, the hit path the general path ends in.
     """
 
-    _instances: weakref.WeakSet[PjitFunctionCache] = weakref.WeakSet()
-
-    def __init__(self, capacity: int = 4096) -> None:
-        if capacity <= 0:
-            raise ValueError(f"capacity must be positive, got {capacity}")
-        self._capacity = int(capacity)
-        self._lru: collections.OrderedDict[_Entry, None] = collections.OrderedDict()
-        self._namespaces: dict[tuple[int, Any], _Namespace] = {}  # by weakly-held function
-        self._all_namespaces: weakref.WeakSet[_Namespace] = weakref.WeakSet()
-        self._lock = threading.RLock()
-        PjitFunctionCache._instances.add(self)
-
-    def size(self) -> int:
-        """Number of entries (compiled signatures) held, over all functions."""
-        return len(self._lru)
-
-    def capacity(self) -> int:
-        return self._capacity
-
-    def clear(self) -> None:
-        """Drops every entry of every function using this cache."""
-        with self._lock:
-            for namespace in list(self._all_namespaces):
-                namespace.entries.clear()
-            self._lru.clear()
-
-    @staticmethod
-    def clear_all() -> None:
-        """Drops every entry of every `PjitFunctionCache`."""
-        for cache in list(PjitFunctionCache._instances):
-            cache.clear()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"capacity": self._capacity}  # pickles empty, like jaxlib's
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["capacity"])
-
-    def __repr__(self) -> str:
-        return f"PjitFunctionCache(size={self.size()}, capacity={self._capacity})"
-
-    # -- used by PjitFunction ------------------------------------------------
-
-    def _namespace_for(self, fun: Callable, global_key: Any) -> _Namespace:
-        key = (id(fun), global_key)
-        with self._lock:
-            namespace = self._namespaces.get(key)
-            if namespace is not None and namespace.fun_ref() is fun:
-                return namespace
-            namespace = _Namespace(self, None)
-            self._all_namespaces.add(namespace)
-            try:
-                namespace.fun_ref = weakref.ref(
-                    fun, functools.partial(self._forget, key, namespace))
-            except TypeError:  # not weak-referenceable: the jit object owns its entries
-                return namespace
-            self._namespaces[key] = namespace
-            return namespace
-
-    def _forget(self, key: tuple[int, Any], namespace: _Namespace, _ref: Any = None) -> None:
-        with self._lock:
-            if self._namespaces.get(key) is namespace:
-                del self._namespaces[key]
-            namespace.drop_all()
-
-    def _insert(self, entry: _Entry) -> None:
-        with self._lock:
-            self._lru[entry] = None
-            while len(self._lru) > self._capacity:
-                old, _ = self._lru.popitem(last=False)
-                old.namespace.unlink(old)
-
-
-class _Namespace:
-    """The entries of one (function, global cache key) inside a cache."""
-
-    __slots__ = ("cache", "entries", "pending", "fun_ref", "__weakref__")
-
-    def __init__(self, cache: PjitFunctionCache, fun_ref: Any) -> None:
-        self.cache = cache
-        self.entries: dict[Any, _Entry] = {}  # key -> first entry of a chain
-        self.pending: dict[Any, _Pending] = {}  # signature -> compile in flight
-        self.fun_ref = fun_ref
-
-    def find(self, key: Any, shardings: list, context: tuple) -> _Entry | None:
-        entry = self.entries.get(key)
-        while entry is not None and (entry.shardings != shardings or entry.context != context):
-            entry = entry.next
-        return entry
-
-    def link(self, entry: _Entry) -> None:
-        entry.next = self.entries.get(entry.key)
-        self.entries[entry.key] = entry
-        self.cache._insert(entry)
-
-    def unlink(self, entry: _Entry) -> None:
-        """Removes `entry` from its chain (called with the cache lock held)."""
-        head = self.entries.get(entry.key)
-        if head is entry:
-            if entry.next is None:
-                del self.entries[entry.key]
-            else:
-                self.entries[entry.key] = entry.next
-            return
-        while head is not None and head.next is not entry:
-            head = head.next
-        if head is not None:
-            head.next = entry.next
-
-    def drop_all(self) -> None:
-        for head in list(self.entries.values()):
-            entry = head
-            while entry is not None:
-                self.cache._lru.pop(entry, None)
-                entry = entry.next
-        self.entries.clear()
-
-    def size(self) -> int:
-        n = 0
-        for head in self.entries.values():
-            entry = head
-            while entry is not None:
-                n += 1
-                entry = entry.next
-        return n
-
-
-class _Pending:
-    """A compile in flight: waiters block on `done` without holding locks."""
-
-    __slots__ = ("thread", "done")
-
-    def __init__(self) -> None:
-        self.thread = threading.get_ident()
-        self.done = threading.Event()
-
-
-class _Entry:
-    """One compiled signature and everything a hit needs, fixed at creation."""
-
-    __slots__ = (
-        "key", "shardings", "context", "next", "namespace", "fast", "executable", "execute",
-        "out_handlers", "out_tree", "single_output", "inputs_are_leaves", "kept",
-        "consts", "copies", "host", "planned",
-        "convert", "convert_shardings", "__weakref__",
-    )
-
-    def __init__(self, key: Any, shardings: list, context: tuple,
-                 namespace: _Namespace) -> None:
-        self.key = key
-        self.shardings = shardings
-        self.context = context
-        self.namespace = namespace
-        self.next: _Entry | None = None
-        self.fast = False
-
-    def inputs(self, leaves: Sequence) -> list:
-        """The executable's input list: consts, kept leaves, converted ones.
-
-        A single-device jax.Array on the wrong device is copied (C++); host
-        values (numpy arrays, scalars) bound for one device go in one batched
-        C++ transfer each (`_HostInput`), except arrays of at least
-        `sharding.SINGLE_DEVICE_PLAN_MIN_BYTES`; those and host values bound
-        for a multi-device sharding are copied/sliced on the host by their
-        `ShardingPlan`; anything else (a resharding) goes through JAX's
-        shard_args.
-        """
-        inputs = [*self.consts, *[leaves[i] for i in self.kept]]
-        for i, device_list, sharding in self.copies:
-            inputs[i] = _copy_to_devices([inputs[i]], [device_list], [sharding],
-                                         [_jax.REUSE_INPUT])[0]
-        for host in self.host:
-            i = host.index
-            inputs[i] = host.put(inputs[i])
-        for i, dtype, plan in self.planned:
-            inputs[i] = plan.put(np.asarray(inputs[i], dtype))
-        if self.convert:
-            converted = _jax.pxla_shard_args(
-                self.convert_shardings, [None] * len(self.convert),
-                [inputs[i] for i in self.convert])
-            for i, value in zip(self.convert, converted, strict=True):
-                inputs[i] = value
-        return inputs
-
-
-def _build_entry(signature: tuple, namespace: _Namespace, leaves: list,
-                 fastpath: Any, donated: bool) -> _Entry:
-    """Turns JAX's fast-path data into an entry; unusual cases stay slow.
-
-    `donated`: the function donates some argument (host inputs keep no memo).
-    """
-    entry = _Entry(*signature, namespace)
-    if fastpath is None or any(layout is not None for layout in fastpath.in_device_local_layouts):
-        return entry
-    const_args = list(fastpath.const_args)
-    kept_bits = list(fastpath.kept_var_bitvec)
-    n_const = len(const_args)
-    if len(kept_bits) != n_const + len(leaves):
-        return entry
-    in_shardings = list(fastpath.in_shardings)
-    consts = [c for c, keep in zip(const_args, kept_bits[:n_const], strict=True) if keep]
-    kept = tuple(i for i, keep in enumerate(kept_bits[n_const:]) if keep)
-    if len(consts) + len(kept) != len(in_shardings):
-        return entry
-    inputs = [*consts, *[leaves[i] for i in kept]]
-    copies, host, planned, convert = [], [], [], []
-    for i, (x, sharding) in enumerate(zip(inputs, in_shardings, strict=True)):
-        if type(x) is ArrayImpl:
-            if _same_placement(x, sharding):
-                continue
-            if len(x._sharding.device_set) == 1 and len(sharding.device_set) == 1:
-                copies.append((i, _jax.device_list(sharding), sharding))
-            else:
-                convert.append(i)
-            continue
-        dtype = _host_dtype(x)
-        if dtype is None:
-            convert.append(i)
-        elif (len(sharding.device_set) == 1
-              and (nbytes := np.size(x) * dtype.itemsize) < _sharding.SINGLE_DEVICE_PLAN_MIN_BYTES):
-            aval = _jax.ShapedArray(np.shape(x), dtype)
-            memo = not donated and nbytes <= _HostInput.MEMO_MAX_BYTES
-            host.append(_HostInput(i, dtype, aval, sharding, memo))
-        else:  # many devices, or one and a big array: sliced/copied on the host
-            plan = _sharding.plan_for(sharding, np.shape(x), dtype)
-            if plan is None:
-                convert.append(i)
-            else:
-                planned.append((i, dtype, plan))
-    entry.copies = tuple(copies)
-    entry.host = tuple(host)
-    entry.planned = tuple(planned)
-    entry.executable = fastpath.xla_executable
-    entry.execute = entry.executable.execute_sharded
-    entry.out_handlers = [
-        _jax.result_handler(aval, sharding, committed)
-        for aval, sharding, committed in zip(
-            fastpath.out_avals, fastpath.out_shardings, fastpath.out_committed, strict=True)
-    ]
-    entry.out_tree = fastpath.out_pytree_def
-    entry.single_output = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
-    entry.kept = kept
-    entry.consts = consts
-    entry.convert = tuple(convert)
-    entry.convert_shardings = [in_shardings[i] for i in convert]
-    entry.inputs_are_leaves = (not consts and not copies and not convert and not host
-                               and not planned and len(kept) == len(leaves))
-    entry.fast = True
-    return entry
-
-
-class _HostInput:
-    """A numpy array or scalar bound for one device, at `index` of the inputs.
-
-    With `memo`, the device copy of the last value is kept: a call passing
-    equal bytes (the same immutable scalar object, or a small array with
-    the same contents) reuses it instead of transferring again. It is exact:
-    bytes, not ``==``, so -0.0, NaN payloads and every dtype are told apart;
-    the copy is never donated (no memo for donating functions) and never
-    handed to the caller. A guarded transfer (log, disallow) always goes
-    through `batched_device_put`, which applies the guard as jaxlib does.
-    """
-
-    MEMO_MAX_BYTES = 1024  # a bytes compare this size costs far less than a transfer
-
-    __slots__ = ("index", "dtype", "aval", "sharding", "devices", "memo", "last")
-
-    def __init__(self, index: int, dtype: np.dtype, aval: Any, sharding: Any,
-                 memo: bool) -> None:
-        self.index = index
-        self.dtype = dtype
-        self.aval = aval
-        self.sharding = sharding
-        self.devices = list(sharding.device_set)
-        self.memo = memo
-        self.last: tuple | None = None  # (source object, bytes, device array)
-
-    def put(self, x: Any) -> Any:
-        if not self.memo:
-            return _device_put(self.aval, self.sharding, [np.asarray(x, self.dtype)],
-                               self.devices, False)
-        last = self.last
-        if last is not None and x is last[0] and _host_transfers_unguarded():
-            return last[2]  # the same immutable scalar object
-        value = np.asarray(x, self.dtype)
-        data = value.tobytes()
-        if last is not None and data == last[1] and _host_transfers_unguarded():
-            return last[2]
-        array = _device_put(self.aval, self.sharding, [value], self.devices, False)
-        # Scalars are immutable: the object itself is a key. Arrays are not,
-        # and are not kept alive.
-        self.last = (None if type(x) is np.ndarray else x, data, array)
-        return array
-
-
-def _host_dtype(x: Any) -> np.dtype | None:
-    """The canonical (x64-squashed) dtype a numpy array or scalar enters as."""
-    if type(x) is np.ndarray or isinstance(x, np.generic):
-        dtype = x.dtype
-    elif type(x) in _jax.python_scalar_types:
-        dtype = np.asarray(_jax.canonicalize_value(x)).dtype
-    else:
-        return None
-    # None for float0, strings, objects, ...: JAX's shard_args decides.
-    return _canonical_dtypes[_jax.enable_x64.value].get(dtype)
-
-
-def _same_placement(x: Any, sharding: Any) -> bool:
-    xs = x._sharding
-    if xs is sharding or xs == sharding:
-        return True
-    try:
-        return bool(xs.is_equivalent_to(sharding, x.ndim))
-    except Exception:  # different sharding types JAX cannot compare: convert
-        return False
-
-
-_treedef_ids: dict[Any, int] = {}
-_treedef_counter = itertools.count()
-_treedef_lock = threading.Lock()
-_MAX_TREEDEF_IDS = 1 << 16
-
-
-def _treedef_id(treedef: Any) -> int:
-    """A small int standing for `treedef` in keys: cheaper to hash and compare.
-
-    Ids are never reused: when the table is full it starts afresh, and keys
-    holding old ids simply stop matching (they age out of the LRU).
-    """
-    tid = _treedef_ids.get(treedef)
-    if tid is None:
-        with _treedef_lock:
-            if len(_treedef_ids) >= _MAX_TREEDEF_IDS:
-                _treedef_ids.clear()
-                _flat_treedef_ids.clear()
-            tid = _treedef_ids.setdefault(treedef, next(_treedef_counter))
-    return tid
-
-
-class _FlatTreedefIds(dict):
-    """n -> the treedef id of an n-tuple of leaves (what flattening `args` gives)."""
-
-    def __missing__(self, n: int) -> int:
-        tid = self[n] = _treedef_id(_flatten((0,) * n)[1])
-        return tid
-
-
-_flat_treedef_ids = _FlatTreedefIds()
-
-
-def _array_key(treedef: Any, leaves: Sequence, prefix: Any) -> tuple:
-    """The hashed key of a call whose leaves are all jax.Arrays.
-
-    Positional arguments that are themselves the leaves (the hit path in
-    `PjitFunction.__call__`) key as the bare tuple of (aval, committed)
-    pairs; any other structure adds its treedef id and prefix. The two
-    forms never compare equal (a pair is not an int), and the same call
-    gets the same key on either path.
-    """
-    pairs = tuple([(x.aval, x._committed) for x in leaves])
-    tid = _treedef_id(treedef)
-    if prefix is False and tid == _flat_treedef_ids[len(leaves)]:
-        return pairs
-    return (tid, pairs, prefix)
-
-
-# ---------------------------------------------------------------------------
-# Per-leaf signatures (general path)
-
-
-def _leaf_signature(x: Any, canonical: dict) -> Any:
-    """A hashable signature of one leaf, or None if JAX must handle it.
-
-    As in jaxlib, a numpy array and a numpy scalar are keyed alike by
-    (canonical dtype, shape): with x64 off, float64 and float32 inputs share
-    a signature. `canonical` maps a dtype to its canonical dtype under the
-    call's x64 setting (which is part of the trace context).
-    """
-    t = type(x)
-    if t is ArrayImpl:
-        return (x.aval, x._committed, x._sharding)
-    if t is np.ndarray or isinstance(x, np.generic):
-        dtype = canonical.get(x.dtype)
-        return None if dtype is None else (dtype, x.shape)
-    if t in _jax.python_scalar_types:
-        return t  # weakly typed: each Python type has its own (dtype, weak type)
-    return None
-
-
-class _CanonicalDtypes(dict):
-    """dtype -> canonical dtype for one x64 setting; None for non-numeric dtypes."""
-
-    def __init__(self, x64: bool) -> None:
+    def __init__(self, namespace: Namespace, static_argnums: tuple[int, ...],
+                 static_argnames: frozenset[str]) -> None:
         super().__init__()
-        self._x64 = x64
+        self.static_argnums = static_argnums
+        self.static_argnames = static_argnames
+        self.splits: dict[Any, Split] = {}
+        self.env = {
+            "lookup": namespace.entries.get,  # the dict is never replaced
+            "touch": namespace.cache._lru.move_to_end,
+            "trace_context": _trace_context, "post_hook": _post_hook, "consume": _consume,
+            "whole": _whole, "clock": time.perf_counter_ns, "record_hit": None,
+        }
+        self.flavour = "plain"
+        self.hit = make_hit(self.env)
 
-    def __missing__(self, dtype: np.dtype) -> np.dtype | None:
-        if not _is_numeric(dtype):
-            return None  # not cached: strings, objects, float0 go to JAX's path
-        with _jax.enable_x64(self._x64):
-            canonical = np.dtype(_jax.canonicalize_dtype(dtype))
-        self[dtype] = canonical
-        return canonical
+    def split(self, shape: Any) -> Split:
+        split = self.splits.get(shape)
+        if split is None:
+            split = Split(shape, self.static_argnums, self.static_argnames)
+            if len(self.splits) >= _MAX_CALL_SHAPES:
+                self.splits.clear()
+            self.splits[shape] = split
+        return split
 
-    def get(self, dtype: np.dtype, default: Any = None) -> np.dtype | None:
-        try:
-            return self[dtype]
-        except TypeError:  # an unhashable "dtype" of some exotic subclass
-            return default
+    def set_flavour(self, flavour: str) -> None:
+        """"plain" or "timed" (profiling): binders are rebuilt in that flavour on next use."""
+        timed = flavour == "timed"
+        self.env.update(whole=_whole_timed if timed else _whole,
+                        record_hit=_profile.record if timed else None)
+        self.flavour = flavour
+        self.hit = make_hit(self.env, timed)
+        self.clear()
 
+    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        binder = make_binder(self.split(shape), self.env, self.flavour)
+        if len(self) >= _MAX_CALL_SHAPES:
+            self.clear()
+        self[shape] = binder
+        return binder
 
-_canonical_dtypes = {False: _CanonicalDtypes(False), True: _CanonicalDtypes(True)}
-
-
-def _is_numeric(dtype: np.dtype) -> bool:
-    """bool, integers, floats, complex, and ml_dtypes' (bfloat16, float8, ...)."""
-    return dtype.kind in "biufc" or dtype.type.__module__ == "ml_dtypes"
-
-
-# ---------------------------------------------------------------------------
-# The jitted function
+    def probe(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        return make_binder(self.split(shape), self.env, "probe")
 
 
 _default_cache = PjitFunctionCache(8192)  # jit(f) with no explicit options
 _explicit_cache = PjitFunctionCache(8192)  # jit(f, donate_argnums=..., ...)
+
+class _ClearedWithJax:
+    """Registered with JAX's cache management: `jax.clear_caches()` clears every
+    `PjitFunctionCache` too, as it clears jaxlib's."""
+
+    def cache_clear(self) -> None:
+        PjitFunctionCache.clear_all()
+
+    def cache_info(self) -> None:
+        return None
+
+    def cache_keys(self) -> list:
+        return []
+
+
+_cleared_with_jax = _ClearedWithJax()  # JAX holds it weakly
+_jax.register_cache(_cleared_with_jax, "nbjit.PjitFunctionCache (all)")
+
+# jaxlib cache named by `jax_jit_cpp_cache_obj` -> (it, weak ref to nbjit's twin)
+_config_caches: dict[int, tuple[Any, weakref.ref]] = {}
+_config_caches_lock = threading.Lock()
+
+
+def _cache_from_config() -> PjitFunctionCache | None:
+    """The cache a function created now uses by `jax.config.jax_jit_cpp_cache_obj`.
+
+    As upstream (`pjit._cpp_pjit`): only at the top level of tracing. The
+    config holds a jaxlib `PjitFunctionCache`; nbjit gives each such cache
+    one twin of its own with the same capacity, which the functions created
+    under it share (so they evict each other as upstream's do). The twin
+    lives while a function uses it; it is not cleared by the jaxlib cache's
+    `clear()`.
+    """
+    config_cache = _jax.jit_cpp_cache_obj.value
+    if config_cache is None or not _jax.is_top_level_trace():
+        return None
+    key = id(config_cache)
+    with _config_caches_lock:
+        held = _config_caches.get(key)
+        twin = held[1]() if held is not None and held[0] is config_cache else None
+        if twin is None:
+            twin = PjitFunctionCache(config_cache.capacity())
+            _config_caches[key] = (config_cache, weakref.ref(twin))
+            weakref.finalize(twin, _forget_config_cache, key, _config_caches[key][1])
+    return twin
+
+
+def _forget_config_cache(key: int, twin_ref: weakref.ref) -> None:
+    with _config_caches_lock:
+        held = _config_caches.get(key)
+        if held is not None and held[1] is twin_ref:
+            del _config_caches[key]
+
+
 
 
 class PjitFunction:
@@ -512,10 +186,12 @@ class PjitFunction:
 
     def __init__(self, fun: Callable, options: dict[str, Any],
                  cache: PjitFunctionCache | None = None) -> None:
-        jitted = jax.jit(fun, **options)  # JAX validates the options, as upstream
+        jitted = _jax.jax_jit(fun, **options)  # JAX validates the options, as upstream
         functools.update_wrapper(self, fun)
         info = _jax.jit_info(jitted)
         global_key = _jax.jit_global_cache_key(info)
+        if cache is None:
+            cache = _cache_from_config()
         if cache is None:
             cache = _explicit_cache if global_key.contains_explicit_attributes else _default_cache
         self._fun = fun
@@ -523,124 +199,88 @@ class PjitFunction:
         self._jax_jitted = jitted
         self._jax_cache_miss = _jax.cache_miss_of(jitted)
         self._cache = cache
-        self._namespace = cache._namespace_for(fun, global_key)
-        self._lookup = self._namespace.entries.get  # the dict is never replaced
-        self._touch = cache._lru.move_to_end
-        self._flat_args = True  # until a call passes a non-jax.Array argument
-        self._leaf_args = True  # positional arguments are leaves (see _call_pytree)
+        self._namespace: Namespace = cache.namespace_for(fun, global_key)
+        self._global_key = global_key
+        self._counters = self._namespace.counters
         self._static_argnums = tuple(info.static_argnums)
         self._static_argnames = frozenset(info.static_argnames)
-        self._static_split: dict[Any, tuple[tuple, ...]] = {}  # call shape -> split
+        self._binders = _Binders(self._namespace, self._static_argnums, self._static_argnames)
         self._fun_signature = info.fun_signature
         self._donates = bool(info.donate_argnums or info.donate_argnames)
-        self.miss_count = 0
-        self.slow_count = 0
-        if self._static_argnums or self._static_argnames:
-            self.__class__ = _StaticPjitFunction
+        self.miss_count = 0  # compiles through this jit object (its twins count their own)
+        self.slow_count = 0  # calls of this jit object that took JAX's own path
+        _stats.register(self)  # observability hooks: nbjit/_stats.py, _profile.py
+        if _profile.active():
+            self._binders.set_flavour("timed")
 
-    # -- the hit path: key -> lookup -> inputs -> execute -> outputs ----------
+    # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
-        if kwargs or not self._flat_args:
-            return self._call_pytree(args, kwargs)
-        try:  # all jax.Arrays? (pytrees, numpy, scalars, tracers lack these attributes)
-            key = tuple([(x.aval, x._committed) for x in args])  # see _array_key
-            shardings = [x._sharding for x in args]
-        except AttributeError:
-            return self._not_flat(args, kwargs)
-        context = _trace_context()
-        entry = self._lookup(key)
-        while entry is not None and (entry.shardings != shardings or entry.context != context):
-            entry = entry.next
-        if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
-            return self._flat_miss(args, kwargs, (key, shardings, context), entry)
-        entry.shardings = shardings  # equal; keeping the newest makes identity checks hit
-        try:  # the executable refuses a deleted or non-jax.Array input before running
-            self._touch(entry)  # KeyError if another thread evicted it meanwhile
-            results = entry.execute(args if entry.inputs_are_leaves else entry.inputs(args))
-        except Exception as error:
-            return self._execute_failed(error, args, kwargs, args)
-        outs = _consume(results, entry.out_handlers)
-        return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+        shape = (len(args), *kwargs) if kwargs else len(args)
+        try:
+            binder = self._binders[shape]
+        except KeyError:
+            binder = self._binders.build(shape)
+        try:  # costs nothing unless something raises (Python >= 3.11)
+            return binder(self, args, kwargs)
+        except Exception as error:  # a miss, slow path or bad input: jaxlib shows no frames
+            _jax.filter_dispatch_frames(error)
+            raise
 
-    def _not_flat(self, args: tuple, kwargs: dict) -> Any:
-        """This function takes pytrees, host values or other arrays: always flatten."""
-        self._flat_args = False
-        return self._call_pytree(args, kwargs)
+    # -- the general path: flattened leaves, host values ------------------------
 
-    def _flat_miss(self, args: tuple, kwargs: dict, signature: tuple,
-                   entry: _Entry | None) -> Any:
-        if entry is None and any(type(x) is not ArrayImpl for x in args):
-            # Attributes alike, but not an ArrayImpl (a typed PRNG key array, say):
-            # never cached under a flat key.
-            return self._not_flat(args, kwargs)
-        return self._miss_or_slow(args, kwargs, list(args), signature, entry)
+    def _general(self, args: tuple, kwargs: dict, t0: int = 0) -> Any:
+        """Calls a binder does not expect: pytrees, host values, anything else.
 
-    def _call_pytree(self, args: tuple, kwargs: dict) -> Any:
-        if not kwargs and self._leaf_args and tuple(map(type, args)).count(ArrayImpl) != len(args):
-            # Positional arguments that are all leaves (numpy arrays, scalars,
-            # jax.Arrays) key as `_general` would key their flattening.
-            canonical = _canonical_dtypes[_enable_x64.value]
-            signatures = tuple([_leaf_signature(x, canonical) for x in args])
-            if None not in signatures:
-                key = (False, _flat_treedef_ids[len(args)], _GENERAL, signatures)
-                return self._general_hit(args, kwargs, args, key)
-            self._leaf_args = False  # pytrees (or other leaves): flatten from now on
-        leaves, treedef = _flatten((args, kwargs) if kwargs else args)
-        if not self._leaf_args and not kwargs and len(leaves) == len(args):
-            self._leaf_args = treedef.num_nodes == len(args) + 1  # leaves again: try keying them
-        return self._call_leaves(args, kwargs, leaves, treedef, bool(kwargs))
-
-    def _call_leaves(self, args: tuple, kwargs: dict, leaves: list, treedef: Any,
-                     prefix: Any) -> Any:
-        """The hit path for flattened leaves (pytrees, keywords, static arguments).
-
-        `prefix` tells apart calls whose leaves flatten alike: False (positional
-        only), True (with keywords: leaves of ``(args, kwargs)``), or
-        ``(static key, has dynamic keywords)``.
+        `t0`: when the call began, from a timed binder (0 otherwise).
         """
-        if tuple(map(type, leaves)).count(ArrayImpl) != len(leaves):
-            return self._general(args, kwargs, leaves, treedef, prefix)
-        key = _array_key(treedef, leaves, prefix)
-        shardings = [x._sharding for x in leaves]
-        context = _trace_context()
-        try:  # a static argument's __eq__ may raise: JAX reports it
-            entry = self._lookup(key)
-        except Exception:
-            return self._slow(args, kwargs)
-        while entry is not None and (entry.shardings != shardings or entry.context != context):
-            entry = entry.next
-        if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
-            return self._miss_or_slow(args, kwargs, leaves, (key, shardings, context), entry)
-        entry.shardings = shardings  # equal; keeping the newest makes identity checks hit
-        return self._run_entry(entry, args, kwargs, leaves)
+        signature = self._general_signature(args, kwargs)
+        if type(signature) is str:
+            return self._binders.env["whole"](self, t0, self._slow, args, kwargs, signature)
+        t_key = time.perf_counter_ns() if t0 else 0
+        return self._binders.hit(self, args, kwargs, *signature, t0, t_key)
+
+    def _general_signature(self, args: tuple, kwargs: dict) -> tuple | str:
+        """``(leaves, key, shardings)`` of a call, or the reason JAX must take it.
+
+        Positional arguments that are all leaves are keyed without flattening;
+        anything else is flattened with the registry jit itself uses.
+        """
+        split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
+        static_key, args_d, kwargs_d = split.apply(args, kwargs) if split.has_static else (
+            (), args, kwargs)
+        if not kwargs_d and _LEAF_TYPES.issuperset(map(type, args_d)):
+            # Leaves already, and not all jax.Arrays (a binder keys those): host values.
+            leaves, tid, mixed = args_d, flat_treedef_ids[len(args_d)], True
+        else:
+            leaves, treedef = _flatten((args_d, kwargs_d) if kwargs_d else args_d)
+            tid, mixed = treedef_id(treedef), False
+        signatures = None
+        if not mixed:
+            try:  # all jax.Arrays (pytrees of parameters)?
+                signatures = tuple([(x.aval, x._committed) for x in leaves])
+                shardings = [x._sharding for x in leaves]
+            except AttributeError:
+                pass
+        if signatures is None:
+            canonical = canonical_dtypes[_jax.enable_x64.value]
+            signatures = tuple([leaf_signature(x, canonical) for x in leaves])
+            if None in signatures:
+                return _unkeyable_reason(leaves, canonical)
+            shardings = [x._sharding for x in leaves if type(x) is ArrayImpl]
+        return leaves, (LEAVES, split.key_shape, static_key, tid, signatures), shardings
 
     # -- slow paths -------------------------------------------------------------
 
-    def _general(self, args: tuple, kwargs: dict, leaves: list, treedef: Any,
-                 prefix: Any) -> Any:
-        """Leaves that are not all jax.Arrays: numpy arrays, scalars, others.
+    def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        """JAX's own path, uncached here; JAX raises what it raises."""
+        self._count_slow(reason)
+        return self._jax_jitted(*args, **kwargs)
 
-        `prefix` as in `_call_leaves`.
-        """
-        canonical = _canonical_dtypes[_jax.enable_x64.value]
-        signatures = tuple([_leaf_signature(x, canonical) for x in leaves])
-        if None in signatures:
-            return self._slow(args, kwargs)  # JAX handles (or rejects) it
-        key = (prefix, _treedef_id(treedef), _GENERAL, signatures)
-        return self._general_hit(args, kwargs, leaves, key)
-
-    def _general_hit(self, args: tuple, kwargs: dict, leaves: Sequence, key: tuple) -> Any:
-        """Looks up a `_GENERAL` key (its shardings list is empty) and runs it."""
-        context = _trace_context()
-        try:  # a static argument's __eq__ may raise: JAX reports it
-            entry = self._namespace.find(key, [], context)
-        except Exception:
-            return self._slow(args, kwargs)
-        if entry is None or not entry.fast or _debug_nans.value or _debug_infs.value:
-            return self._miss_or_slow(args, kwargs, leaves, (key, [], context), entry)
-        return self._run_entry(entry, args, kwargs, leaves)
+    def _count_slow(self, reason: str) -> None:
+        self.slow_count += 1
+        self._counters.count_slow(reason)
 
     def _execute_failed(self, error: Exception, args: tuple, kwargs: dict,
                         inputs: Sequence) -> Any:
@@ -654,27 +294,25 @@ class PjitFunction:
         if isinstance(error, _jax.JaxRuntimeError) and all(
                 type(x) is ArrayImpl and not x.is_deleted() for x in inputs):
             raise ValueError(str(error)) from error
-        return self._slow(args, kwargs)
+        deleted = any(type(x) is ArrayImpl and x.is_deleted() for x in inputs)
+        return self._slow(args, kwargs, "deleted_or_donated" if deleted else "execute_refused")
 
-    def _slow(self, args: tuple, kwargs: dict) -> Any:
-        """JAX's own path, uncached here; JAX raises what it raises."""
-        self.slow_count += 1
-        return self._jax_jitted(*args, **kwargs)
-
-    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
-                      entry: _Entry | None) -> Any:
-        if entry is not None:  # a slow entry, or debug_nans/infs is on
-            if entry.fast:
-                return self._slow(args, kwargs)
-            self.slow_count += 1
+    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
+                      node: Node | None) -> Any:
+        if node is not None:  # a slow node, or NaN/Inf checks are on
+            if node.record is not None:
+                return self._slow(args, kwargs,
+                                  "debug_nans" if _jax.debug_nans.value else "debug_infs")
+            self._count_slow(node.reason or "no_fastpath")
             return self._jax_cache_miss(*args, **kwargs)[0]
         if _jax.disable_jit.value:
+            self._count_slow("disable_jit")
             return self._fun(*args, **kwargs)
         if not _jax.is_top_level_trace():
-            return self._slow(args, kwargs)  # staged into an outer trace: never cached
+            return self._slow(args, kwargs, "tracer")  # staged into an outer trace: never cached
         return self._miss(args, kwargs, leaves, signature)
 
-    def _miss(self, args: tuple, kwargs: dict, leaves: list, signature: tuple) -> Any:
+    def _miss(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple) -> Any:
         """Compiles once per signature across threads; only writer of the cache.
 
         `signature` is ``(key, shardings, trace context)``.
@@ -684,61 +322,118 @@ class PjitFunction:
         key, shardings, context = signature
         pending_key = (key, tuple(shardings), context)
         with lock:
-            entry = namespace.find(*signature)
-            pending = namespace.pending.get(pending_key) if entry is None else None
-            owner = entry is None and pending is None
+            node = namespace.find(*signature)
+            pending = namespace.pending.get(pending_key) if node is None else None
+            owner = node is None and pending is None
             if owner:
-                pending = namespace.pending[pending_key] = _Pending()
-        if entry is not None:  # another thread finished the compile meanwhile
-            return self._run_entry(entry, args, kwargs, leaves)
-        if not owner:
+                pending = namespace.pending[pending_key] = Pending()
+        if not owner and node is None:
             if pending.thread == threading.get_ident():
                 raise RecursionError(
                     f"Recursively calling jit: {self.__name__} re-entered itself "
                     "while compiling the same signature")
             pending.done.wait()
-            entry = namespace.find(*signature)
-            if entry is None:  # the compile failed or was evicted: JAX's path
-                return self._slow(args, kwargs)
-            return self._run_entry(entry, args, kwargs, leaves)
-        self.miss_count += 1
+            node = namespace.find(*signature)
+        if not owner:  # another thread compiled it (or failed: JAX's path)
+            if node is None:
+                return self._slow(args, kwargs, "compile_failed")
+            now = time.perf_counter_ns()  # the timed flavour records the hit from here
+            return self._binders.hit(self, args, kwargs, leaves, key, shardings, now, now)
         try:
-            if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
-                return self._slow(args, kwargs)  # JAX rejects it before caching anything
-            try:
-                outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
-            except BaseException:
-                with lock:  # as jaxlib: this signature now takes JAX's path
-                    namespace.link(_Entry(*signature, namespace))
-                raise
-            try:
-                entry = _build_entry(signature, namespace, leaves, fastpath, self._donates)
-            except Exception:  # something nbjit cannot hold: JAX's path for good
-                entry = _Entry(*signature, namespace)
-            if not rebuild:
-                with lock:
-                    namespace.link(entry)
-            return outs  # JAX's own outputs: required when arguments were donated
+            return self._compile(args, kwargs, leaves, signature)
         finally:
             with lock:
                 namespace.pending.pop(pending_key, None)
             pending.done.set()
 
-    def _run_entry(self, entry: _Entry, args: tuple, kwargs: dict, leaves: list) -> Any:
-        if not entry.fast:
-            self.slow_count += 1
-            return self._jax_cache_miss(*args, **kwargs)[0]
+    def _compile(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple) -> Any:
+        """JAX's trace/lower/compile for one signature; links the node it gives."""
+        namespace = self._namespace
+        if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
+            return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
+        counters = self._counters
+        counters.misses += 1
+        self.miss_count += 1
+        description, explaining = self._describe_miss(args, kwargs, signature[2])
+        start = time.perf_counter()
         try:
-            self._touch(entry)  # KeyError if another thread evicted it meanwhile
-            inputs = leaves if entry.inputs_are_leaves else entry.inputs(leaves)
-        except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
-            return self._slow(args, kwargs)
+            outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
+        except BaseException:
+            node = Node(*signature, namespace, None, "compile_failed")
+            node.description = description
+            with namespace.cache._lock:  # as jaxlib: this signature now takes JAX's path
+                namespace.link(node)
+            raise
+        finally:
+            counters.miss_seconds += time.perf_counter() - start
         try:
-            results = entry.execute(inputs)
-        except Exception as error:
-            return self._execute_failed(error, args, kwargs, inputs)
-        outs = _consume(results, entry.out_handlers)
-        return outs[0] if entry.single_output else entry.out_tree.unflatten(outs)
+            record, reason = build_record(fastpath, leaves, self._donates), None
+        except Unsupported as why:
+            record, reason = None, why.args[0]
+        except Exception:  # something nbjit cannot hold: JAX's path for good
+            record, reason = None, "no_fastpath"
+        if fastpath is None:  # effects, or something else JAX keeps on its own path
+            reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
+        if explaining is not None:
+            _explain.log_miss(description, explaining(_jax.jax_cache_misses()))
+        if not rebuild:
+            node = Node(*signature, namespace, record, reason)
+            node.description = description
+            with namespace.cache._lock:
+                namespace.link(node)
+        return outs  # JAX's own outputs: required when arguments were donated
+
+    # -- observability (nbjit/_stats.py, _explain.py, _profile.py) -------------
+
+    def stats(self) -> _stats.DispatchStats:
+        """Calls, hits, misses, slow calls (with reasons), evictions of this function
+        and its twins (same function, same options)."""
+        with self._cache._lock:
+            nodes = self._namespace.nodes()
+            live_hits = sum(node.hits for node in nodes)
+        return _stats.snapshot(self._counters, _stats.qualified_name(self._fun), len(nodes),
+                               live_hits)
+
+    def reset_stats(self) -> None:
+        """Zeroes the counters of this function and its twins (entries stay)."""
+        with self._cache._lock:
+            for node in self._namespace.nodes():
+                node.hits = 0
+            self._counters.reset()
+
+    def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
+        """(this call's description, and when misses are explained, a function
+        (JAX's cache misses now) -> `_explain.MissContext`, else None)."""
+        split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
+        try:
+            description = _explain.describe_call(args, kwargs, split.static_positions,
+                                                 split.static_names, context)
+        except Exception:  # describing must never break a call
+            return None, None
+        if not _explain.enabled():
+            return description, None
+        namespace = self._namespace
+        with namespace.cache._lock:
+            cached = [n.description for n in namespace.nodes() if n.description is not None]
+        evicted = list(self._counters.evicted)
+        twins = [] if cached or evicted else self._other_options_with_entries()
+        if not (cached or evicted or twins):
+            return description, None
+        before = _jax.jax_cache_misses()
+        return description, lambda after: _explain.MissContext(
+            _stats.qualified_name(self._fun), cached, evicted, twins,
+            namespace.cache.capacity(), (before, after))
+
+    def _other_options_with_entries(self) -> list[tuple[Any, Any]]:
+        """(global key, own global key) of the same function's other namespaces with entries."""
+        found = []
+        for cache in {_default_cache, _explicit_cache, self._cache}:
+            with cache._lock:
+                for (fun_id, global_key), namespace in cache._namespaces.items():
+                    if (fun_id == id(self._fun) and namespace is not self._namespace
+                            and namespace.entries and namespace.fun_ref() is self._fun):
+                        found.append((global_key, self._global_key))
+        return found
 
     # -- Python surface -------------------------------------------------------
 
@@ -748,10 +443,21 @@ class PjitFunction:
         return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
-        return f"<nbjit.PjitFunction of {self.__wrapped__!r}>"
+        try:  # jaxlib's format; a failing repr (or no __wrapped__) gives its fallback
+            return f"<PjitFunction of {self.__wrapped__!r}>"
+        except Exception:
+            return "<PjitFunction>"
 
     def __reduce__(self) -> tuple:
         return (_rebuild, (self._fun, self._options))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Like jaxlib's: "function_name" is `fun`'s name (through functools.partial).
+
+        Pickling uses `__reduce__`; this is for code that inspects the state.
+        """
+        return {"function_name": _jax.fun_name(self._fun), "fun": self._fun,
+                "options": dict(self._options)}
 
     @property
     def __signature__(self) -> inspect.Signature:
@@ -759,66 +465,26 @@ class PjitFunction:
             raise ValueError(f"no signature found for {self._fun!r}")
         return self._fun_signature
 
+    @_jax.api_boundary  # as upstream's: its traceback shows no nbjit or JAX frames
     def lower(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.lower(*args, **kwargs)
 
+    @_jax.api_boundary
     def trace(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.trace(*args, **kwargs)
 
+    @_jax.api_boundary
     def eval_shape(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.eval_shape(*args, **kwargs)
 
-    def _entry_for(self, args: tuple, kwargs: dict) -> tuple[_Entry | None, list]:
-        """The entry a call would hit, and its flat dynamic leaves (no side effects)."""
-        if self._static_argnums or self._static_argnames:
-            static_key, args, kwargs = self._split_static(args, kwargs)
-            prefix: Any = (static_key, bool(kwargs))
-        else:
-            prefix = bool(kwargs)
-        leaves, treedef = _flatten((args, kwargs) if kwargs else args)
-        context = _trace_context()
-        if all(type(x) is ArrayImpl for x in leaves):
-            key = _array_key(treedef, leaves, prefix)
-            return self._namespace.find(key, [x._sharding for x in leaves], context), leaves
-        canonical = _canonical_dtypes[_jax.enable_x64.value]
-        signatures = tuple([_leaf_signature(x, canonical) for x in leaves])
-        key = (prefix, _treedef_id(treedef), _GENERAL, signatures)
-        return self._namespace.find(key, [], context), leaves
-
-    def _split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple, dict]:
-        """(static key, dynamic positional args, dynamic keyword args).
-
-        Static values enter the key with their exact type, so 1 and 1.0 and
-        True are different signatures, as in jaxlib. The key is not hashed
-        here: an unhashable one fails the lookup, which sends the call to
-        JAX's path and its error. Which positions and names are static is
-        worked out once per call shape (count of positional arguments and
-        keyword names in order).
-        """
+    def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence]:
+        """The node a call would hit, and its dynamic leaves (no side effects)."""
         shape = (len(args), *kwargs) if kwargs else len(args)
-        split = self._static_split.get(shape)
-        if split is None:
-            split = self._split_for(len(args), tuple(kwargs))
-            if len(self._static_split) >= _MAX_CALL_SHAPES:
-                self._static_split.clear()
-            self._static_split[shape] = split
-        static_positions, dynamic_positions, static_names, dynamic_names = split
-        static_key = tuple([(type(args[i]), args[i]) for i in static_positions])
-        if static_positions:
-            args = tuple([args[i] for i in dynamic_positions])
-        if static_names:
-            static_key += tuple([(k, type(kwargs[k]), kwargs[k]) for k in static_names])
-            kwargs = {k: kwargs[k] for k in dynamic_names}
-        return static_key, args, kwargs
-
-    def _split_for(self, nargs: int, names: tuple[str, ...]) -> tuple[tuple, ...]:
-        """(static positions, dynamic positions, static names sorted, dynamic names)."""
-        static = sorted({i if i >= 0 else i + nargs for i in self._static_argnums})
-        static = tuple(i for i in static if 0 <= i < nargs)
-        dynamic = tuple(i for i in range(nargs) if i not in static)
-        static_names = tuple(sorted(self._static_argnames.intersection(names)))
-        dynamic_names = tuple(k for k in names if k not in self._static_argnames)
-        return static, dynamic, static_names, dynamic_names
+        signature = self._binders.probe(shape)(self, args, kwargs)
+        if type(signature) is str:
+            return None, []
+        leaves, key, shardings = signature
+        return self._namespace.find(key, shardings, _trace_context()), leaves
 
     def _cache_size(self) -> int:
         """Number of signatures cached for this function (and its twins)."""
@@ -835,14 +501,51 @@ class PjitFunction:
         self._jax_jitted.clear_cache()
 
 
-class _StaticPjitFunction(PjitFunction):
-    """A PjitFunction with static arguments: their values join the key."""
+def _unkeyable_reason(leaves: Sequence, canonical: dict) -> str:
+    """Why a leaf has no signature: the slow reason counted for the call."""
+    for x in leaves:
+        if leaf_signature(x, canonical) is None:
+            if isinstance(x, _jax.Tracer):
+                return "tracer"
+            if type(x) is ArrayImpl or host_dtype(x, canonical) is not None:
+                continue
+            return "unknown_leaf_type"
+    return "unknown_leaf_type"
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        _collect_garbage()
-        static_key, dyn_args, dyn_kwargs = self._split_static(args, kwargs)
-        leaves, treedef = _flatten((dyn_args, dyn_kwargs) if dyn_kwargs else dyn_args)
-        return self._call_leaves(args, kwargs, leaves, treedef, (static_key, bool(dyn_kwargs)))
+
+def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
+    """'effects' when JAX gave no fast-path data because the function has effects."""
+    try:
+        return "effects" if _jax.jaxpr_has_effects(jitted, args, kwargs) else "no_fastpath"
+    except Exception:
+        return "no_fastpath"
+
+
+# ---------------------------------------------------------------------------
+# The timed flavour (while a `nbjit.profile()` is active; nbjit/_profile.py)
+
+
+def _whole_timed(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
+    """A slow or miss call under a profile: run it, record it whole."""
+    misses = jitted._counters.misses
+    try:
+        return fn(*args)
+    finally:
+        kind = "miss" if jitted._counters.misses != misses else "slow"
+        _profile.record_whole(jitted, kind, time.perf_counter_ns() - t0)
+
+
+def _set_timed(on: bool) -> None:
+    """Every live function's binders become the timed flavour (on) or plain again (off).
+
+    Called when the first profile starts and the last ends: outside a
+    profile the hit path has no clock reads.
+    """
+    for jitted in _stats.live_functions():
+        jitted._binders.set_flavour("timed" if on else "plain")
+
+
+_profile.on_switch(_set_timed)
 
 
 def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
@@ -906,12 +609,13 @@ def floor_call(jitted: PjitFunction, /, *args: Any, **kwargs: Any) -> Callable[[
     once: the floor that no Python dispatcher can beat. Raises ValueError if
     the call's signature has no fast path.
     """
-    jax.block_until_ready(jitted(*args, **kwargs))
-    entry, leaves = jitted._entry_for(args, kwargs)
-    if entry is None or not entry.fast:
+    _jax.block_until_ready(jitted(*args, **kwargs))
+    node, leaves = jitted._entry_for(args, kwargs)
+    if node is None or node.record is None:
         raise ValueError("this call has no fast-path entry (it takes JAX's own path)")
-    inputs = entry.inputs(leaves)
-    executable, handlers = entry.executable, entry.out_handlers
+    record = node.record
+    inputs = record.inputs(leaves)
+    executable, handlers = record.executable, record.out_handlers
 
     def run() -> Any:
         return executable.execute_sharded(inputs).consume_with_handlers(handlers)

@@ -4,9 +4,14 @@ XLA_FLAGS must be set before the CPU backend starts; jax reads it when the
 first device is used, so setting it here (before any test touches jax) works.
 """
 
+import os
+
 from nbjit._devices import request_host_devices
 
-request_host_devices(8)
+# NBJIT_TEST_HOST_DEVICES=1 runs the suite with one host device, which shows
+# the tests that need eight (they must carry the `cpu_devices` marker).
+HOST_DEVICES = int(os.environ.get("NBJIT_TEST_HOST_DEVICES", "8"))
+request_host_devices(HOST_DEVICES)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -26,3 +31,24 @@ class _x64_ctx:
 
     def __exit__(self, *exc):
         jax.config.update("jax_enable_x64", self._old)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "cpu_devices: assumes the 8 host CPU devices set up here (devices()[1..7], meshes of "
+        "8); skipped with the reason when JAX's default backend is not CPU (a GPU run: "
+        "scripts/gpu_check.sh) or has fewer devices (NBJIT_TEST_HOST_DEVICES)")
+
+
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if item.get_closest_marker("cpu_devices")]
+    if not marked:
+        return
+    backend, count = jax.default_backend(), len(jax.devices())
+    if backend == "cpu" and count >= 8:
+        return
+    reason = (f"assumes 8 host CPU devices; JAX's default backend here is {backend} "
+              f"with {count} device(s)")
+    for item in marked:
+        item.add_marker(pytest.mark.skip(reason=reason))

@@ -65,6 +65,7 @@ def _trace_key(x) -> tuple:
     return (x.shape, np.dtype(x.dtype), x.aval.weak_type)
 
 
+@pytest.mark.cpu_devices
 def test_eight_threads_mixed_signatures_compile_once():
     traces = collections.Counter()
 
@@ -93,6 +94,7 @@ def test_eight_threads_mixed_signatures_compile_once():
     assert jitted.slow_count == 0
 
 
+@pytest.mark.cpu_devices
 def test_upstream_also_traces_once_per_signature():
     """The same workload through jax.jit, as the reference for the test above."""
     traces = collections.Counter()
@@ -226,6 +228,7 @@ def test_reentry_with_another_signature_is_fine():
     np.testing.assert_array_equal(np.asarray(ref(np.ones(2, np.float32))), [6, 6])
 
 
+@pytest.mark.cpu_devices
 def test_eviction_and_clearing_under_contention():
     """A cache too small for the signatures in use, cleared meanwhile: every
     result still right, nothing wedges, the cache stays within capacity."""

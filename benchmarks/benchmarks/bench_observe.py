@@ -1,0 +1,149 @@
+"""What seeing into dispatch costs (issue 11).
+
+- ClosestEntry: the closest cached call description to a new one (explained
+  misses), plain-Python loop vs one Numba kernel call over all packed rows,
+  by number of cached entries and leaves per entry (the crossover
+  `nbjit._explain.NUMBA_CLOSEST_MIN_WORDS` comes from here).
+- StatsCost: the hit path with its hit counter / the same hit path without
+  it, on args_1 (`f(x)`, one jax.Array), paired and interleaved.
+- ProfileCost: a hit inside `nbjit.profile()` / a hit outside, on args_1,
+  paired and interleaved; and the overhead the profile states.
+"""
+
+import inspect
+import textwrap
+
+from . import common  # first: 8 host devices before jax starts
+
+
+def _nbjit_module(name):
+    try:
+        import importlib
+
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise NotImplementedError(f"this commit has no {name}: {exc}") from exc
+
+
+def _rows(entries, leaves, seed=0):
+    """`entries` packed description rows of `leaves` leaves (5 + 7 * leaves words each)."""
+    r = common.rng(seed)
+    kernels = _nbjit_module("nbjit._kernels")
+    if not hasattr(kernels, "description_distances"):
+        raise NotImplementedError("this commit has no description_distances kernel")
+    width = kernels.DESCRIPTION_HEADER_WORDS + kernels.DESCRIPTION_LEAF_WORDS * leaves
+    rows = r.integers(0, 4, size=(entries, width)).astype("int64")
+    rows[:, 0] = leaves
+    new = rows[r.integers(0, entries)].copy()
+    new[-1] += 1  # one field differs from the closest row
+    return kernels, new, list(rows)
+
+
+class ClosestEntry:
+    """Closest of `entries` cached rows of `leaves` leaves each: Python loop vs Numba kernel."""
+
+    params = [["python", "numba"], [1, 10, 100, 1000, 10000], [1, 10, 100]]
+    param_names = ["impl", "entries", "leaves"]
+    timeout = 120
+
+    def setup(self, impl, entries, leaves):
+        if impl == "python" and entries * leaves > 100_000:
+            raise NotImplementedError("the Python loop takes seconds here")
+        kernels, new, rows = _rows(entries, leaves)
+        if impl == "python":
+            self.new, self.rows = tuple(new.tolist()), [tuple(r.tolist()) for r in rows]
+            self.closest = kernels.closest_python
+        else:
+            self.new, self.rows = new, rows
+            self.closest = kernels.closest_numba
+        self.closest(self.new, self.rows)  # compile / load from cache outside the timing
+
+    def time_closest(self, impl, entries, leaves):
+        self.closest(self.new, self.rows)
+
+
+def _args_1():
+    import jax.numpy as jnp
+
+    nbjit = _nbjit_module("nbjit")
+    if not hasattr(nbjit, "profile"):
+        raise NotImplementedError("this commit has no nbjit.profile")
+
+    def f(x):
+        return x
+
+    jitted = nbjit.jit(f)
+    x = jnp.ones(())
+    jitted(x)
+    return nbjit, jitted, x
+
+
+def _without_hit_counter(cls):
+    """`cls` with a `_hit` compiled from its own source minus the hit counter line."""
+    dispatch = _nbjit_module("nbjit.dispatch")
+    source = textwrap.dedent(inspect.getsource(cls._hit))
+    counter = "node.hits += 1"
+    if counter not in source:
+        raise NotImplementedError("this commit's hit path has no hit counter line")
+    source = source.replace(counter, "pass")
+    namespace = {}
+    exec(compile(source, dispatch.__file__, "exec"), vars(dispatch), namespace)
+    return type("NoHitCounter", (cls,), {"_hit": namespace["_hit"]})
+
+
+class StatsCost:
+    """args_1 hit with the hit counter / without it (1.0 = free)."""
+
+    timeout = 120
+
+    def setup(self):
+        from nbjit import _measure
+
+        self.nbjit, counted, x = _args_1()
+        uncounted = self.nbjit.jit(counted.__wrapped__)
+        uncounted.__class__ = _without_hit_counter(type(counted))
+        uncounted(x)
+        self.contenders = [("stats", lambda: counted(x)), ("no_stats", lambda: uncounted(x))]
+        self.settings = _measure.Settings(rounds=101, min_rounds=5, max_seconds=5.0)
+        self.measure = _measure
+
+    def track_ratio(self):
+        result = self.measure.interleave(self.contenders, self.settings)
+        return result.ratio("stats", "no_stats").median
+
+    track_ratio.unit = "with/without"
+
+
+class ProfileCost:
+    """args_1 hit inside an active `nbjit.profile()` / outside (the same function twice)."""
+
+    timeout = 120
+
+    def setup(self):
+        from nbjit import _measure
+        from nbjit.dispatch import PjitFunction
+
+        self.nbjit, plain, x = _args_1()
+        profiled = self.nbjit.jit(plain.__wrapped__)
+        profiled(x)
+        self.profile = self.nbjit.profile().__enter__()
+        plain.__class__ = PjitFunction  # only `profiled` records
+        self.contenders = [("profiled", lambda: profiled(x)), ("plain", lambda: plain(x))]
+        self.settings = _measure.Settings(rounds=101, min_rounds=5, max_seconds=5.0)
+        self.measure = _measure
+
+    def teardown(self):
+        profile = getattr(self, "profile", None)  # None when setup was skipped
+        if profile is not None:
+            profile.__exit__(None, None, None)
+
+    def track_ratio(self):
+        result = self.measure.interleave(self.contenders, self.settings)
+        return result.ratio("profiled", "plain").median
+
+    track_ratio.unit = "profiled/plain"
+
+    def track_stated_overhead_ns(self):
+        return self.profile.overhead_ns
+
+    track_stated_overhead_ns.unit = "ns"

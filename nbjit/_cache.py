@@ -1,0 +1,245 @@
+"""The executable cache: an LRU shared by many functions, namespaces, chain nodes.
+
+A call's signature is ``(key, shardings, trace context)``. The key is hashed
+(`nbjit._keys` builds it); the shardings list and the trace context are
+compared per node, identity first, because their hashes are not cheap while
+the result handlers hand back the same sharding objects on every call.
+Nodes with the same key form a chain from `Namespace.entries[key]`.
+
+Invariants:
+  * Only the miss path (`nbjit.dispatch`) links nodes; a node's key, context
+    and record never change after it is linked. A hit stores its (equal)
+    shardings list in the node, so that the next call's comparison is by
+    identity (`jax.device_put` hands out equal but distinct sharding objects,
+    whose ``==`` costs ~0.25 us each).
+  * A node whose `record` is None sends its signature to JAX's own path for
+    good (no fast-path data, or its compile failed).
+  * Every structural change (link, unlink, eviction, clear) happens under
+    the cache's lock; lookups read without it (dict reads are atomic).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["PjitFunctionCache", "Namespace", "Node", "Counters"]
+
+
+class Counters:
+    """What happened to one namespace's calls (see `nbjit.DispatchStats`).
+
+    A hit counts on the node it ran (`Node.hits`, a local the hit path
+    already holds); a node's count is folded into `hits` here when it leaves
+    the cache, so a namespace's hits are ``hits + sum(node.hits)``.
+    Everything else is counted off the hit path. Unlocked increments may
+    lose a count under thread races (CPython's ``+=`` on an attribute is not
+    atomic); counters are statistics, not accounting.
+    """
+
+    __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
+                 "evicted")
+
+    EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit._explain)
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.slow = 0
+        self.slow_reasons: collections.Counter[str] = collections.Counter()
+        self.evictions = 0
+        self.miss_seconds = 0.0
+        self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
+
+    def count_slow(self, reason: str) -> None:
+        self.slow += 1
+        self.slow_reasons[reason] += 1
+
+
+class Node:
+    """One cached signature in a chain; `record` is its frozen fast-path data."""
+
+    __slots__ = ("key", "shardings", "context", "next", "namespace", "record", "reason",
+                 "description", "hits", "__weakref__")
+
+    def __init__(self, key: Any, shardings: list, context: tuple, namespace: Namespace,
+                 record: Any = None, reason: str | None = None) -> None:
+        self.key = key
+        self.shardings = shardings
+        self.context = context
+        self.namespace = namespace
+        self.record = record
+        self.reason = reason  # why a node without a record takes JAX's path
+        self.next: Node | None = None
+        self.hits = 0  # hits served by this node (see `Counters`)
+        self.description: Any = None  # what `nbjit._explain` needs, set on the miss path
+
+
+class Pending:
+    """A compile in flight: waiters block on `done` without holding locks."""
+
+    __slots__ = ("thread", "done")
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.done = threading.Event()
+
+
+class Namespace:
+    """The nodes of one (function, global cache key) inside a cache.
+
+    Twin `jit` objects over one function with equal options share it, and
+    so share its entries and its counters.
+    """
+
+    __slots__ = ("cache", "entries", "pending", "fun_ref", "counters", "__weakref__")
+
+    def __init__(self, cache: PjitFunctionCache) -> None:
+        self.cache = cache
+        self.entries: dict[Any, Node] = {}  # key -> first node of a chain; never replaced
+        self.pending: dict[Any, Pending] = {}  # signature -> compile in flight
+        self.fun_ref: Any = None
+        self.counters = Counters()
+
+    def find(self, key: Any, shardings: list, context: tuple) -> Node | None:
+        node = self.entries.get(key)
+        while node is not None and (node.shardings != shardings or node.context != context):
+            node = node.next
+        return node
+
+    def nodes(self) -> list[Node]:
+        out = []
+        for head in list(self.entries.values()):
+            node = head
+            while node is not None:
+                out.append(node)
+                node = node.next
+        return out
+
+    def link(self, node: Node) -> None:
+        """Makes `node` the head of its chain (called with the cache lock held)."""
+        node.next = self.entries.get(node.key)
+        self.entries[node.key] = node
+        self.cache._insert(node)
+
+    def unlink(self, node: Node) -> None:
+        """Removes `node` from its chain (called with the cache lock held)."""
+        self.counters.hits += node.hits
+        node.hits = 0
+        head = self.entries.get(node.key)
+        if head is node:
+            if node.next is None:
+                del self.entries[node.key]
+            else:
+                self.entries[node.key] = node.next
+            return
+        while head is not None and head.next is not node:
+            head = head.next
+        if head is not None:
+            head.next = node.next
+
+    def drop_all(self) -> None:
+        for node in self.nodes():
+            self.cache._lru.pop(node, None)
+            self.counters.hits += node.hits
+            node.hits = 0
+        self.entries.clear()
+
+    def hits(self) -> int:
+        return self.counters.hits + sum(node.hits for node in self.nodes())
+
+    def size(self) -> int:
+        return len(self.nodes())
+
+
+class PjitFunctionCache:
+    """An LRU of compiled entries whose capacity is shared by many functions.
+
+    As in jaxlib, entries are grouped per (Python function, global cache key):
+    two `jit` objects over the same function with the same options share
+    executables. The function is held by weak reference: when it dies, so do
+    its entries.
+    """
+
+    _instances: weakref.WeakSet[PjitFunctionCache] = weakref.WeakSet()
+
+    def __init__(self, capacity: int = 4096) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self._capacity = int(capacity)
+        self._lru: collections.OrderedDict[Node, None] = collections.OrderedDict()
+        self._namespaces: dict[tuple[int, Any], Namespace] = {}  # by weakly-held function
+        self._all_namespaces: weakref.WeakSet[Namespace] = weakref.WeakSet()
+        self._lock = threading.RLock()
+        PjitFunctionCache._instances.add(self)
+
+    def size(self) -> int:
+        """Number of entries (compiled signatures) held, over all functions."""
+        return len(self._lru)
+
+    def capacity(self) -> int:
+        return self._capacity
+
+    def clear(self) -> None:
+        """Drops every entry of every function using this cache."""
+        with self._lock:
+            for namespace in list(self._all_namespaces):
+                namespace.drop_all()
+            self._lru.clear()
+
+    @staticmethod
+    def clear_all() -> None:
+        """Drops every entry of every `PjitFunctionCache`."""
+        for cache in list(PjitFunctionCache._instances):
+            cache.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"capacity": self._capacity}  # pickles empty, like jaxlib's
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["capacity"])
+
+    def __repr__(self) -> str:
+        return f"PjitFunctionCache(size={self.size()}, capacity={self._capacity})"
+
+    # -- used by the dispatcher ---------------------------------------------------
+
+    def namespace_for(self, fun: Callable, global_key: Any) -> Namespace:
+        """The namespace of (fun, global_key), shared by twins while `fun` lives."""
+        key = (id(fun), global_key)
+        with self._lock:
+            namespace = self._namespaces.get(key)
+            if namespace is not None and namespace.fun_ref() is fun:
+                return namespace
+            namespace = Namespace(self)
+            self._all_namespaces.add(namespace)
+            try:
+                namespace.fun_ref = weakref.ref(
+                    fun, functools.partial(self._forget, key, namespace))
+            except TypeError:  # not weak-referenceable: the jit object owns its entries
+                return namespace
+            self._namespaces[key] = namespace
+            return namespace
+
+    def _forget(self, key: tuple[int, Any], namespace: Namespace, _ref: Any = None) -> None:
+        with self._lock:
+            if self._namespaces.get(key) is namespace:
+                del self._namespaces[key]
+            namespace.drop_all()
+
+    def _insert(self, node: Node) -> None:
+        with self._lock:
+            self._lru[node] = None
+            while len(self._lru) > self._capacity:
+                old, _ = self._lru.popitem(last=False)
+                old.namespace.unlink(old)
+                old.namespace.counters.evictions += 1
+                if old.description is not None:
+                    old.namespace.counters.evicted.append(old.description)

@@ -1,0 +1,293 @@
+"""Call keys and binders: how a call becomes ``(key, shardings, trace context)``.
+
+A *call shape* is the count of positional arguments and the keyword names in
+order: ``n`` for a positional call, ``(n, *names)`` with keywords. Each
+function builds, once per call shape, a *binder* (as Triton's
+`JITFunction` does): a small generated function that reads exactly the
+attributes that shape needs, builds the key, finds the node and runs it.
+A binder expects every dynamic argument to be a `jax.Array` (the common
+case); anything else (pytrees, host values, tracers, objects) goes to the
+function's one general path, which keys flattened leaves.
+
+Keys never collide across paths:
+  * positional, no static arguments: the bare tuple of ``(aval, committed)``
+    pairs (avals are interned by JAX and hash by identity);
+  * any other binder: ``(shape marker, static items..., pairs...)``;
+  * the general path: ``(_LEAVES, call shape, static key, treedef id,
+    per-leaf signatures)``.
+Static values enter keys with their exact type, so ``1``, ``1.0`` and
+``True`` are different signatures, as in jaxlib.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from nbjit import _jax
+from nbjit._record import host_dtype
+
+__all__ = ["Split", "leaf_signature", "make_binder", "treedef_id",
+           "LEAVES", "UNROLL_MAX"]
+
+ArrayImpl = _jax.ArrayImpl
+LEAVES = object()  # first item of every general-path key
+_BINDER_DIR = os.path.dirname(os.path.abspath(__file__))
+UNROLL_MAX = 8  # binders unroll the per-argument reads up to this many dynamic arguments
+
+
+# ---------------------------------------------------------------------------
+# Treedef ids
+
+_treedef_ids: dict[Any, int] = {}
+_treedef_counter = itertools.count()
+_treedef_lock = threading.Lock()
+_MAX_TREEDEF_IDS = 1 << 16
+
+
+def treedef_id(treedef: Any) -> int:
+    """A small int standing for `treedef` in keys: cheaper to hash and compare.
+
+    Ids are never reused: when the table is full it starts afresh, and keys
+    holding old ids simply stop matching (they age out of the LRU).
+    """
+    tid = _treedef_ids.get(treedef)
+    if tid is None:
+        with _treedef_lock:
+            if len(_treedef_ids) >= _MAX_TREEDEF_IDS:
+                _treedef_ids.clear()
+                flat_treedef_ids.clear()
+            tid = _treedef_ids.setdefault(treedef, next(_treedef_counter))
+    return tid
+
+
+class _FlatTreedefIds(dict):
+    """n -> the treedef id of an n-tuple of leaves (what flattening `args` gives)."""
+
+    def __missing__(self, n: int) -> int:
+        tid = self[n] = treedef_id(_jax.flatten_for_dispatch((0,) * n)[1])
+        return tid
+
+
+flat_treedef_ids = _FlatTreedefIds()
+
+
+# ---------------------------------------------------------------------------
+# Leaves (general path)
+
+
+def leaf_signature(x: Any, canonical: dict) -> Any:
+    """A hashable signature of one leaf, or None if JAX must handle it.
+
+    A jax.Array gives ``(aval, committed)`` (its sharding is compared apart
+    from the key). As in jaxlib, a numpy array and a numpy scalar key alike
+    by (canonical dtype, shape): with x64 off, float64 and float32 inputs
+    share a signature; a Python scalar keys by its type (weakly typed).
+    `canonical` maps a dtype to its canonical dtype under the call's x64
+    setting (which is part of the trace context).
+    """
+    t = type(x)
+    if t is ArrayImpl:
+        return (x.aval, x._committed)
+    dtype = host_dtype(x, canonical)
+    if dtype is None:
+        return None
+    return t if t in _jax.python_scalar_types else (dtype, x.shape)
+
+
+# ---------------------------------------------------------------------------
+# Static / dynamic split per call shape
+
+
+class Split:
+    """Which arguments of one call shape are static, worked out once.
+
+    `static_positions` and `dynamic_positions` index the positional
+    arguments; `static_names` and `dynamic_names` (both sorted, the order in
+    which JAX flattens keyword arguments) the keywords. `key_shape` is the
+    shape with sorted names: keyword order never changes a signature.
+    """
+
+    __slots__ = ("shape", "key_shape", "nargs", "names", "static_positions",
+                 "dynamic_positions", "static_names", "dynamic_names", "has_static")
+
+    def __init__(self, shape: Any, static_argnums: tuple[int, ...],
+                 static_argnames: frozenset[str]) -> None:
+        nargs, names = (shape, ()) if type(shape) is int else (shape[0], shape[1:])
+        static = sorted({i if i >= 0 else i + nargs for i in static_argnums})
+        self.shape = shape
+        self.key_shape = (nargs, *sorted(names)) if names else nargs
+        self.nargs = nargs
+        self.names = names
+        self.static_positions = tuple(i for i in static if 0 <= i < nargs)
+        self.dynamic_positions = tuple(i for i in range(nargs) if i not in self.static_positions)
+        self.static_names = tuple(sorted(static_argnames.intersection(names)))
+        self.dynamic_names = tuple(sorted(k for k in names if k not in static_argnames))
+        self.has_static = bool(self.static_positions or self.static_names)
+
+    def apply(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple, dict]:
+        """(static key, dynamic positional args, dynamic keyword args)."""
+        static_key = tuple([(type(args[i]), args[i]) for i in self.static_positions])
+        if self.static_positions:
+            args = tuple([args[i] for i in self.dynamic_positions])
+        if self.static_names:
+            static_key += tuple([(k, type(kwargs[k]), kwargs[k]) for k in self.static_names])
+            kwargs = {k: kwargs[k] for k in self.dynamic_names}
+        return static_key, args, kwargs
+
+
+# ---------------------------------------------------------------------------
+# Binders and the hit path
+#
+# One template holds the hit path (lookup -> inputs -> execute -> outputs).
+# Binders inline it after building their key; `make_hit` compiles it alone
+# for the general path. The *timed* flavour (while a `nbjit.profile()` is
+# active) adds clock stamps between the phases; the plain one pays nothing
+# for it. Slow and miss calls go through `whole(self, t0, fn, *args)`, which
+# the timed flavour uses to time them whole.
+
+_HIT_TEMPLATE = """\
+    context = trace_context()
+    try:  # a static argument's __hash__ or __eq__ may raise: JAX reports it
+        node = lookup(key)
+    except Exception:
+        return whole(self, {t0}, self._slow, args, kwargs, "static_arg_error")
+    while node is not None and (node.shardings != shardings or node.context != context):
+        node = node.next
+    if node is None or (record := node.record) is None or post_hook.value is not None:
+        return whole(self, {t0}, self._miss_or_slow, args, kwargs, {leaves},
+                     (key, shardings, context), node)
+    node.shardings = shardings  # equal; keeping the newest makes identity checks hit
+{stamp_lookup}    try:
+        touch(node)  # KeyError if another thread evicted it meanwhile
+        inputs = {leaves} if record.leaves_are_inputs else record.inputs({leaves})
+    except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
+        return whole(self, {t0}, self._slow, args, kwargs, "input_refused")
+{stamp_inputs}    try:
+        results = record.execute(inputs)
+    except Exception as error:
+        return whole(self, {t0}, self._execute_failed, error, args, kwargs, inputs)
+{stamp_execute}    outs = consume(results, record.out_handlers)
+    node.hits += 1
+{finish}"""
+
+_PLAIN_FINISH = "    return outs[0] if record.single_output else record.out_tree.unflatten(outs)\n"
+_TIMED_FINISH = """\
+    out = outs[0] if record.single_output else record.out_tree.unflatten(outs)
+    record_hit(self, t0, t_key, t_lookup, t_inputs, t_execute, clock())
+    return out
+"""
+
+_BINDER_TEMPLATE = """\
+def bind(self, args, kwargs):
+{start}{unpack}{read}
+{stamp_key}{tail}"""
+
+_READ_UNROLLED = """\
+    if {checks}:
+        key = {key}
+        shardings = [{shardings}]
+    else:
+        return self._general(args, kwargs{t0_arg})
+"""
+
+_READ_LOOP = """\
+    dynamic = {dynamic}
+    try:
+        pairs = tuple([(x.aval, x._committed) for x in dynamic])
+        shardings = [x._sharding for x in dynamic]
+    except AttributeError:
+        return self._general(args, kwargs{t0_arg})
+    key = {key}
+"""
+
+_PROBE_READ_FINISH = "    return ({leaves}, key, shardings)\n"
+
+
+def _hit_source(leaves: str, timed: bool) -> str:
+    stamp = "    {} = clock()\n".format
+    return _HIT_TEMPLATE.format(
+        t0="t0" if timed else "0", leaves=leaves,
+        stamp_lookup=stamp("t_lookup") if timed else "",
+        stamp_inputs=stamp("t_inputs") if timed else "",
+        stamp_execute=stamp("t_execute") if timed else "",
+        finish=_TIMED_FINISH if timed else _PLAIN_FINISH)
+
+
+def binder_source(split: Split, flavour: str = "plain") -> str:
+    """The source of the binder for one call shape (see `make_binder`).
+
+    `flavour`: "plain" (the hit path), "timed" (the same, with phase stamps)
+    or "probe" (returns ``(leaves, key, shardings)``, or the general path's
+    ``_general_signature``, and runs nothing).
+    """
+    timed = flavour == "timed"
+    arg_names = [f"a{i}" for i in range(split.nargs)]
+    kw_names = {k: f"k{j}" for j, k in enumerate(split.names)}
+    unpack = ""
+    if arg_names:
+        unpack += f"    {', '.join(arg_names)}, = args\n"
+    if kw_names:
+        unpack += f"    {', '.join(kw_names.values())}, = kwargs.values()\n"
+    dynamic = ([arg_names[i] for i in split.dynamic_positions]
+               + [kw_names[k] for k in split.dynamic_names])
+    statics = ([f"type({arg_names[i]}), {arg_names[i]}" for i in split.static_positions]
+               + [f"{k!r}, type({kw_names[k]}), {kw_names[k]}" for k in split.static_names])
+    marked = bool(split.names or statics)  # a plain positional call keys as bare pairs
+    prefix = "shape, " + "".join(s + ", " for s in statics) if marked else ""
+    leaves = f"[{', '.join(dynamic)}]" if (marked or not dynamic) else "args"
+    t0_arg = ", t0" if timed else ""
+    if len(dynamic) <= UNROLL_MAX:
+        pairs = [f"({d}.aval, {d}._committed)" for d in dynamic]
+        read = _READ_UNROLLED.format(
+            checks=" and ".join(f"type({d}) is ArrayImpl" for d in dynamic) or "True",
+            key=f"({prefix}{''.join(p + ', ' for p in pairs)})", t0_arg=t0_arg,
+            shardings=", ".join(f"{d}._sharding" for d in dynamic))
+    else:
+        read = _READ_LOOP.format(dynamic=leaves, t0_arg=t0_arg,
+                                 key=f"({prefix}*pairs)" if marked else "pairs")
+    if flavour == "probe":
+        read = read.replace("self._general(", "self._general_signature(")
+        tail = _PROBE_READ_FINISH.format(leaves=leaves)
+    else:
+        tail = _hit_source(leaves, timed)
+    if len(dynamic) > UNROLL_MAX and leaves != "args":  # the hit path reuses the list
+        tail = tail.replace(leaves, "dynamic")
+    return _BINDER_TEMPLATE.format(
+        start="    t0 = clock()\n" if timed else "", unpack=unpack, read=read.rstrip("\n"),
+        stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
+
+
+def _compile(source: str, name: str, scope: dict[str, Any]) -> Any:
+    # A file name under nbjit's directory: JAX's error messages skip its frames
+    # (source_info_util), and linecache shows the source in tracebacks.
+    filename = f"{_BINDER_DIR}/<{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), scope)
+    return scope
+
+
+def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
+                ) -> Callable[[Any, tuple, dict], Any]:
+    """Compiles the binder of `split`: ``bind(pjit_function, args, kwargs)``.
+
+    It builds the key of a call whose dynamic arguments are all jax.Arrays
+    and runs the hit path on it; any other call goes to the function's
+    `_general`. `env` holds the names the source reads (see `hit_env`); the
+    binder holds no reference to the function itself.
+    """
+    scope = {**env, "ArrayImpl": ArrayImpl, "shape": (LEAVES, split.key_shape)}
+    name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
+    return _compile(binder_source(split, flavour), name, scope)["bind"]
+
+
+def make_hit(env: dict[str, Any], timed: bool = False) -> Callable[..., Any]:
+    """The hit path alone, ``hit(self, args, kwargs, leaves, key, shardings, t0, t_key)``:
+    where the general path ends once it has keyed a call."""
+    source = ("def hit(self, args, kwargs, leaves, key, shardings, t0, t_key):\n"
+              + _hit_source("leaves", timed))
+    return _compile(source, f"hit{' timed' if timed else ''}", dict(env))["hit"]

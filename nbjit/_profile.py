@@ -1,0 +1,262 @@
+"""Per-phase timing of nbjit calls: ``with nbjit.profile() as prof:``.
+
+Inside the block every nbjit call is timed: a hit in five phases (keying,
+lookup, input preparation, execute, output wrapping), a miss or slow call
+whole. Outside it the hit path pays nothing: the dispatcher runs a profiled
+flavour of its hit functions only while a profile is active (entering the
+first profile and leaving the last call the switches registered with
+`on_switch`).
+
+The dispatcher's side of the interface:
+  * `record(jitted, t0, t_key, t_lookup, t_inputs, t_execute, t_outputs)`:
+    one hit, as `time.perf_counter_ns` stamps (t0 = the call began; each
+    later stamp = that phase ended);
+  * `record_whole(jitted, kind, nanoseconds)`: one miss or slow call;
+  * `active()`: whether any profile is active.
+
+The profile states its own overhead per call (`Profile.overhead_ns`): the
+time of a probe call shaped like a profiled hit (six clock reads, the
+record), measured each time a profile starts (~5 ms). It bounds both what
+profiling adds to a call and the part of a call outside its five phases.
+"""
+
+from __future__ import annotations
+
+import gc
+import html
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PHASES", "Profile", "profile", "active", "record", "record_whole", "on_switch"]
+
+PHASES = ("key", "lookup", "inputs", "execute", "outputs")
+
+_clock = time.perf_counter_ns
+_active: tuple[Profile, ...] = ()
+_lock = threading.Lock()
+_switches: list[Callable[[bool], None]] = []
+
+
+def on_switch(callback: Callable[[bool], None]) -> None:
+    """`callback(True)` when the first profile starts, `callback(False)` when the last ends."""
+    _switches.append(callback)
+
+
+def active() -> bool:
+    return bool(_active)
+
+
+def record(jitted: Any, t0: int, t_key: int, t_lookup: int, t_inputs: int, t_execute: int,
+           t_outputs: int) -> None:
+    """One hit of `jitted`, as perf_counter_ns stamps (see the module docstring)."""
+    stamp = (t0, t_key, t_lookup, t_inputs, t_execute, t_outputs)
+    for prof in _active:
+        hits = prof._hits.get(jitted)
+        if hits is None:
+            hits = prof._hits[jitted] = []
+        hits.append(stamp)
+
+
+def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
+    """One miss (`kind` 'miss') or slow call ('slow') of `jitted`, timed whole."""
+    for prof in _active:
+        prof._whole.setdefault(jitted, []).append((kind, nanoseconds))
+
+
+def _measure_overhead(n: int = 1000) -> float:
+    """Nanoseconds per call of a probe shaped like a timed hit that does no work.
+
+    The probe mirrors the dispatcher's timed flavour (nbjit/_keys.py
+    `_HIT_TEMPLATE`, timed): a ``__call__(*args, **kwargs)`` that looks up
+    and calls a binder, which stamps t0, its key, and four more phases and
+    records. It bounds both what profiling adds to a call and the part of a
+    call outside its five phases. Median of five batches, gc off.
+    """
+    global _active
+    from nbjit._jax import collect_garbage
+
+    clock = _clock
+
+    class Probe:
+        binders: dict = {}
+
+        def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+            collect_garbage()  # as PjitFunction.__call__
+            shape = (len(args), *kwargs) if kwargs else len(args)
+            try:
+                binder = self.binders[shape]
+            except KeyError:
+                binder = self.binders[shape] = Probe.bind
+            try:
+                return binder(self, args, kwargs)
+            except Exception:
+                raise
+
+        def bind(self, args: tuple, kwargs: dict) -> Any:
+            t0 = clock()
+            t1 = clock()
+            t2 = clock()
+            t3 = clock()
+            t4 = clock()
+            record(self, t0, t1, t2, t3, t4, clock())
+            return args
+
+    probe = Probe()
+    saved, _active = _active, (Profile(),)
+    try:
+        estimates = []
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # a collection would land in one batch only: the median skips it
+        try:
+            for _ in range(5):
+                start = clock()
+                for _ in range(n):
+                    probe(None)
+                estimates.append((clock() - start) / n)
+                _active[0]._hits.clear()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+    finally:
+        _active = saved
+    return float(np.median(estimates))
+
+
+class Profile:
+    """The per-phase timings of nbjit calls made while it was active."""
+
+    def __init__(self) -> None:
+        self._hits: dict[Any, list[tuple[int, ...]]] = {}
+        self._whole: dict[Any, list[tuple[str, int]]] = {}
+        self.overhead_ns = 0.0
+
+    # -- the context manager ---------------------------------------------------
+
+    def __enter__(self) -> Profile:
+        global _active
+        with _lock:
+            self.overhead_ns = _measure_overhead()  # ~5 ms, under the load of the moment
+            first = not _active
+            _active = (*_active, self)
+            if first:
+                for switch in _switches:
+                    switch(True)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global _active
+        with _lock:
+            _active = tuple(p for p in _active if p is not self)
+            if not _active:
+                for switch in _switches:
+                    switch(False)
+
+    # -- results ---------------------------------------------------------------
+
+    def phases_ns(self, jitted: Any) -> np.ndarray:
+        """int64[hits, 5]: nanoseconds per phase of every profiled hit of `jitted`."""
+        stamps = np.asarray(self._hits.get(jitted, []), dtype=np.int64).reshape(-1, 6)
+        return np.diff(stamps, axis=1)
+
+    def functions(self) -> list[Any]:
+        """The jitted functions with a recorded call, in first-call order."""
+        return list(dict.fromkeys([*self._hits, *self._whole]))
+
+    def whole_ns(self, jitted: Any) -> list[tuple[str, int]]:
+        """(kind, nanoseconds) of every miss ('miss') and slow call ('slow') of `jitted`."""
+        return list(self._whole.get(jitted, []))
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One dict per function: name, hits, misses, slow, per-phase mean/p90 (us), total ms."""
+        from nbjit._stats import qualified_name
+
+        rows = []
+        for jitted in self.functions():
+            phases = self.phases_ns(jitted) / 1e3
+            whole = self.whole_ns(jitted)
+            miss_us = [ns / 1e3 for kind, ns in whole if kind == "miss"]
+            slow_us = [ns / 1e3 for kind, ns in whole if kind == "slow"]
+            row: dict[str, Any] = {
+                "name": qualified_name(getattr(jitted, "_fun", jitted)),
+                "calls": len(phases) + len(whole), "hits": len(phases),
+                "misses": len(miss_us), "slow": len(slow_us),
+            }
+            for i, phase in enumerate(PHASES):
+                column = phases[:, i] if len(phases) else np.zeros(1)
+                row[f"{phase}_mean_us"] = float(column.mean())
+                row[f"{phase}_p90_us"] = float(np.percentile(column, 90))
+            row["hit_mean_us"] = float(phases.sum(axis=1).mean()) if len(phases) else 0.0
+            row["miss_mean_us"] = float(np.mean(miss_us)) if miss_us else 0.0
+            row["slow_mean_us"] = float(np.mean(slow_us)) if slow_us else 0.0
+            row["total_ms"] = (float(phases.sum()) + sum(miss_us) + sum(slow_us)) / 1e3
+            rows.append(row)
+        return rows
+
+    def _table(self) -> tuple[list[str], list[list[str]]]:
+        header = ["function", "calls", "hits", "misses", "slow"]
+        header += [f"{p} us" for p in PHASES] + ["hit us", "miss/slow us", "total ms"]
+        body = []
+        for r in self.summary():
+            cells = [r["name"], str(r["calls"]), str(r["hits"]), str(r["misses"]), str(r["slow"])]
+            cells += [f"{r[f'{p}_mean_us']:.2f} ({r[f'{p}_p90_us']:.2f})" for p in PHASES]
+            whole = [v for v in (r["miss_mean_us"], r["slow_mean_us"]) if v]
+            cells += [f"{r['hit_mean_us']:.2f}",
+                      "/".join(f"{v:.0f}" for v in whole) or "-", f"{r['total_ms']:.2f}"]
+            body.append(cells)
+        return header, body
+
+    def __str__(self) -> str:
+        header, body = self._table()
+        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+                 for row in [header, *body]]
+        lines.append(f"phase cells: mean (p90) us per hit; profiler overhead "
+                     f"~{self.overhead_ns / 1e3:.2f} us per call, not subtracted")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        header, body = self._table()
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
+        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                       for row in body)
+        note = (f"<p>phase cells: mean (p90) us per hit; profiler overhead "
+                f"~{self.overhead_ns / 1e3:.2f} us per call, not subtracted</p>")
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{note}"
+
+    def plot(self, path: str | None = None) -> Any:
+        """A stacked bar per function: mean us per phase of its hits. Saves to `path` if given.
+
+        Returns the matplotlib Figure (imported here, not at nbjit's import).
+        """
+        import matplotlib
+
+        if path is not None and matplotlib.get_backend().lower() not in (
+                "agg", "module://matplotlib_inline.backend_inline"):
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = [r for r in self.summary() if r["hits"]]
+        fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(rows) + 2), 3.5))
+        names = [r["name"].rsplit(".", 1)[-1] for r in rows]
+        bottom = np.zeros(len(rows))
+        for phase in PHASES:
+            values = np.array([r[f"{phase}_mean_us"] for r in rows])
+            ax.bar(names, values, bottom=bottom, label=phase)
+            bottom += values
+        ax.set_ylabel("mean us per hit")
+        ax.set_title(f"nbjit per-phase time (profiler overhead ~{self.overhead_ns / 1e3:.2f} us)")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path, dpi=100)
+        return fig
+
+
+def profile() -> Profile:
+    """``with nbjit.profile() as prof:`` times every nbjit call inside; print `prof`."""
+    return Profile()

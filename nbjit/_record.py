@@ -1,0 +1,351 @@
+"""The frozen fast-path record of one cached signature, and its input steps.
+
+`build_record` turns the fast-path data JAX's miss path returns
+(`MeshExecutableFastpathData`, as jaxlib's C++ receives it) into a
+`FastPath`: everything a hit needs, fixed at creation. Input preparation is
+one tuple of steps, each chosen at build time by the type of the value the
+miss saw (`_STEP_BUILDERS`, a ``type -> builder`` table as JAX's
+`shard_arg_handlers`):
+
+  * a `jax.Array` already placed as the executable wants: no step;
+  * a one-device `jax.Array` on another device: a C++ copy (`_Copy`);
+  * a host value (numpy array or scalar, Python scalar) bound for one
+    device: `HostInput` (one batched C++ transfer, with a memo);
+  * a host value bound for many devices, or a big one: its `ShardingPlan`
+    slices/copies on the host (`_Planned`);
+  * anything else: JAX's own `shard_args`, batched into one `_ShardArgs`.
+
+Host values are classified in one place, `host_dtype`: the keys
+(`nbjit._keys.leaf_signature`) and the steps agree on what a host value is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from nbjit import _jax
+from nbjit import sharding as _sharding
+
+__all__ = ["FastPath", "HostInput", "Unsupported", "build_record", "canonical_dtypes",
+           "host_dtype"]
+
+ArrayImpl = _jax.ArrayImpl
+_device_put = _jax.batched_device_put
+_copy_to_devices = _jax.copy_to_devices_unguarded
+_host_transfers_unguarded = _jax.host_transfers_unguarded
+# Host buffers are copied while the transfer call runs: the result never
+# aliases the caller's array (jaxlib's default, zero copy, uses a 64-byte
+# aligned array in place, so mutating it after the call could change a result).
+_COPY_DURING_CALL = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+
+
+class Unsupported(Exception):
+    """This signature cannot take the fast path; `args[0]` says why (a slow reason)."""
+
+
+# ---------------------------------------------------------------------------
+# Host values
+
+
+class _CanonicalDtypes(dict):
+    """dtype -> canonical dtype for one x64 setting; None for non-numeric dtypes."""
+
+    def __init__(self, x64: bool) -> None:
+        super().__init__()
+        self._x64 = x64
+
+    def __missing__(self, dtype: np.dtype) -> np.dtype | None:
+        if not _is_numeric(dtype):
+            return None  # not cached: strings, objects, float0 go to JAX's path
+        with _jax.enable_x64(self._x64):
+            canonical = np.dtype(_jax.canonicalize_dtype(dtype))
+        self[dtype] = canonical
+        return canonical
+
+    def get(self, dtype: np.dtype, default: Any = None) -> np.dtype | None:
+        try:
+            return self[dtype]
+        except TypeError:  # an unhashable "dtype" of some exotic subclass
+            return default
+
+
+def _is_numeric(dtype: np.dtype) -> bool:
+    """bool, integers, floats, complex, and ml_dtypes' (bfloat16, float8, ...)."""
+    return dtype.kind in "biufc" or dtype.type.__module__ == "ml_dtypes"
+
+
+# x64 setting -> {dtype: canonical dtype}
+canonical_dtypes = {False: _CanonicalDtypes(False), True: _CanonicalDtypes(True)}
+# Python scalar type -> the dtype JAX gives it before canonicalisation (weakly typed)
+_PYTHON_SCALAR_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64),
+                         float: np.dtype(np.float64), complex: np.dtype(np.complex128)}
+
+
+_WEAK_SCALAR_TYPES = frozenset({int, float, complex})
+
+
+def host_dtype(x: Any, canonical: dict) -> np.dtype | None:
+    """The canonical (x64-squashed) dtype a host value enters as; None if not one.
+
+    Host values: numpy arrays and scalars of numeric dtypes, Python bool,
+    int, float and complex (as in jaxlib, an int's range is checked when it
+    is converted, and JAX's own path reports an overflow).
+    """
+    t = type(x)
+    if t is np.ndarray or isinstance(x, np.generic):
+        return canonical.get(x.dtype)
+    dtype = _PYTHON_SCALAR_DTYPES.get(t)
+    return None if dtype is None else canonical[dtype]
+
+
+# ---------------------------------------------------------------------------
+# Input steps
+
+
+class HostInput:
+    """A host value bound for one device, at `index` of the inputs.
+
+    The value goes to `batched_device_put` as it is: jaxlib converts it to
+    `aval`'s (canonical) dtype itself, which costs ~1 us less per leaf than
+    converting it in numpy first. A numpy array is copied during the call
+    (never aliased: the caller may mutate it as soon as the call returns);
+    a scalar cannot be aliased.
+
+    With `memo`, the device copy of the last value is kept: the same
+    immutable scalar object, or a small array with the same bytes (after
+    canonicalisation), reuses it instead of transferring again. It is exact:
+    bytes, not ``==``, so -0.0, NaN payloads and every dtype are told apart;
+    the copy is never donated (no memo for donating functions) and never
+    handed to the caller. A guarded transfer (log, disallow) always goes
+    through `batched_device_put`, which applies the guard as jaxlib does.
+    """
+
+    MEMO_MAX_BYTES = 1024  # a bytes compare this size costs far less than a transfer
+
+    __slots__ = ("index", "dtype", "aval", "sharding", "devices", "memo", "last")
+
+    def __init__(self, index: int, dtype: np.dtype, aval: Any, sharding: Any,
+                 memo: bool) -> None:
+        self.index = index
+        self.dtype = dtype
+        self.aval = aval
+        self.sharding = sharding
+        self.devices = list(sharding.device_set)
+        self.memo = memo
+        self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
+
+    def apply(self, inputs: list) -> None:
+        inputs[self.index] = self.put(inputs[self.index])
+
+    def put(self, x: Any) -> Any:
+        if type(x) is not np.ndarray:  # a scalar: immutable, the object itself is a key
+            last = self.last
+            if last is not None and x is last[0] and _host_transfers_unguarded():
+                return last[2]
+            array = _device_put(self.aval, self.sharding, [x], self.devices, False)
+            if self.memo:
+                self.last = (x, None, array)
+            return array
+        if not self.memo:
+            return _device_put(self.aval, self.sharding, [x], self.devices, False, False,
+                               _COPY_DURING_CALL)
+        data = np.asarray(x, self.dtype).tobytes()
+        last = self.last
+        if last is not None and data == last[1] and _host_transfers_unguarded():
+            return last[2]
+        array = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
+                            _COPY_DURING_CALL)
+        self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
+        return array
+
+
+class _Copy:
+    """A one-device jax.Array on another device: copied in C++, as jaxlib does.
+
+    As jaxlib's IFRT CopyArrays, the copy is below the layer that applies
+    device-to-device transfer guards: a hit copies under "disallow" too.
+    """
+
+    __slots__ = ("index", "device_list", "sharding")
+
+    def __init__(self, index: int, sharding: Any) -> None:
+        self.index = index
+        self.device_list = _jax.device_list(sharding)
+        self.sharding = sharding
+
+    def apply(self, inputs: list) -> None:
+        i = self.index
+        inputs[i] = _copy_to_devices([inputs[i]], [self.device_list], [self.sharding])[0]
+
+
+class _Planned:
+    """A host value sliced/copied on the host by its `ShardingPlan`."""
+
+    __slots__ = ("index", "dtype", "plan")
+
+    def __init__(self, index: int, dtype: np.dtype, plan: Any) -> None:
+        self.index = index
+        self.dtype = dtype
+        self.plan = plan
+
+    def apply(self, inputs: list) -> None:
+        i = self.index
+        inputs[i] = self.plan.put(np.asarray(inputs[i], self.dtype))
+
+
+class _ShardArgs:
+    """Inputs JAX's own `shard_args` converts (reshardings, unusual values), in one call."""
+
+    __slots__ = ("indices", "shardings")
+
+    def __init__(self, indices: Sequence[int], shardings: Sequence[Any]) -> None:
+        self.indices = tuple(indices)
+        self.shardings = list(shardings)
+
+    def apply(self, inputs: list) -> None:
+        indices = self.indices
+        converted = _jax.pxla_shard_args(self.shardings, [None] * len(indices),
+                                         [inputs[i] for i in indices])
+        for i, value in zip(indices, converted, strict=True):
+            inputs[i] = value
+
+
+_SHARD_ARGS = object()  # a builder's answer: leave this input to `_ShardArgs`
+
+
+def _array_step(i: int, x: Any, sharding: Any, donated: bool) -> Any:
+    if _same_placement(x, sharding):
+        return None
+    if len(x._sharding.device_set) == 1 and len(sharding.device_set) == 1:
+        # A device of another process (none addressable here): as jaxlib's
+        # PrepareIfrtInputs, the array goes to the executable as it is.
+        return _Copy(i, sharding) if len(_jax.device_list(sharding)) else None
+    return _SHARD_ARGS
+
+
+def _host_step(i: int, x: Any, sharding: Any, donated: bool) -> Any:
+    dtype = host_dtype(x, canonical_dtypes[_jax.enable_x64.value])
+    if dtype is None or not len(_jax.device_list(sharding)):
+        return _SHARD_ARGS  # not a host value, or no device of this process: JAX's way
+    nbytes = np.size(x) * dtype.itemsize
+    if len(sharding.device_set) == 1 and nbytes < _sharding.SINGLE_DEVICE_PLAN_MIN_BYTES:
+        memo = not donated and nbytes <= HostInput.MEMO_MAX_BYTES
+        weak = type(x) in _WEAK_SCALAR_TYPES  # as JAX types Python scalars (bool is not weak)
+        aval = _jax.ShapedArray(np.shape(x), dtype, weak_type=weak)
+        return HostInput(i, dtype, aval, sharding, memo)
+    plan = _sharding.plan_for(sharding, np.shape(x), dtype)
+    return _SHARD_ARGS if plan is None else _Planned(i, dtype, plan)
+
+
+_STEP_BUILDERS: dict[type, Callable[[int, Any, Any, bool], Any]] = {
+    ArrayImpl: _array_step,
+    np.ndarray: _host_step,
+    **{t: _host_step for t in _PYTHON_SCALAR_DTYPES},
+}
+
+
+def _step_for(i: int, x: Any, sharding: Any, donated: bool) -> Any:
+    build = _STEP_BUILDERS.get(type(x))
+    if build is None:
+        build = _host_step if isinstance(x, np.generic) else None
+    return _SHARD_ARGS if build is None else build(i, x, sharding, donated)
+
+
+def _same_placement(x: Any, sharding: Any) -> bool:
+    xs = x._sharding
+    if xs is sharding or xs == sharding:
+        return True
+    try:
+        return bool(xs.is_equivalent_to(sharding, x.ndim))
+    except Exception:  # different sharding types JAX cannot compare: convert
+        return False
+
+
+# ---------------------------------------------------------------------------
+# The record
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FastPath:
+    """Everything a hit needs for one signature; never changes once built.
+
+    `kept` is None when every leaf is an input, in order; `steps` are the
+    input steps' bound `apply` methods; `leaves_are_inputs` says the leaves
+    go to the executable as they are (no consts, pruning or steps).
+    """
+
+    executable: Any
+    execute: Callable[[Sequence[Any]], Any]
+    out_handlers: list
+    out_tree: Any
+    single_output: bool
+    consts: tuple
+    kept: tuple[int, ...] | None
+    steps: tuple[Callable[[list], None], ...]
+    leaves_are_inputs: bool
+
+    def inputs(self, leaves: Sequence[Any]) -> list:
+        """The executable's input list: consts, kept leaves, each step applied."""
+        kept = self.kept
+        inputs = [*self.consts, *(leaves if kept is None else [leaves[i] for i in kept])]
+        for apply in self.steps:
+            apply(inputs)
+        return inputs
+
+    def step_objects(self) -> list:
+        """The step objects behind `steps` (for tests and introspection)."""
+        return [apply.__self__ for apply in self.steps]
+
+
+def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool) -> FastPath:
+    """Turns JAX's fast-path data into a `FastPath`; raises `Unsupported` when it cannot.
+
+    `leaves`: the call's dynamic leaves, as the miss saw them (their types
+    choose the steps). `donated`: the function donates some argument (host
+    inputs then keep no memo).
+    """
+    if fastpath is None:
+        raise Unsupported("no_fastpath")
+    if any(layout is not None for layout in fastpath.in_device_local_layouts):
+        raise Unsupported("layout")
+    const_args = list(fastpath.const_args)
+    kept_bits = list(fastpath.kept_var_bitvec)
+    n_const = len(const_args)
+    if len(kept_bits) != n_const + len(leaves):
+        raise Unsupported("no_fastpath")
+    in_shardings = list(fastpath.in_shardings)
+    consts = tuple(c for c, keep in zip(const_args, kept_bits[:n_const], strict=True) if keep)
+    kept = tuple(i for i, keep in enumerate(kept_bits[n_const:]) if keep)
+    if len(consts) + len(kept) != len(in_shardings):
+        raise Unsupported("no_fastpath")
+    inputs = [*consts, *[leaves[i] for i in kept]]
+    steps, shard_args = [], []
+    for i, (x, sharding) in enumerate(zip(inputs, in_shardings, strict=True)):
+        step = _step_for(i, x, sharding, donated)
+        if step is _SHARD_ARGS:
+            shard_args.append(i)
+        elif step is not None:
+            steps.append(step.apply)
+    if shard_args:
+        steps.append(_ShardArgs(shard_args, [in_shardings[i] for i in shard_args]).apply)
+    out_tree = fastpath.out_pytree_def
+    all_kept = len(kept) == len(leaves)
+    return FastPath(
+        executable=fastpath.xla_executable,
+        execute=fastpath.xla_executable.execute_sharded,
+        out_handlers=[
+            _jax.result_handler(aval, sharding, committed)
+            for aval, sharding, committed in zip(
+                fastpath.out_avals, fastpath.out_shardings, fastpath.out_committed, strict=True)
+        ],
+        out_tree=out_tree,
+        single_output=out_tree.num_nodes == 1 and out_tree.num_leaves == 1,
+        consts=consts,
+        kept=None if all_kept else kept,
+        steps=tuple(steps),
+        leaves_are_inputs=not consts and not steps and all_kept,
+    )

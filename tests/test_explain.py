@@ -1,0 +1,269 @@
+"""Explained misses: one WARNING per miss naming the argument path and field."""
+
+import concurrent.futures
+import logging
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import nbjit
+from nbjit import _explain, _kernels
+from nbjit.dispatch import PjitFunction
+
+
+@pytest.fixture
+def records(caplog):
+    caplog.set_level(logging.WARNING, logger="nbjit")
+
+    def nbjit_records():
+        return [r for r in caplog.records if r.name == "nbjit"]
+
+    return nbjit_records
+
+
+def _explained(records, call):
+    """The one message the call's miss logged."""
+    before = len(records())
+    with nbjit.explain_misses():
+        call()
+    new = records()[before:]
+    assert len(new) == 1, [r.getMessage() for r in new]
+    assert new[0].levelno == logging.WARNING
+    return new[0].getMessage()
+
+
+def add(x, y):
+    return x + y
+
+
+def _fresh(fun=add, **options):
+    return nbjit.jit(lambda *a, **k: fun(*a, **k), **options)
+
+
+def test_no_message_for_a_first_miss_or_when_off(records):
+    f = _fresh()
+    a = jnp.ones(3)
+    with nbjit.explain_misses():
+        f(a, a)  # nothing cached yet: nothing to compare
+    f(a, jnp.ones(1))  # explaining is off
+    assert records() == []
+
+
+def test_shape_names_the_path_and_call_site(records):
+    f = nbjit.jit(lambda x, y: x + y["w"])
+    a = jnp.ones(3)
+    f(a, {"w": a})
+    message = _explained(records, lambda: f(a, {"w": jnp.ones(1)}))
+    assert "args[1]['w']: shape float32[3] -> float32[1]" in message
+    assert "<lambda>" in message and "test_explain.py:" in message
+    assert "JAX traced and compiled" in message
+
+
+@pytest.mark.parametrize("second, expected", [
+    (lambda a: jnp.ones(3, jnp.int32), "args[1]: dtype float32[3] -> int32[3]"),
+    (lambda a: jax.device_put(a, jax.devices()[0]), "args[1]: committed False -> True"),
+    (lambda a: np.ones(3, np.float32), "args[1]: kind jax.Array -> numpy"),
+], ids=["dtype", "committed", "host_value_kind"])
+def test_second_argument_field(records, second, expected):
+    f = _fresh()
+    a = jnp.ones(3)
+    f(a, a)
+    message = _explained(records, lambda: f(a, second(a)))
+    assert expected in message
+
+
+def test_weak_type(records):
+    f = _fresh()
+    strong = jnp.array(1.0, jnp.float32)
+    weak = jax.jit(lambda: 1.0)()
+    assert weak.weak_type and not strong.weak_type
+    f(strong, strong)
+    message = _explained(records, lambda: f(strong, weak))
+    assert "args[1]: weak type False -> True" in message
+
+
+def test_sharding(records):
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 devices")
+    f = nbjit.jit(lambda x: x + 1)
+    on0 = jax.device_put(jnp.ones(3), jax.devices()[0])
+    on1 = jax.device_put(jnp.ones(3), jax.devices()[1])
+    f(on0)
+    message = _explained(records, lambda: f(on1))
+    assert "args[0]: sharding SingleDeviceSharding(device=CpuDevice(id=0)" in message
+    assert "committed" not in message
+
+
+def test_static_value_and_type(records):
+    f = nbjit.jit(lambda x, n, *, mode: x * n, static_argnums=1, static_argnames="mode")
+    a = jnp.ones(3)
+    f(a, 2, mode="a")
+    message = _explained(records, lambda: f(a, 3, mode="a"))
+    assert "args[1]: static argument value 2 -> 3" in message
+    message = _explained(records, lambda: f(a, 2.0, mode="a"))
+    assert "args[1]: static argument type int -> float" in message
+    message = _explained(records, lambda: f(a, 2, mode="b"))
+    assert "kwargs['mode']: static argument value 'a' -> 'b'" in message
+
+
+def test_keyword_names(records):
+    f = nbjit.jit(lambda x, y=None, z=None: x)
+    a = jnp.ones(3)
+    f(a, y=a)
+    message = _explained(records, lambda: f(a, z=a))
+    assert "keyword names ('y',) -> ('z',)" in message
+
+
+def test_pytree_structure(records):
+    f = nbjit.jit(lambda x, p: x)
+    a = jnp.ones(3)
+    f(a, {"w": a, "b": a})
+    message = _explained(records, lambda: f(a, {"w": a}))
+    assert "args[1]: pytree structure PyTreeDef({'b': *, 'w': *}) -> PyTreeDef({'w': *})" \
+        in message
+
+
+def test_trace_context_x64(records, x64):
+    f = _fresh()
+    a = jnp.ones(3, jnp.float32)
+    with jax.enable_x64(False) if hasattr(jax, "enable_x64") else _x64(False):
+        f(a, a)
+    message = _explained(records, lambda: f(a, a))
+    assert "trace context jax_enable_x64: False -> True" in message
+
+
+def _x64(on):
+    from jax.experimental import disable_x64, enable_x64
+
+    return enable_x64() if on else disable_x64()
+
+
+def test_trace_context_default_device(records):
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 devices")
+    f = _fresh()
+    a = jnp.ones(3)
+    f(a, a)
+
+    def call():
+        with jax.default_device(jax.devices()[1]):
+            f(a, a)
+
+    message = _explained(records, call)
+    assert "trace context jax_default_device: None -> CpuDevice(id=1)" in message
+
+
+def test_options_of_another_jit_of_the_same_function(records):
+    def g(x):
+        return x * 2
+
+    nbjit.jit(g)(jnp.ones(3))
+    donating = nbjit.jit(g, donate_argnums=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU may not use the donated buffer
+        message = _explained(records, lambda: donating(jnp.ones(3)))
+    assert "another jit of the same function has entries: " in message
+    assert "option donate_argnums: () -> (0,)" in message
+
+
+def test_evicted_entry_and_nothing_compiled(records):
+    def g(x):
+        return x + 1
+
+    cache = nbjit.PjitFunctionCache(2)
+    f = PjitFunction(g, {}, cache=cache)
+    a, b, c = jnp.ones(1), jnp.ones(2), jnp.ones(3)
+    f(a), f(b), f(c)  # c evicts a
+    message = _explained(records, lambda: f(a))
+    assert "this signature was compiled before; the LRU evicted its entry (cache capacity 2)" \
+        in message
+    assert "JAX compiled nothing new (its trace and compile caches held it)" in message
+
+
+def test_jax_explain_cache_misses_turns_it_on(records):
+    f = _fresh()
+    a = jnp.ones(3)
+    f(a, a)
+    before = len(records())
+    with jax.explain_cache_misses(True) if hasattr(jax, "explain_cache_misses") else \
+            _config_on("jax_explain_cache_misses"):
+        assert _explain.enabled()
+        f(a, jnp.ones(1))
+    assert not _explain.enabled()
+    assert len(records()[before:]) == 1
+
+
+class _config_on:
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.old = getattr(jax.config, self.name)
+        jax.config.update(self.name, True)
+
+    def __exit__(self, *exc):
+        jax.config.update(self.name, self.old)
+
+
+def test_explain_misses_nests_and_is_thread_safe():
+    assert not _explain.enabled()
+    with nbjit.explain_misses():
+        with nbjit.explain_misses():
+            assert _explain.enabled()
+        assert _explain.enabled()
+    assert not _explain.enabled()
+
+    def enter_exit():
+        for _ in range(200):
+            with nbjit.explain_misses():
+                pass
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for future in [pool.submit(enter_exit) for _ in range(4)]:
+            future.result(timeout=60)  # re-raises what a thread raised
+    assert not _explain.enabled() and _explain._depth == 0
+
+
+def test_closest_of_many_entries(records):
+    """Shape churn: the closest of 40 cached signatures is the one with the same shapes."""
+    f = nbjit.jit(lambda x, y: x.sum() + y.sum())
+    for n in range(1, 41):
+        f(jnp.ones(n), jnp.ones(n))
+    message = _explained(records, lambda: f(jnp.ones(7), jnp.ones(7, jnp.int32)))
+    assert "of 40 cached signatures: args[1]: dtype float32[7] -> int32[7]" in message
+    assert "shape" not in message
+
+
+# -- the closest-entry search: Numba kernel and Python loop agree ---------------
+
+_rows = st.integers(0, 3).flatmap(lambda n: st.lists(
+    st.lists(st.integers(-1, 3), min_size=5 + 7 * n, max_size=5 + 7 * n)
+    .map(lambda r, n=n: [n, *r[1:]]), min_size=1, max_size=12))
+
+
+@settings(max_examples=60, deadline=None)
+@given(_rows, st.integers(0, 3), st.data())
+def test_kernel_and_python_distances_agree(rows, n_new, data):
+    new = data.draw(st.lists(st.integers(-1, 3), min_size=5 + 7 * n_new, max_size=5 + 7 * n_new))
+    new[0] = n_new
+    arrays = [np.array(r, np.int64) for r in rows]
+    python = [_kernels.description_distance_python(new, r) for r in rows]
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    numba = _kernels.description_distances(np.array(new, np.int64), np.concatenate(arrays),
+                                           offsets)
+    assert list(numba) == python
+    assert _kernels.closest_numba(np.array(new, np.int64), arrays)[1] == min(python)
+    assert _kernels.closest_python(new, rows)[1] == min(python)
+
+
+def test_closest_uses_the_kernel_past_the_crossover():
+    descriptions = [_explain.describe_call((jnp.ones(n),), {}, (), (), ()) for n in range(1, 400)]
+    new = _explain.describe_call((jnp.ones(123),), {}, (), (), ())
+    assert len(descriptions) * len(new.row) >= _explain.NUMBA_CLOSEST_MIN_WORDS
+    index, distance = _explain.closest(new, descriptions)
+    assert (index, distance) == (122, 0)
