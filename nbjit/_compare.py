@@ -7,10 +7,16 @@ outputs, and times them interleaved (see `nbjit._measure`) together with the
 *floor*: the executable's own execute + output handling, called from Python,
 which no Python dispatcher can beat.
 
+Scenarios whose case has an ``arg_pool`` pass new host values on every call
+(the loops people write: a training step with a fresh batch, an environment
+step with a fresh action). `compare` runs the same machinery on a user's own
+function and inputs (``nbjit.compare``); the asv suite builds its benchmarks
+from `scenarios` too.
+
 matplotlib is imported only when a plot is asked for, so `import nbjit` never
-imports it. Multi-device scenarios need 8 devices: the CLI in
-`nbjit.__main__` sets ``--xla_force_host_platform_device_count=8`` before
-JAX's backend starts; where fewer devices exist they are skipped with a note.
+imports it. Multi-device scenarios need 8 devices: the CLI asks for them
+(`nbjit._devices.request_host_devices`) before JAX's backend starts; where
+fewer devices exist they are skipped with a note.
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ import numpy as np
 
 from nbjit import _measure
 from nbjit._jax import jax_jit  # upstream's jit, not the public name (users rebind jax.jit)
+
+# Upstream's own jit, captured where JAX defines it: users rebind the public
+# name (`jax.jit = nbjit.jit`), and a comparison against that would compare
+# nbjit with itself.
+from nbjit._jax import jax_jit
 
 SELF_CHECK_BAND = (0.9, 1.1)
 
