@@ -42,7 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from nbjit import _measure
-from nbjit._jax import jax_jit  # upstream's jit, not the public name (users rebind jax.jit)
 
 # Upstream's own jit, captured where JAX defines it: users rebind the public
 # name (`jax.jit = nbjit.jit`), and a comparison against that would compare
