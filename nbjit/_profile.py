@@ -84,14 +84,14 @@ def _measure_overhead(n: int = 1000) -> float:
     class Probe:
         def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
             t0 = clock()
-            outer = getattr(state, "t0", None), getattr(state, "hit", False)
-            state.t0, state.hit = t0, False
+            outer = getattr(state, "now", None)
+            state.now = now = [t0, False]
             try:
                 return self.bind(args, kwargs)
             finally:
-                if not state.hit:
+                if not now[1]:
                     record_whole(self, "slow", clock() - t0)
-                state.t0, state.hit = outer
+                state.now = outer
 
         def bind(self, args: tuple, kwargs: dict) -> Any:
             return self.hit(args, kwargs, args, args, None)
@@ -101,9 +101,9 @@ def _measure_overhead(n: int = 1000) -> float:
             t2 = clock()
             t3 = clock()
             t4 = clock()
-            t0 = getattr(state, "t0", None) or t1
-            state.hit = True
-            record(self, t0, t1, t2, t3, t4, clock())
+            now = getattr(state, "now", None) or [t1, False]
+            now[1] = True
+            record(self, now[0], t1, t2, t3, t4, clock())
             return leaves
 
     probe = Probe()

@@ -415,7 +415,7 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
 # The profiled flavour (while a `nbjit.profile()` is active; nbjit/_profile.py)
 
 _clock = time.perf_counter_ns
-_profiled_call = threading.local()  # t0 (the call began), hit (a hit was recorded)
+_profiled_call = threading.local()  # .now: [t0 of the call in flight, a hit was recorded]
 
 
 class _ProfiledPjitFunction(PjitFunction):
@@ -430,16 +430,19 @@ class _ProfiledPjitFunction(PjitFunction):
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         t0 = _clock()
-        outer = getattr(_profiled_call, "t0", None), getattr(_profiled_call, "hit", False)
-        _profiled_call.t0, _profiled_call.hit = t0, False
+        outer = getattr(_profiled_call, "now", None)  # a call in flight on this thread
+        _profiled_call.now = now = [t0, False]
         misses = self._counters.misses
-        try:
-            return PjitFunction.__call__(self, *args, **kwargs)
+        try:  # as PjitFunction.__call__
+            _collect_garbage()
+            if kwargs:
+                return self._binders[(len(args), *kwargs)](self, args, kwargs)
+            return self._binders[len(args)](self, args, kwargs)
         finally:
-            if not _profiled_call.hit:
+            if not now[1]:
                 kind = "miss" if self._counters.misses != misses else "slow"
                 _profile.record_whole(self, kind, _clock() - t0)
-            _profiled_call.t0, _profiled_call.hit = outer
+            _profiled_call.now = outer
 
     def _hit(self, args: tuple, kwargs: dict, leaves: Sequence, key: Any, shardings: list) -> Any:
         t_key = _clock()
@@ -468,9 +471,9 @@ class _ProfiledPjitFunction(PjitFunction):
         outs = _consume(results, record.out_handlers)
         node.hits += 1
         out = outs[0] if record.single_output else record.out_tree.unflatten(outs)
-        t0 = getattr(_profiled_call, "t0", None) or t_key
-        _profiled_call.hit = True
-        _profile.record(self, t0, t_key, t_lookup, t_inputs, t_execute, _clock())
+        now = getattr(_profiled_call, "now", None) or [t_key, False]
+        now[1] = True
+        _profile.record(self, now[0], t_key, t_lookup, t_inputs, t_execute, _clock())
         return out
 
 
