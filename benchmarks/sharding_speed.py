@@ -2,27 +2,24 @@
 
 Run: python benchmarks/sharding_speed.py [--rounds N] [--quick]
 
-One process, 8 host CPU devices. For each case the two sides run interleaved
-(A B A B ..., the order alternating per round); each round times a batch of
-calls per side, and the table reports the median of the per-round ratios
-nbjit/upstream with its spread (p10-p90), next to the issue's bar.
+One process, 8 host CPU devices. Each case is timed as every nbjit number is
+(`nbjit._measure.interleave`): paired rounds, the order rotating per round,
+each round a batch of calls per side; the table reports the median of the
+per-round ratios nbjit/upstream with its spread (p10-p90), next to the
+issue's bar.
 
-Parts: `device_put` (nbjit.device_put vs jax.device_put) always; `jit`
-(nbjit.jit vs jax.jit with numpy inputs, in_shardings set) when nbjit has a
-`jit`.
+Parts: `device_put` (nbjit.device_put vs jax.device_put) and `jit`
+(nbjit.jit vs jax.jit with numpy inputs, in_shardings set).
 """
 
 from __future__ import annotations
 
-import os
+from nbjit._devices import request_host_devices
 
-_FLAG = "--xla_force_host_platform_device_count=8"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+request_host_devices(8)  # before anything starts jax's backend
 
 import argparse  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+import dataclasses  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -30,40 +27,9 @@ from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nbjit  # noqa: E402
-from nbjit import sharding as nb_sharding  # noqa: E402
+from nbjit import _measure  # noqa: E402
 
-nb_device_put = getattr(nbjit, "device_put", nb_sharding.device_put)
-
-
-def paired_ratios(a: Callable[[], object], b: Callable[[], object], rounds: int,
-                  min_batch_s: float = 0.02, floor: Callable[[], object] | None = None):
-    """Per-round ratios time(a)/time(b) (and time(floor)/time(b)), interleaved.
-
-    Returns (ratios, floor_ratios or None, median s/call of a, of b).
-    """
-    sides = [a, b] + ([floor] if floor is not None else [])
-    for fn in sides * 2:  # warm: plans, kernels, executables
-        fn()
-    start = time.perf_counter()
-    b()
-    one = max(time.perf_counter() - start, 1e-7)
-    n = max(1, int(min_batch_s / one))
-    ratios, floor_ratios, ta, tb = [], [], [], []
-    for r in range(rounds):
-        order = sides if r % 2 == 0 else sides[::-1]
-        times = {}
-        for fn in order:
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            times[fn] = (time.perf_counter() - start) / n
-        ratios.append(times[a] / times[b])
-        if floor is not None:
-            floor_ratios.append(times[floor] / times[b])
-        ta.append(times[a])
-        tb.append(times[b])
-    return (np.array(ratios), np.array(floor_ratios) if floor is not None else None,
-            float(np.median(ta)), float(np.median(tb)))
+nb_device_put = nbjit.device_put
 
 
 def _blocked(fn, *args):
@@ -97,42 +63,42 @@ def cases():
     out.append(("device_put", "128x224x224 f32 one device", None,
                 _blocked(nb_device_put, image, one), _blocked(jax.device_put, image, one),
                 None))
-    if hasattr(nbjit, "jit"):
-        def double(a):
-            return a * 2
 
-        for name, x, spec, bar in multi:
-            s = NamedSharding(mesh, spec)
-            ours = nbjit.jit(double, in_shardings=s)
-            theirs = jax.jit(double, in_shardings=s)
-            placed = jax.device_put(x, s)
-            out.append(("jit", name, bar, _blocked(ours, x), _blocked(theirs, x),
-                        _blocked(theirs, placed)))
+    def double(a):
+        return a * 2
 
-        def add(a, b):
-            return a + b
+    for name, x, spec, bar in multi:
+        s = NamedSharding(mesh, spec)
+        ours = nbjit.jit(double, in_shardings=s)
+        theirs = jax.jit(double, in_shardings=s)
+        placed = jax.device_put(x, s)
+        out.append(("jit", name, bar, _blocked(ours, x), _blocked(theirs, x),
+                    _blocked(theirs, placed)))
 
-        a2, b2 = np.float32(1.5), np.ones((4,), np.float32)
-        add_jax = jax.jit(add)
-        out.append(("jit", "2 small numpy args, one device", 1.0,
-                    _blocked(nbjit.jit(add), a2, b2), _blocked(add_jax, a2, b2),
-                    _blocked(add_jax, *jax.device_put((a2, b2)))))
-        # The same, each call with new values: the host-input memo (one device,
-        # equal bytes reuse the last device copy) never hits. No bar: quoted.
-        values = [(np.float32(i), np.full((4,), i, np.float32)) for i in range(64)]
-        turn = iter(range(1 << 62))
+    def add(a, b):
+        return a + b
 
-        def rotating(fn):
-            def call():
-                return jax.block_until_ready(fn(*values[next(turn) % 64]))
-            return call
+    a2, b2 = np.float32(1.5), np.ones((4,), np.float32)
+    add_jax = jax.jit(add)
+    out.append(("jit", "2 small numpy args, one device", 1.0,
+                _blocked(nbjit.jit(add), a2, b2), _blocked(add_jax, a2, b2),
+                _blocked(add_jax, *jax.device_put((a2, b2)))))
+    # The same, each call with new values: the host-input memo (one device,
+    # equal bytes reuse the last device copy) never hits. No bar: quoted.
+    values = [(np.float32(i), np.full((4,), i, np.float32)) for i in range(64)]
+    turn = iter(range(1 << 62))
 
-        out.append(("jit", "2 small numpy args, new values each call", None,
-                    rotating(nbjit.jit(add)), rotating(add_jax), None))
-        double_jax = jax.jit(double)
-        out.append(("jit", "128x224x224 f32 numpy, one device", 1.0,
-                    _blocked(nbjit.jit(double), image), _blocked(double_jax, image),
-                    _blocked(double_jax, jax.device_put(image))))
+    def rotating(fn):
+        def call():
+            return jax.block_until_ready(fn(*values[next(turn) % 64]))
+        return call
+
+    out.append(("jit", "2 small numpy args, new values each call", None,
+                rotating(nbjit.jit(add)), rotating(add_jax), None))
+    double_jax = jax.jit(double)
+    out.append(("jit", "128x224x224 f32 numpy, one device", 1.0,
+                _blocked(nbjit.jit(double), image), _blocked(double_jax, image),
+                _blocked(double_jax, jax.device_put(image))))
     return out
 
 
@@ -141,25 +107,29 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="5 rounds, short batches")
     args = parser.parse_args(argv)
-    rounds, batch = (5, 0.005) if args.quick else (args.rounds, 0.02)
-    print(f"jax {jax.__version__}, {len(jax.devices())} devices, {rounds} rounds; "
+    settings = _measure.Settings(rounds=args.rounds, min_rounds=args.rounds,
+                                 target_batch_s=0.02, max_seconds=float("inf"), warmup_calls=2)
+    if args.quick:
+        settings = dataclasses.replace(settings, rounds=5, min_rounds=5, target_batch_s=0.005)
+    print(f"jax {jax.__version__}, {len(jax.devices())} devices, {settings.rounds} rounds; "
           "ratio = nbjit / upstream per call (median, p10-p90)")
-    if not hasattr(nbjit, "jit"):
-        print("nbjit.jit is not there yet: jit cases skipped")
     header = (f"{'part':10} {'case':38} {'nbjit us':>10} {'jax us':>10} {'ratio':>7} "
               f"{'p10-p90':>13} {'bar':>5} {'':4} {'floor':>6}")
     print(header)
     print("-" * len(header))
     failed = False
     for part, name, bar, ours, theirs, floor in cases():
-        ratios, floor_ratios, ta, tb = paired_ratios(ours, theirs, rounds, batch, floor)
-        med, p10, p90 = np.median(ratios), np.percentile(ratios, 10), np.percentile(ratios, 90)
-        verdict = "" if bar is None else ("ok" if med <= bar else "MISS")
+        sides = [("nbjit", ours), ("jax", theirs)] + ([("floor", floor)] if floor else [])
+        timed = _measure.interleave(sides, settings)
+        ratio = timed.ratio("nbjit", "jax")
+        verdict = "" if bar is None else ("ok" if ratio.median <= bar else "MISS")
         failed |= verdict == "MISS"
         bar_text = "" if bar is None else f"{bar:.2f}"
-        floor_text = "" if floor_ratios is None else f"{np.median(floor_ratios):6.3f}"
-        print(f"{part:10} {name:38} {ta * 1e6:10.1f} {tb * 1e6:10.1f} {med:7.3f} "
-              f"{p10:6.3f}-{p90:<6.3f} {bar_text:>5} {verdict:4} {floor_text:>6}", flush=True)
+        floor_text = "" if floor is None else f"{timed.ratio('floor', 'jax').median:6.3f}"
+        print(f"{part:10} {name:38} {timed.median_us('nbjit'):10.1f} "
+              f"{timed.median_us('jax'):10.1f} {ratio.median:7.3f} "
+              f"{ratio.p10:6.3f}-{ratio.p90:<6.3f} {bar_text:>5} {verdict:4} {floor_text:>6}",
+              flush=True)
     print("floor = jax.jit on the input already placed, / upstream with the numpy input: "
           "the best ratio any host-to-device path can reach here")
     return 1 if failed else 0

@@ -13,17 +13,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-HOST_DEVICES = 8
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+from nbjit._devices import HOST_DEVICES, request_host_devices
 
-
-def request_host_devices(n: int = HOST_DEVICES) -> None:
-    """Append ``--xla_force_host_platform_device_count=n`` to XLA_FLAGS unless one is set."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if _DEVICE_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={n}".strip()
-
-
+_XLA_FLAGS_AT_START = os.environ.get("XLA_FLAGS")  # `run` gives the script these
 request_host_devices()
 
 
@@ -47,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--rounds", type=int, help="paired rounds per scenario (default 301, quick 41)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    r = sub.add_parser(
+        "run", help="run a script or module with jax.jit routed to nbjit.jit",
+        description="Run a script (or -m module) as python would, with nbjit.patch_jax() "
+        "applied before its first line.")
+    r.add_argument("-m", dest="module", action="store_true", help="run a module, as python -m")
+    r.add_argument("target", help="script path, or module name with -m")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
 
 
@@ -100,9 +99,21 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run(args: argparse.Namespace) -> int:
+    from nbjit import _run
+
+    if _XLA_FLAGS_AT_START is None:  # the script gets the environment it was given
+        os.environ.pop("XLA_FLAGS", None)
+    else:
+        os.environ["XLA_FLAGS"] = _XLA_FLAGS_AT_START
+    return _run.run_script([args.target, *args.args], module=args.module)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    request_host_devices()
     args = _parser().parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    request_host_devices()
     if args.command == "compare":
         return compare(args)
     return 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import fnmatch
 import functools
+import itertools
 import json
 import operator
 import os
@@ -34,6 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# Upstream's own jit, reached where JAX defines it: users rebind the public
+# name (`jax.jit = nbjit.jit`) to try nbjit on their code, and a comparison
+# against that would compare nbjit with itself. nbjit._jax.jax_jit (the
+# drop-in work) will hold the same captured function; then this reads it there.
+from jax._src.api import jit as jax_jit
+
 from nbjit import _measure
 
 SELF_CHECK_BAND = (0.9, 1.1)
@@ -48,6 +55,12 @@ class Case:
 
     ``fresh_function``: wrap a new copy of ``fun`` on every call (a cache miss
     each time: trace, lower, compile).
+
+    ``arg_pool``: argument tuples with new values, prepared before timing;
+    each call takes the next one (in turn, so no call repeats the previous
+    call's values). ``args`` is then ``arg_pool[0]``. Both sides walk the same
+    pool with the same iterator code, so fetching the next tuple costs both the
+    same; making the values is not timed.
     """
 
     fun: Callable[..., Any]
@@ -55,6 +68,14 @@ class Case:
     kwargs: dict[str, Any] = field(default_factory=dict)
     jit_options: dict[str, Any] = field(default_factory=dict)
     fresh_function: bool = False
+    arg_pool: tuple[tuple[Any, ...], ...] = ()
+
+    @classmethod
+    def new_values(cls, fun: Callable[..., Any], pool: Sequence[tuple[Any, ...]],
+                   **options: Any) -> Case:
+        """A case whose every call passes the next tuple of ``pool``."""
+        pool = tuple(pool)
+        return cls(fun, pool[0], arg_pool=pool, **options)
 
 
 @dataclass(frozen=True)
@@ -110,7 +131,7 @@ def _scalars(n: int) -> list[jax.Array]:
 
 
 def _trivial() -> Case:
-    a, b = jax.jit(_swap)(1, 2)
+    a, b = jax_jit(_swap)(1, 2)
     return Case(_swap, (a, b))
 
 
@@ -151,7 +172,7 @@ def _pjit_simple(n: int) -> Callable[[], Case]:
         opts = {"in_shardings": s, "out_shardings": s}
         fun = _tree_plus_one
         # As upstream, feed the outputs back once so the inputs are jit outputs.
-        xs = jax.jit(fun, **opts)([x] * n)
+        xs = jax_jit(fun, **opts)([x] * n)
         return Case(fun, (xs,), jit_options=opts)
 
     return build
@@ -189,6 +210,138 @@ def _numpy_sharded() -> Case:
 
 def _cache_miss() -> Case:
     return Case(_plus_one, (jnp.arange(8.0),), fresh_function=True)
+
+
+# Workloads: the loops people write, with host values new on every call.
+
+POOL = 64  # distinct argument tuples per new-values case, taken in turn
+
+
+def _numpy_2_new() -> Case:
+    rng = np.random.default_rng(1)
+    return Case.new_values(operator.add, [tuple(rng.standard_normal(8).astype(np.float32)
+                                                for _ in range(2)) for _ in range(POOL)])
+
+
+def _python_scalars_2_new() -> Case:
+    # From 1000 on: CPython caches small ints, and real values are not all cached.
+    return Case.new_values(operator.add, [(i, i + 0.5) for i in range(1000, 1000 + POOL)])
+
+
+def _mlp_params(rng: np.random.Generator, sizes: Sequence[int] = (16, 32, 32, 4)
+                ) -> dict[str, jax.Array]:
+    """A small MLP's parameters: w1, b1, w2, b2, w3, b3 (6 leaves), float32."""
+    params = {}
+    for i, (m, n) in enumerate(itertools.pairwise(sizes), start=1):
+        params[f"w{i}"] = jax.device_put(rng.standard_normal((m, n)).astype(np.float32) / m)
+        params[f"b{i}"] = jax.device_put(np.zeros(n, np.float32))
+    return params
+
+
+def _mlp_loss(params, batch, labels):
+    h = jnp.tanh(batch @ params["w1"] + params["b1"])
+    h = jnp.tanh(h @ params["w2"] + params["b2"])
+    logp = jax.nn.log_softmax(h @ params["w3"] + params["b3"])
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def _train_step(params, batch, labels):
+    loss, grads = jax.value_and_grad(_mlp_loss)(params, batch, labels)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), loss
+
+
+def _batches(rng: np.random.Generator, rows: int = 32, features: int = 16,
+             classes: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(rng.standard_normal((rows, features)).astype(np.float32),
+             rng.integers(0, classes, rows).astype(np.int32)) for _ in range(POOL)]
+
+
+def _train_step_case() -> Case:
+    """A training step: params dict (6 leaves), a new float32[32,16] batch and int32[32] labels."""
+    rng = np.random.default_rng(2)
+    params = _mlp_params(rng)
+    return Case.new_values(_train_step, [(params, x, y) for x, y in _batches(rng)])
+
+
+def _optimizer_update(params, grads, lr):
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+
+def _optimizer_case() -> Case:
+    """SGD over 200 parameter leaves and their 200 gradients; a new Python float lr each call."""
+    leaves = {f"layer{i:03d}": jnp.full((8,), float(i)) for i in range(200)}
+    grads = {k: jnp.ones_like(v) for k, v in leaves.items()}
+    lrs = np.linspace(1e-3, 1e-2, POOL).tolist()  # a schedule: Python floats
+    return Case.new_values(_optimizer_update, [(leaves, grads, lr) for lr in lrs])
+
+
+def _env_step(state, action, noise):
+    pos = state["pos"] + (action % 3 - 1) * 0.1 + noise
+    vel = state["vel"] * 0.9 + noise
+    new = {"pos": pos, "vel": vel, "t": state["t"] + 1}
+    return new, jnp.sum(pos * pos)
+
+
+def _env_step_case() -> Case:
+    """An environment step: state dict of 3 arrays, a new Python int action and float noise."""
+    rng = np.random.default_rng(3)
+    state = {"pos": jnp.zeros(4), "vel": jnp.ones(4), "t": jnp.asarray(0, jnp.int32)}
+    actions = rng.integers(0, 1 << 20, POOL).tolist()  # Python ints, all distinct in turn
+    noises = rng.standard_normal(POOL).tolist()  # Python floats
+    return Case.new_values(_env_step, list(zip([state] * POOL, actions, noises, strict=True)))
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """A static configuration object: hashable (frozen), compared by value."""
+
+    lr: float = 0.05
+    weight_decay: float = 1e-4
+    clip: float = 1.0
+
+
+def _configured_step(params, batch, config, *, activation):
+    act = jnp.tanh if activation == "tanh" else jax.nn.relu
+
+    def loss(p):
+        return jnp.mean(act(batch @ p["w"] + p["b"]) ** 2)
+
+    grads = jax.grad(loss)(params)
+    grads = jax.tree.map(lambda g: jnp.clip(g, -config.clip, config.clip), grads)
+    return jax.tree.map(lambda p, g: p * (1 - config.weight_decay) - config.lr * g,
+                        params, grads)
+
+
+def _static_config_case() -> Case:
+    """A step with a static config (frozen dataclass), a static keyword and a new numpy batch."""
+    rng = np.random.default_rng(4)
+    params = {"w": jax.device_put(rng.standard_normal((16, 4)).astype(np.float32)),
+              "b": jnp.zeros(4)}
+    pool = [(params, x, StepConfig()) for x, _ in _batches(rng)]
+    return Case(_configured_step, pool[0], {"activation": "tanh"},
+                {"static_argnums": (2,), "static_argnames": ("activation",)}, arg_pool=tuple(pool))
+
+
+def _data_parallel_step(params, batch, labels):
+    def loss(p):
+        return jnp.mean((batch @ p["w"] + p["b"] - labels[:, None]) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
+
+
+def _data_parallel_case() -> Case:
+    """A data-parallel step: a new numpy batch (64x16) and labels sliced over 8 devices."""
+    mesh = _mesh((8,), ("batch",))
+    P = jax.sharding.PartitionSpec
+    replicated = jax.sharding.NamedSharding(mesh, P())
+    by_row = jax.sharding.NamedSharding(mesh, P("batch"))
+    rng = np.random.default_rng(5)
+    params = jax.device_put({"w": rng.standard_normal((16, 1)).astype(np.float32),
+                             "b": np.zeros(1, np.float32)}, replicated)
+    pool = [(params, x, y.astype(np.float32)) for x, y in _batches(rng, rows=64)]
+    return Case.new_values(_data_parallel_step, pool,
+                           jit_options={"in_shardings": (replicated, by_row, by_row)})
 
 
 def _upstream_pair(
@@ -231,6 +384,20 @@ def scenarios() -> list[Scenario]:
         Scenario("numpy_sharded_8_devices", 1, "numpy -> P('x','y')", _numpy_sharded, False,
                  min_devices=8),
         Scenario("cache_miss", 1, "new function", _cache_miss, True),
+        # New values on every call (the host-input memo never hits).
+        Scenario("numpy_args_2_new_values", 2, "numpy, new each call", _numpy_2_new, False),
+        Scenario("python_scalars_2_new_values", 2, "Python scalar, new each call",
+                 _python_scalars_2_new, False),
+        Scenario("workload_train_step", 8, "6 params + new numpy batch", _train_step_case,
+                 False),
+        Scenario("workload_optimizer_update", 401, "2x200 leaves + new lr", _optimizer_case,
+                 False),
+        Scenario("workload_env_step", 5, "3-array state + new int, float", _env_step_case,
+                 False),
+        Scenario("workload_static_config", 3, "static config/kw + new numpy",
+                 _static_config_case, False),
+        Scenario("workload_data_parallel_8_devices", 4, "new numpy batch -> 8 devices",
+                 _data_parallel_case, False, min_devices=8),
     ]
     return out
 
@@ -288,7 +455,11 @@ def _blocker(out: Any) -> Callable[[Any], Any]:
 def _caller(jitted: Callable[..., Any], case: Case, block: bool) -> Callable[[], Any]:
     """A zero-argument call of ``jitted`` with the case's inputs, as cheap as Python allows."""
     args, kwargs = case.args, case.kwargs
-    call = (lambda: jitted(*args, **kwargs)) if kwargs else (lambda: jitted(*args))
+    if case.arg_pool:
+        take = itertools.cycle(case.arg_pool).__next__
+        call = (lambda: jitted(*take(), **kwargs)) if kwargs else (lambda: jitted(*take()))
+    else:
+        call = (lambda: jitted(*args, **kwargs)) if kwargs else (lambda: jitted(*args))
     if not block:
         return call
     blk = _blocker(call())
@@ -322,19 +493,18 @@ def output_difference(x: Any, y: Any) -> str | None:
     return None
 
 
-def floor_maker() -> Callable[..., Callable[[], Any]] | None:
-    """The lead's ``nbjit.dispatch.floor_call``, or None while it does not exist."""
-    try:
-        from nbjit import dispatch
-    except ImportError:
-        return None
-    return getattr(dispatch, "floor_call", None)
+def first_difference(f_a: Callable[..., Any], f_b: Callable[..., Any], case: Case
+                     ) -> str | None:
+    """How the two sides' outputs differ on the case's inputs, or None.
 
-
-def nbjit_jit() -> Jit | None:
-    import nbjit
-
-    return getattr(nbjit, "jit", None)
+    A new-values case is checked on its first three argument tuples, so a
+    side that reuses an earlier call's values shows.
+    """
+    for args in case.arg_pool[:3] or (case.args,):
+        diff = output_difference(f_a(*args, **case.kwargs), f_b(*args, **case.kwargs))
+        if diff:
+            return diff
+    return None
 
 
 def run_scenario(
@@ -363,7 +533,7 @@ def run_scenario(
         f_b = jit_b(case.fun, **case.jit_options)
         call_a = _caller(f_a, case, scenario.block)
         call_b = _caller(f_b, case, scenario.block)
-    diff = output_difference(f_a(*case.args, **case.kwargs), f_b(*case.args, **case.kwargs))
+    diff = first_difference(f_a, f_b, case)
     if diff:
         notes.append(f"OUTPUTS DIFFER: {diff}"[:160])
     contenders = [("a", call_a), ("b", call_b)]
@@ -430,30 +600,21 @@ def run(
     stream: TextIO | None = None,
 ) -> tuple[list[Row], dict[str, Any]]:
     """Run the matrix; return the rows and the run's metadata."""
-    nb = nbjit_jit()
-    notes = []
-    if self_check:
-        jit_a, label_a = jax.jit, "jax.jit (A)"
-    elif nb is None:
-        jit_a, label_a = jax.jit, "jax.jit (A)"
-        notes.append("nbjit.jit is not available yet: comparing jax.jit with itself")
-    else:
-        jit_a, label_a = nb, "nbjit"
-    floor_call = floor_maker()
-    if floor_call is None:
-        notes.append("nbjit.dispatch.floor_call is not available: no floor")
-    floor_jit = nb if nb is not None else None
+    import nbjit
+    from nbjit.dispatch import floor_call
+
+    jit_a, label_a = (jax_jit, "jax.jit (A)") if self_check else (nbjit.jit, "nbjit")
     bar = Progress(len(matrix), stream) if progress else None
     rows = []
     t0 = time.perf_counter()
     for i, scenario in enumerate(matrix):
         if bar:
             bar.update(i, scenario.name)
-        rows.append(run_scenario(scenario, jit_a, jax.jit, settings, floor_jit, floor_call))
+        rows.append(run_scenario(scenario, jit_a, jax_jit, settings, nbjit.jit, floor_call))
     if bar:
         bar.update(len(matrix), "done")
         bar.close()
-    meta = metadata(settings, self_check, label_a, notes)
+    meta = metadata(settings, self_check, label_a)
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     return rows, meta
 
@@ -641,3 +802,111 @@ def plot(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------
+# nbjit.compare: the same measurement on the user's own function and inputs
+
+#: How `compare` measures: 101 paired rounds of ~10 ms batches, at most ~3 s.
+USER_SETTINGS = _measure.Settings(rounds=101, min_rounds=5, max_seconds=3.0)
+
+
+class OutputsDiffer(AssertionError):
+    """nbjit.jit(fun) and jax.jit(fun) returned different outputs for the same call."""
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """nbjit.jit(fun) against jax.jit(fun) on one call, timed by `nbjit.compare`.
+
+    ``ratio`` is the median of the per-round ratios nbjit/jax.jit (< 1: nbjit
+    is faster) and ``p10``-``p90`` their spread. ``jax_us`` is jax.jit's
+    median time per call and ``nbjit_us`` is ``ratio * jax_us``: the paired
+    ratio is the measurement (absolute times drift between rounds on a busy
+    machine), and the three numbers agree. ``floor_us`` is the executable's
+    own execute + output handling called from Python (None when the call has
+    no fast path), which no Python dispatcher can beat.
+    """
+
+    name: str
+    ratio: float
+    nbjit_us: float
+    jax_us: float
+    floor_us: float | None
+    p10: float
+    p90: float
+    rounds: int
+    calls_per_batch: int
+
+    def __str__(self) -> str:
+        floor = "-" if self.floor_us is None else f"{self.floor_us:.3g} us"
+        return (f"{self.name}: nbjit {self.nbjit_us:.3g} us, jax.jit {self.jax_us:.3g} us, "
+                f"floor {floor}; ratio {self.ratio:.3g} (p10-p90 {self.p10:.3g}-{self.p90:.3g}, "
+                f"{self.rounds} paired rounds of {self.calls_per_batch} calls)")
+
+    def _repr_html_(self) -> str:
+        floor = "-" if self.floor_us is None else f"{self.floor_us:.3g}"
+        cells = (self.name, f"{self.nbjit_us:.3g}", f"{self.jax_us:.3g}", floor,
+                 f"{self.ratio:.3g}", f"{self.p10:.3g}-{self.p90:.3g}", str(self.rounds))
+        head = ("function", "nbjit us", "jax.jit us", "floor us", "ratio", "p10-p90", "rounds")
+        import html
+
+        row = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+        return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head)
+                + f"</tr></thead><tbody><tr>{row}</tr></tbody></table>"
+                "<p>ratio = nbjit / jax.jit per call, median of paired rounds (&lt; 1: nbjit "
+                "is faster); floor = execute + output handlers only</p>")
+
+    def plot(self, path: str) -> None:
+        """A PNG: microseconds per call of nbjit, jax.jit and the floor, with the ratio."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        labels = ["nbjit", "jax.jit"] + ([] if self.floor_us is None else ["floor"])
+        values = [self.nbjit_us, self.jax_us] + ([] if self.floor_us is None else
+                                                 [self.floor_us])
+        fig, ax = plt.subplots(figsize=(6, 2.6))
+        ax.barh(labels, values, color=["tab:blue", "tab:orange", "0.6"][:len(values)])
+        low, high = self.p10 * self.jax_us, self.p90 * self.jax_us
+        ax.errorbar([self.nbjit_us], [0], xerr=[[self.nbjit_us - low], [high - self.nbjit_us]],
+                    fmt="none", ecolor="k", capsize=3, lw=1)
+        ax.invert_yaxis()
+        ax.set_xlabel("us per call (nbjit bar: p10-p90 of the paired ratio)")
+        ax.set_title(f"{self.name}: nbjit / jax.jit = {self.ratio:.3g} "
+                     f"(p10-p90 {self.p10:.3g}-{self.p90:.3g})", fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def compare(fun: Callable[..., Any], *args: Any, jit_kwargs: dict[str, Any] | None = None,
+            **kwargs: Any) -> CompareResult:
+    """Time ``nbjit.jit(fun, **jit_kwargs)`` against ``jax.jit(fun, **jit_kwargs)`` on ``args``.
+
+    The method of ``python -m nbjit compare``: both are called once and their
+    outputs must agree (values, dtype, weak type, sharding, tree structure),
+    else `OutputsDiffer` is raised; then they run in interleaved paired
+    rounds with the floor, and the result holds the median ratio and its
+    spread. Each call is timed until it is dispatched, not until its outputs
+    are ready (as a loop that does not wait sees it). Takes about 3 s.
+    """
+    import nbjit
+    from nbjit.dispatch import floor_call
+
+    options = dict(jit_kwargs or {})
+    name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
+    case = Case(fun, args, kwargs, options)
+    diff = first_difference(nbjit.jit(fun, **options), jax_jit(fun, **options), case)
+    if diff:
+        raise OutputsDiffer(f"nbjit.jit({name}) and jax.jit({name}) return different outputs "
+                            f"for these inputs ({diff}); nothing was timed. Please report it "
+                            "with the inputs: nbjit must give jax.jit's outputs.")
+    scenario = Scenario(name, len(jax.tree.leaves((args, kwargs))), "user", lambda: case,
+                        block=False)
+    row = run_scenario(scenario, nbjit.jit, jax_jit, USER_SETTINGS, nbjit.jit, floor_call)
+    assert row.ratio is not None and row.b_us is not None
+    return CompareResult(name, row.ratio, row.ratio * row.b_us, row.b_us, row.floor_us,
+                         row.ratio_p10, row.ratio_p90, row.rounds, row.calls_per_batch)

@@ -27,18 +27,29 @@ if not (SUPPORTED_JAX[0] <= JAX_VERSION < SUPPORTED_JAX[1]):
     )
 
 # ruff: noqa: E402
+from jax._src import api as _api
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dtypes as _dtypes
 from jax._src import source_info_util as _source_info_util
+from jax._src import traceback_util as _traceback_util
 from jax._src import tree_util as _tree_util
+from jax._src import util as _util
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import _jax as _jaxlib_ext
 
+NBJIT_DIR = __file__.rsplit("/", 1)[0]
+
+# JAX's own jit, taken from where JAX defines it rather than from the public
+# name: `jax.jit` may be rebound to `nbjit.jit` (`nbjit.patch_jax()`), and
+# nbjit must still reach upstream's.
+jax_jit = _api.jit
+
 # Errors that name the caller's source location skip nbjit's frames, as they
-# skip jax's own.
-_source_info_util.register_exclusion(__file__.rsplit("/", 1)[0])
+# skip jax's own; so do tracebacks filtered at a JAX api boundary.
+_source_info_util.register_exclusion(NBJIT_DIR)
+_traceback_util.register_exclusion(NBJIT_DIR)
 
 ArrayImpl = _jaxlib_ext.ArrayImpl
 JaxRuntimeError = jax.errors.JaxRuntimeError
@@ -187,12 +198,6 @@ def host_transfers_unguarded() -> bool:
 explicit_device_put_scope = _config.explicit_device_put_scope
 
 
-# JAX's own jit, captured where JAX defines it: users rebind the public name
-# (`jax.jit = nbjit.jit`) to try nbjit on existing code.
-from jax._src import api as _api  # noqa: E402
-
-jax_jit = _api.jit
-
 # Set while jax_debug_nans/infs is on (thread-local or global): jaxlib's C++
 # fast path then hands every call's outputs to it; nbjit sends such calls to
 # JAX's own path, which checks them.
@@ -216,6 +221,52 @@ def copy_to_devices_unguarded(arrays, device_lists, shardings):
             arrays, device_lists, shardings, [REUSE_INPUT] * len(arrays))
     finally:
         state.device_to_device = old
+
+
+# --- drop-in behaviours (issue 9) ---
+
+# The name jaxlib's PjitFunction records (`__getstate__()["function_name"]`):
+# `__name__`, else that of the function a functools.partial wraps.
+fun_name = _util.fun_name
+
+# `with jax.config.jax_jit_cpp_cache_obj(cache):` makes jit objects created
+# inside use `cache` (a jaxlib PjitFunctionCache) instead of the global one.
+jit_cpp_cache_obj = _config.jax_jit_cpp_cache_obj
+JaxlibPjitFunctionCache = _jaxlib_ext.PjitFunctionCache
+
+# `jax.clear_caches()` calls `cache_clear()` on every cache registered here
+# (held by weak reference).
+register_cache = _util.register_cache
+
+# Tracebacks: `api_boundary` filters JAX's (and nbjit's) frames out of an
+# exception's traceback, as every JAX transformation does.
+api_boundary = _traceback_util.api_boundary
+
+
+def filter_dispatch_frames(error: BaseException) -> None:
+    """Removes nbjit's and JAX's frames from `error`'s traceback, as jaxlib shows none.
+
+    Called where an exception leaves a jitted function's `__call__` (never on
+    a hit). Follows JAX's `JAX_TRACEBACK_FILTERING` mode as `api_boundary`
+    does: "off" keeps everything; under an outer api boundary the outer one
+    filters; "tracebackhide" marks the frames for IPython/pytest to hide;
+    the remove modes drop them. JAX's own boundary below (the miss path) has
+    already filtered its part and added its note or unfiltered cause, so
+    nothing is added here.
+    """
+    mode = _traceback_util._filtering_mode()
+    tb = error.__traceback__
+    if mode == "off" or tb is None:
+        return
+    frame = tb.tb_frame.f_back
+    while frame is not None:
+        if _traceback_util._is_reraiser_frame(frame):
+            return  # an outer api boundary filters the whole traceback
+        frame = frame.f_back
+    if mode == "tracebackhide":
+        _traceback_util._add_tracebackhide_to_hidden_frames(tb)
+    else:
+        error.with_traceback(_traceback_util.filter_traceback(tb))
 
 
 # --- observability (issue 11) ---

@@ -113,7 +113,7 @@ class Split:
     """
 
     __slots__ = ("shape", "key_shape", "nargs", "names", "static_positions",
-                 "dynamic_positions", "static_names", "dynamic_names")
+                 "dynamic_positions", "static_names", "dynamic_names", "has_static")
 
     def __init__(self, shape: Any, static_argnums: tuple[int, ...],
                  static_argnames: frozenset[str]) -> None:
@@ -127,10 +127,7 @@ class Split:
         self.dynamic_positions = tuple(i for i in range(nargs) if i not in self.static_positions)
         self.static_names = tuple(sorted(static_argnames.intersection(names)))
         self.dynamic_names = tuple(sorted(k for k in names if k not in static_argnames))
-
-    @property
-    def has_static(self) -> bool:
-        return bool(self.static_positions or self.static_names)
+        self.has_static = bool(self.static_positions or self.static_names)
 
     def apply(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple, dict]:
         """(static key, dynamic positional args, dynamic keyword args)."""
@@ -144,20 +141,58 @@ class Split:
 
 
 # ---------------------------------------------------------------------------
-# Binders
+# Binders and the hit path
+#
+# One template holds the hit path (lookup -> inputs -> execute -> outputs).
+# Binders inline it after building their key; `make_hit` compiles it alone
+# for the general path. The *timed* flavour (while a `nbjit.profile()` is
+# active) adds clock stamps between the phases; the plain one pays nothing
+# for it. Slow and miss calls go through `whole(self, t0, fn, *args)`, which
+# the timed flavour uses to time them whole.
+
+_HIT_TEMPLATE = """\
+    context = trace_context()
+    try:  # a static argument's __hash__ or __eq__ may raise: JAX reports it
+        node = lookup(key)
+    except Exception:
+        return whole(self, {t0}, self._slow, args, kwargs, "static_arg_error")
+    while node is not None and (node.shardings != shardings or node.context != context):
+        node = node.next
+    if node is None or (record := node.record) is None or post_hook.value is not None:
+        return whole(self, {t0}, self._miss_or_slow, args, kwargs, {leaves},
+                     (key, shardings, context), node)
+    node.shardings = shardings  # equal; keeping the newest makes identity checks hit
+{stamp_lookup}    try:
+        touch(node)  # KeyError if another thread evicted it meanwhile
+        inputs = {leaves} if record.leaves_are_inputs else record.inputs({leaves})
+    except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
+        return whole(self, {t0}, self._slow, args, kwargs, "input_refused")
+{stamp_inputs}    try:
+        results = record.execute(inputs)
+    except Exception as error:
+        return whole(self, {t0}, self._execute_failed, error, args, kwargs, inputs)
+{stamp_execute}    outs = consume(results, record.out_handlers)
+    node.hits += 1
+{finish}"""
+
+_PLAIN_FINISH = "    return outs[0] if record.single_output else record.out_tree.unflatten(outs)\n"
+_TIMED_FINISH = """\
+    out = outs[0] if record.single_output else record.out_tree.unflatten(outs)
+    record_hit(self, t0, t_key, t_lookup, t_inputs, t_execute, clock())
+    return out
+"""
 
 _BINDER_TEMPLATE = """\
 def bind(self, args, kwargs):
-{unpack}{read}
-    return {finish}
-"""
+{start}{unpack}{read}
+{stamp_key}{tail}"""
 
 _READ_UNROLLED = """\
     if {checks}:
         key = {key}
         shardings = [{shardings}]
     else:
-        return self.{general}(args, kwargs)
+        return self._general(args, kwargs{t0_arg})
 """
 
 _READ_LOOP = """\
@@ -166,17 +201,31 @@ _READ_LOOP = """\
         pairs = tuple([(x.aval, x._committed) for x in dynamic])
         shardings = [x._sharding for x in dynamic]
     except AttributeError:
-        return self.{general}(args, kwargs)
+        return self._general(args, kwargs{t0_arg})
     key = {key}
 """
 
+_PROBE_READ_FINISH = "    return ({leaves}, key, shardings)\n"
 
-def binder_source(split: Split, probe: bool = False) -> str:
+
+def _hit_source(leaves: str, timed: bool) -> str:
+    stamp = "    {} = clock()\n".format
+    return _HIT_TEMPLATE.format(
+        t0="t0" if timed else "0", leaves=leaves,
+        stamp_lookup=stamp("t_lookup") if timed else "",
+        stamp_inputs=stamp("t_inputs") if timed else "",
+        stamp_execute=stamp("t_execute") if timed else "",
+        finish=_TIMED_FINISH if timed else _PLAIN_FINISH)
+
+
+def binder_source(split: Split, flavour: str = "plain") -> str:
     """The source of the binder for one call shape (see `make_binder`).
 
-    With `probe`, the binder returns ``(leaves, key, shardings)`` instead of
-    running the call (the general path's twin is ``_general_signature``).
+    `flavour`: "plain" (the hit path), "timed" (the same, with phase stamps)
+    or "probe" (returns ``(leaves, key, shardings)``, or the general path's
+    ``_general_signature``, and runs nothing).
     """
+    timed = flavour == "timed"
     arg_names = [f"a{i}" for i in range(split.nargs)]
     kw_names = {k: f"k{j}" for j, k in enumerate(split.names)}
     unpack = ""
@@ -191,33 +240,54 @@ def binder_source(split: Split, probe: bool = False) -> str:
     marked = bool(split.names or statics)  # a plain positional call keys as bare pairs
     prefix = "shape, " + "".join(s + ", " for s in statics) if marked else ""
     leaves = f"[{', '.join(dynamic)}]" if (marked or not dynamic) else "args"
-    general = "_general_signature" if probe else "_general"
+    t0_arg = ", t0" if timed else ""
     if len(dynamic) <= UNROLL_MAX:
         pairs = [f"({d}.aval, {d}._committed)" for d in dynamic]
         read = _READ_UNROLLED.format(
             checks=" and ".join(f"type({d}) is ArrayImpl" for d in dynamic) or "True",
-            key=f"({prefix}{''.join(p + ', ' for p in pairs)})", general=general,
+            key=f"({prefix}{''.join(p + ', ' for p in pairs)})", t0_arg=t0_arg,
             shardings=", ".join(f"{d}._sharding" for d in dynamic))
     else:
-        read = _READ_LOOP.format(dynamic=leaves, general=general,
+        read = _READ_LOOP.format(dynamic=leaves, t0_arg=t0_arg,
                                  key=f"({prefix}*pairs)" if marked else "pairs")
-    finish = (f"({leaves}, key, shardings)" if probe
-              else f"self._hit(args, kwargs, {leaves}, key, shardings)")
-    return _BINDER_TEMPLATE.format(unpack=unpack, read=read.rstrip("\n"), finish=finish)
+    if flavour == "probe":
+        read = read.replace("self._general(", "self._general_signature(")
+        tail = _PROBE_READ_FINISH.format(leaves=leaves)
+    else:
+        tail = _hit_source(leaves, timed)
+    if len(dynamic) > UNROLL_MAX and leaves != "args":  # the hit path reuses the list
+        tail = tail.replace(leaves, "dynamic")
+    return _BINDER_TEMPLATE.format(
+        start="    t0 = clock()\n" if timed else "", unpack=unpack, read=read.rstrip("\n"),
+        stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
 
 
-def make_binder(split: Split, probe: bool = False) -> Callable[[Any, tuple, dict], Any]:
+def _compile(source: str, name: str, scope: dict[str, Any]) -> Any:
+    # A file name under nbjit's directory: JAX's error messages skip its frames
+    # (source_info_util), and linecache shows the source in tracebacks.
+    filename = f"{_BINDER_DIR}/<{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), scope)
+    return scope
+
+
+def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
+                ) -> Callable[[Any, tuple, dict], Any]:
     """Compiles the binder of `split`: ``bind(pjit_function, args, kwargs)``.
 
     It builds the key of a call whose dynamic arguments are all jax.Arrays
-    and hands it to the function's `_hit`; any other call goes to its
-    `_general`. The binder holds no reference to the function.
+    and runs the hit path on it; any other call goes to the function's
+    `_general`. `env` holds the names the source reads (see `hit_env`); the
+    binder holds no reference to the function itself.
     """
-    scope = {"ArrayImpl": ArrayImpl, "shape": (LEAVES, split.key_shape)}
-    source = binder_source(split, probe)
-    # A file name under nbjit's directory: JAX's error messages skip its frames
-    # (source_info_util), and linecache shows the source in tracebacks.
-    filename = f"{_BINDER_DIR}/<binder {split.shape!r}{' probe' if probe else ''}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), scope)
-    return scope["bind"]
+    scope = {**env, "ArrayImpl": ArrayImpl, "shape": (LEAVES, split.key_shape)}
+    name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
+    return _compile(binder_source(split, flavour), name, scope)["bind"]
+
+
+def make_hit(env: dict[str, Any], timed: bool = False) -> Callable[..., Any]:
+    """The hit path alone, ``hit(self, args, kwargs, leaves, key, shardings, t0, t_key)``:
+    where the general path ends once it has keyed a call."""
+    source = ("def hit(self, args, kwargs, leaves, key, shardings, t0, t_key):\n"
+              + _hit_source("leaves", timed))
+    return _compile(source, f"hit{' timed' if timed else ''}", dict(env))["hit"]

@@ -138,12 +138,11 @@ def calibrate(
     """
     if sync_each:
         return SYNC_EACH_CALLS
-    min_k = 1
-    k = min_k
+    k = 1
     while True:
         slowest = 0.0
         for fn in fns:
-            dt, out = time_batch(fn, k, timer, sync if sync_each else None)
+            dt, out = time_batch(fn, k, timer)
             if sync is not None:
                 sync(out)
             slowest = max(slowest, dt)
@@ -152,8 +151,8 @@ def calibrate(
         # Grow geometrically, aiming a little past the target; at most 10x a step.
         grow = target_s / slowest if slowest > 0 else 10.0
         k = min(max_k, max(k + 1, int(k * min(10.0, 1.2 * grow))))
-    if slowest > 0 and slowest > target_s * 1.5 and k > 1:
-        k = max(min_k, int(k * target_s / slowest))
+    if slowest > target_s * 1.5 and k > 1:
+        k = max(1, int(k * target_s / slowest))
     return k
 
 

@@ -53,6 +53,8 @@ def active() -> bool:
 def record(jitted: Any, t0: int, t_key: int, t_lookup: int, t_inputs: int, t_execute: int,
            t_outputs: int) -> None:
     """One hit of `jitted`, as perf_counter_ns stamps (see the module docstring)."""
+    if not t0:  # a call that waited for another thread's compile: timed whole instead
+        return
     stamp = (t0, t_key, t_lookup, t_inputs, t_execute, t_outputs)
     for prof in _active:
         hits = prof._hits.get(jitted)
@@ -68,43 +70,34 @@ def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
 
 
 def _measure_overhead(n: int = 1000) -> float:
-    """Nanoseconds per call of a probe shaped like a profiled hit that does no work.
+    """Nanoseconds per call of a probe shaped like a timed hit that does no work.
 
-    The probe mirrors the dispatcher's profiled flavour (nbjit/dispatch.py,
-    `_ProfiledPjitFunction`): a ``__call__(*args, **kwargs)`` that stamps t0,
-    saves the thread's profiling state, calls through a binder into a hit
-    method that stamps five times and records, then restores the state in a
-    ``finally``. It bounds both what profiling adds to a call and the part
-    of a call outside its five phases. Median of five batches, gc off.
+    The probe mirrors the dispatcher's timed flavour (`nbjit._keys`, timed
+    binders): a ``__call__(*args, **kwargs)`` that makes one C call (the
+    dispatcher frees garbage), finds the binder of its call shape in a dict,
+    and a binder that stamps the clock six times and records. It bounds both
+    what profiling adds to a call and the part of a call outside its five
+    phases. Median of five batches, gc off.
     """
     global _active
     clock = _clock
-    state = threading.local()
 
     class Probe:
+        def __init__(self) -> None:
+            self.binders = {1: self.bind}
+
         def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-            t0 = clock()
-            outer = getattr(state, "now", None)
-            state.now = now = [t0, False]
-            try:
-                return self.bind(args, kwargs)
-            finally:
-                if not now[1]:
-                    record_whole(self, "slow", clock() - t0)
-                state.now = outer
+            gc.isenabled()
+            return self.binders[len(args)](args, kwargs)
 
         def bind(self, args: tuple, kwargs: dict) -> Any:
-            return self.hit(args, kwargs, args, args, None)
-
-        def hit(self, args: tuple, kwargs: dict, leaves: Any, key: Any, shardings: Any) -> Any:
+            t0 = clock()
             t1 = clock()
             t2 = clock()
             t3 = clock()
             t4 = clock()
-            now = getattr(state, "now", None) or [t1, False]
-            now[1] = True
-            record(self, now[0], t1, t2, t3, t4, clock())
-            return leaves
+            record(self, t0, t1, t2, t3, t4, clock())
+            return args
 
     probe = Probe()
     saved, _active = _active, (Profile(),)

@@ -7,10 +7,11 @@ inputs on the right devices, run, wrap the outputs.
 
 A call goes: `__call__` -> the binder of its call shape (`nbjit._keys`: one
 generated function per positional count and keyword names, which builds the
-key of an all-jax.Array call) -> `_hit` (lookup -> inputs -> execute ->
-outputs). Anything a binder does not expect goes to `_general` (flattened
-leaves, host values), which keys the call and also ends in `_hit`. A miss or
-a signature that cannot take the fast path goes to `_miss_or_slow`.
+key of an all-jax.Array call and runs the hit path: lookup -> inputs ->
+execute -> outputs). Anything a binder does not expect goes to `_general`
+(flattened leaves, host values), which keys the call and ends in the same
+hit path (`_Binders.hit`, compiled from the same template). A miss or a
+signature that cannot take the fast path goes to `_miss_or_slow`.
 
 Invariants:
   * Only `_miss` links nodes into the cache (`nbjit._cache`); a node's
@@ -26,6 +27,7 @@ import inspect
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -33,7 +35,15 @@ import numpy as np
 
 from nbjit import _explain, _jax, _profile, _stats
 from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache
-from nbjit._keys import LEAVES, Split, flat_treedef_ids, leaf_signature, make_binder, treedef_id
+from nbjit._keys import (
+    LEAVES,
+    Split,
+    flat_treedef_ids,
+    leaf_signature,
+    make_binder,
+    make_hit,
+    treedef_id,
+)
 from nbjit._record import Unsupported, build_record, canonical_dtypes, host_dtype
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
@@ -46,17 +56,50 @@ _trace_context = _jax.trace_context
 _post_hook = _jax.post_hook_state
 _NOT_SET = object()  # marks jit options the caller did not pass
 _MAX_CALL_SHAPES = 256  # binders kept per function; the table starts afresh when full
-_LEAF_TYPES = frozenset({ArrayImpl, np.ndarray, *_jax.python_scalar_types})
+# Types that are pytree leaves themselves: positional arguments of these types
+# are keyed without flattening.
+_LEAF_TYPES = frozenset({
+    ArrayImpl, np.ndarray, *_jax.python_scalar_types,
+    *(t for t in np.sctypeDict.values() if issubclass(t, (np.number, np.bool_))),
+})
+
+
+def _whole(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
+    """A slow or miss call from the hit path; the timed flavour (t0 > 0) times it whole."""
+    if not t0:
+        return fn(*args)
+    misses = jitted._counters.misses
+    try:
+        return fn(*args)
+    finally:
+        kind = "miss" if jitted._counters.misses != misses else "slow"
+        _profile.record_whole(jitted, kind, time.perf_counter_ns() - t0)
 
 
 class _Binders(dict):
-    """call shape -> binder, built on first use (see `nbjit._keys`)."""
+    """call shape -> binder of one function, built on first use (see `nbjit._keys`).
 
-    def __init__(self, static_argnums: tuple[int, ...], static_argnames: frozenset[str]) -> None:
+    Looked up with a plain subscript (a `__missing__` hook would make every
+    lookup slower): `build` makes and stores a missing binder.
+
+    Also holds what the generated code reads (`env`: the namespace's lookup,
+    the LRU's touch, ...) and `hit`, the hit path the general path ends in.
+    """
+
+    def __init__(self, namespace: Namespace, static_argnums: tuple[int, ...],
+                 static_argnames: frozenset[str]) -> None:
         super().__init__()
         self.static_argnums = static_argnums
         self.static_argnames = static_argnames
         self.splits: dict[Any, Split] = {}
+        self.env = {
+            "lookup": namespace.entries.get,  # the dict is never replaced
+            "touch": namespace.cache._lru.move_to_end,
+            "trace_context": _trace_context, "post_hook": _post_hook, "consume": _consume,
+            "whole": _whole, "clock": time.perf_counter_ns, "record_hit": None,
+        }
+        self.flavour = "plain"
+        self.hit = make_hit(self.env)
 
     def split(self, shape: Any) -> Split:
         split = self.splits.get(shape)
@@ -67,16 +110,73 @@ class _Binders(dict):
             self.splits[shape] = split
         return split
 
-    def __missing__(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
-        binder = make_binder(self.split(shape))
+    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        binder = make_binder(self.split(shape), self.env, self.flavour)
         if len(self) >= _MAX_CALL_SHAPES:
             self.clear()
         self[shape] = binder
         return binder
 
+    def probe(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        return make_binder(self.split(shape), self.env, "probe")
+
 
 _default_cache = PjitFunctionCache(8192)  # jit(f) with no explicit options
 _explicit_cache = PjitFunctionCache(8192)  # jit(f, donate_argnums=..., ...)
+
+class _ClearedWithJax:
+    """Registered with JAX's cache management: `jax.clear_caches()` clears every
+    `PjitFunctionCache` too, as it clears jaxlib's."""
+
+    def cache_clear(self) -> None:
+        PjitFunctionCache.clear_all()
+
+    def cache_info(self) -> None:
+        return None
+
+    def cache_keys(self) -> list:
+        return []
+
+
+_cleared_with_jax = _ClearedWithJax()  # JAX holds it weakly
+_jax.register_cache(_cleared_with_jax, "nbjit.PjitFunctionCache (all)")
+
+# jaxlib cache named by `jax_jit_cpp_cache_obj` -> (it, weak ref to nbjit's twin)
+_config_caches: dict[int, tuple[Any, weakref.ref]] = {}
+_config_caches_lock = threading.Lock()
+
+
+def _cache_from_config() -> PjitFunctionCache | None:
+    """The cache a function created now uses by `jax.config.jax_jit_cpp_cache_obj`.
+
+    As upstream (`pjit._cpp_pjit`): only at the top level of tracing. The
+    config holds a jaxlib `PjitFunctionCache`; nbjit gives each such cache
+    one twin of its own with the same capacity, which the functions created
+    under it share (so they evict each other as upstream's do). The twin
+    lives while a function uses it; it is not cleared by the jaxlib cache's
+    `clear()`.
+    """
+    config_cache = _jax.jit_cpp_cache_obj.value
+    if config_cache is None or not _jax.is_top_level_trace():
+        return None
+    key = id(config_cache)
+    with _config_caches_lock:
+        held = _config_caches.get(key)
+        twin = held[1]() if held is not None and held[0] is config_cache else None
+        if twin is None:
+            twin = PjitFunctionCache(config_cache.capacity())
+            _config_caches[key] = (config_cache, weakref.ref(twin))
+            weakref.finalize(twin, _forget_config_cache, key, _config_caches[key][1])
+    return twin
+
+
+def _forget_config_cache(key: int, twin_ref: weakref.ref) -> None:
+    with _config_caches_lock:
+        held = _config_caches.get(key)
+        if held is not None and held[1] is twin_ref:
+            del _config_caches[key]
+
+
 
 
 class PjitFunction:
@@ -89,6 +189,8 @@ class PjitFunction:
         info = _jax.jit_info(jitted)
         global_key = _jax.jit_global_cache_key(info)
         if cache is None:
+            cache = _cache_from_config()
+        if cache is None:
             cache = _explicit_cache if global_key.contains_explicit_attributes else _default_cache
         self._fun = fun
         self._options = options
@@ -98,59 +200,44 @@ class PjitFunction:
         self._namespace: Namespace = cache.namespace_for(fun, global_key)
         self._global_key = global_key
         self._counters = self._namespace.counters
-        self._lookup = self._namespace.entries.get  # the dict is never replaced
-        self._touch = cache._lru.move_to_end
         self._static_argnums = tuple(info.static_argnums)
         self._static_argnames = frozenset(info.static_argnames)
-        self._binders = _Binders(self._static_argnums, self._static_argnames)
+        self._binders = _Binders(self._namespace, self._static_argnums, self._static_argnames)
         self._fun_signature = info.fun_signature
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
         _stats.register(self)  # observability hooks: nbjit/_stats.py, _profile.py
         if _profile.active():
-            self.__class__ = _ProfiledPjitFunction
+            _set_flavour(self, timed=True)
 
-    # -- the hit path: binder (key) -> _hit (lookup -> inputs -> execute -> outputs)
+    # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
-        if kwargs:
-            return self._binders[(len(args), *kwargs)](self, args, kwargs)
-        return self._binders[len(args)](self, args, kwargs)
-
-    def _hit(self, args: tuple, kwargs: dict, leaves: Sequence, key: Any, shardings: list) -> Any:
-        context = _trace_context()
-        try:  # a static argument's __hash__ or __eq__ may raise: JAX reports it
-            node = self._lookup(key)
-        except Exception:
-            return self._slow(args, kwargs, "static_arg_error")
-        while node is not None and (node.shardings != shardings or node.context != context):
-            node = node.next
-        if node is None or (record := node.record) is None or _post_hook.value is not None:
-            return self._miss_or_slow(args, kwargs, leaves, (key, shardings, context), node)
-        node.shardings = shardings  # equal; keeping the newest makes identity checks hit
+        shape = (len(args), *kwargs) if kwargs else len(args)
         try:
-            self._touch(node)  # KeyError if another thread evicted it meanwhile
-            inputs = leaves if record.leaves_are_inputs else record.inputs(leaves)
-        except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
-            return self._slow(args, kwargs, "input_refused")
-        try:
-            results = record.execute(inputs)
-        except Exception as error:
-            return self._execute_failed(error, args, kwargs, inputs)
-        outs = _consume(results, record.out_handlers)
-        node.hits += 1
-        return outs[0] if record.single_output else record.out_tree.unflatten(outs)
+            binder = self._binders[shape]
+        except KeyError:
+            binder = self._binders.build(shape)
+        try:  # costs nothing unless something raises (Python >= 3.11)
+            return binder(self, args, kwargs)
+        except Exception as error:  # a miss, slow path or bad input: jaxlib shows no frames
+            _jax.filter_dispatch_frames(error)
+            raise
 
     # -- the general path: flattened leaves, host values ------------------------
 
-    def _general(self, args: tuple, kwargs: dict) -> Any:
-        """Calls a binder does not expect: pytrees, host values, anything else."""
+    def _general(self, args: tuple, kwargs: dict, t0: int = 0) -> Any:
+        """Calls a binder does not expect: pytrees, host values, anything else.
+
+        `t0`: when the call began, from a timed binder (0 otherwise).
+        """
         signature = self._general_signature(args, kwargs)
         if type(signature) is str:
-            return self._slow(args, kwargs, signature)
-        return self._hit(args, kwargs, *signature)
+            return _whole(self, t0, self._slow, args, kwargs, signature)
+        t_key = time.perf_counter_ns() if t0 else 0
+        return self._binders.hit(self, args, kwargs, *signature, t0, t_key)
 
     def _general_signature(self, args: tuple, kwargs: dict) -> tuple | str:
         """``(leaves, key, shardings)`` of a call, or the reason JAX must take it.
@@ -161,15 +248,20 @@ class PjitFunction:
         split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
         static_key, args_d, kwargs_d = split.apply(args, kwargs) if split.has_static else (
             (), args, kwargs)
-        if not kwargs_d and all(type(x) in _LEAF_TYPES for x in args_d):
-            leaves, tid = args_d, flat_treedef_ids[len(args_d)]
+        if not kwargs_d and _LEAF_TYPES.issuperset(map(type, args_d)):
+            # Leaves already, and not all jax.Arrays (a binder keys those): host values.
+            leaves, tid, mixed = args_d, flat_treedef_ids[len(args_d)], True
         else:
             leaves, treedef = _flatten((args_d, kwargs_d) if kwargs_d else args_d)
-            tid = treedef_id(treedef)
-        try:  # all jax.Arrays (pytrees of parameters)?
-            signatures = tuple([(x.aval, x._committed) for x in leaves])
-            shardings = [x._sharding for x in leaves]
-        except AttributeError:
+            tid, mixed = treedef_id(treedef), False
+        signatures = None
+        if not mixed:
+            try:  # all jax.Arrays (pytrees of parameters)?
+                signatures = tuple([(x.aval, x._committed) for x in leaves])
+                shardings = [x._sharding for x in leaves]
+            except AttributeError:
+                pass
+        if signatures is None:
             canonical = canonical_dtypes[_jax.enable_x64.value]
             signatures = tuple([leaf_signature(x, canonical) for x in leaves])
             if None in signatures:
@@ -241,8 +333,8 @@ class PjitFunction:
             pending.done.wait()
             node = namespace.find(*signature)
         if not owner:  # another thread compiled it (or failed: JAX's path)
-            return self._hit(args, kwargs, leaves, key, shardings) if node is not None else (
-                self._slow(args, kwargs, "compile_failed"))
+            return self._binders.hit(self, args, kwargs, leaves, key, shardings, 0, 0) if (
+                node is not None) else self._slow(args, kwargs, "compile_failed")
         try:
             return self._compile(args, kwargs, leaves, signature)
         finally:
@@ -347,10 +439,21 @@ class PjitFunction:
         return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
-        return f"<nbjit.PjitFunction of {self.__wrapped__!r}>"
+        try:  # jaxlib's format; a failing repr (or no __wrapped__) gives its fallback
+            return f"<PjitFunction of {self.__wrapped__!r}>"
+        except Exception:
+            return "<PjitFunction>"
 
     def __reduce__(self) -> tuple:
         return (_rebuild, (self._fun, self._options))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Like jaxlib's: "function_name" is `fun`'s name (through functools.partial).
+
+        Pickling uses `__reduce__`; this is for code that inspects the state.
+        """
+        return {"function_name": _jax.fun_name(self._fun), "fun": self._fun,
+                "options": dict(self._options)}
 
     @property
     def __signature__(self) -> inspect.Signature:
@@ -358,19 +461,22 @@ class PjitFunction:
             raise ValueError(f"no signature found for {self._fun!r}")
         return self._fun_signature
 
+    @_jax.api_boundary  # as upstream's: its traceback shows no nbjit or JAX frames
     def lower(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.lower(*args, **kwargs)
 
+    @_jax.api_boundary
     def trace(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.trace(*args, **kwargs)
 
+    @_jax.api_boundary
     def eval_shape(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.eval_shape(*args, **kwargs)
 
     def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence]:
         """The node a call would hit, and its dynamic leaves (no side effects)."""
         shape = (len(args), *kwargs) if kwargs else len(args)
-        signature = make_binder(self._binders.split(shape), probe=True)(self, args, kwargs)
+        signature = self._binders.probe(shape)(self, args, kwargs)
         if type(signature) is str:
             return None, []
         leaves, key, shardings = signature
@@ -412,78 +518,22 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
 
 
 # ---------------------------------------------------------------------------
-# The profiled flavour (while a `nbjit.profile()` is active; nbjit/_profile.py)
-
-_clock = time.perf_counter_ns
-_profiled_call = threading.local()  # .now: [t0 of the call in flight, a hit was recorded]
+# The timed flavour (while a `nbjit.profile()` is active; nbjit/_profile.py)
 
 
-class _ProfiledPjitFunction(PjitFunction):
-    """Every PjitFunction while a profile is active: the same paths, timed.
-
-    Entering the first profile and leaving the last swap the class of every
-    live function (`_set_profiled`), so outside a profile the hit path pays
-    nothing. Hits record five phases: key (from the call to `_hit`, binder
-    included), lookup, inputs, execute, outputs; misses and slow calls are
-    timed whole.
-    """
-
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        t0 = _clock()
-        outer = getattr(_profiled_call, "now", None)  # a call in flight on this thread
-        _profiled_call.now = now = [t0, False]
-        misses = self._counters.misses
-        try:  # as PjitFunction.__call__
-            _collect_garbage()
-            if kwargs:
-                return self._binders[(len(args), *kwargs)](self, args, kwargs)
-            return self._binders[len(args)](self, args, kwargs)
-        finally:
-            if not now[1]:
-                kind = "miss" if self._counters.misses != misses else "slow"
-                _profile.record_whole(self, kind, _clock() - t0)
-            _profiled_call.now = outer
-
-    def _hit(self, args: tuple, kwargs: dict, leaves: Sequence, key: Any, shardings: list) -> Any:
-        t_key = _clock()
-        context = _trace_context()
-        try:
-            node = self._lookup(key)
-        except Exception:
-            return self._slow(args, kwargs, "static_arg_error")
-        while node is not None and (node.shardings != shardings or node.context != context):
-            node = node.next
-        if node is None or (record := node.record) is None or _post_hook.value is not None:
-            return self._miss_or_slow(args, kwargs, leaves, (key, shardings, context), node)
-        t_lookup = _clock()
-        node.shardings = shardings
-        try:
-            self._touch(node)
-            inputs = leaves if record.leaves_are_inputs else record.inputs(leaves)
-        except Exception:
-            return self._slow(args, kwargs, "input_refused")
-        t_inputs = _clock()
-        try:
-            results = record.execute(inputs)
-        except Exception as error:
-            return self._execute_failed(error, args, kwargs, inputs)
-        t_execute = _clock()
-        outs = _consume(results, record.out_handlers)
-        node.hits += 1
-        out = outs[0] if record.single_output else record.out_tree.unflatten(outs)
-        now = getattr(_profiled_call, "now", None) or [t_key, False]
-        now[1] = True
-        _profile.record(self, now[0], t_key, t_lookup, t_inputs, t_execute, _clock())
-        return out
+def _set_flavour(jitted: PjitFunction, timed: bool) -> None:
+    """Rebuilds `jitted`'s binders (lazily) and hit path plain or timed (`nbjit._keys`)."""
+    binders = jitted._binders
+    binders.env["record_hit"] = _profile.record if timed else None
+    binders.flavour = "timed" if timed else "plain"
+    binders.hit = make_hit(binders.env, timed)
+    binders.clear()  # each call shape's binder is built again on its next call
 
 
 def _set_profiled(on: bool) -> None:
-    """Swaps every live function to the profiled flavour (on) or back (off)."""
+    """Entering the first profile / leaving the last: every live function's flavour."""
     for jitted in _stats.live_functions():
-        if on and type(jitted) is PjitFunction:
-            jitted.__class__ = _ProfiledPjitFunction
-        elif not on and type(jitted) is _ProfiledPjitFunction:
-            jitted.__class__ = PjitFunction
+        _set_flavour(jitted, on)
 
 
 _profile.on_switch(_set_profiled)

@@ -6,20 +6,15 @@ first device is used, so setting it here (before any test touches jax) works.
 
 import os
 
+from nbjit._devices import request_host_devices
+
 # NBJIT_TEST_HOST_DEVICES=1 runs the suite with one host device, which shows
 # the tests that need eight (they must carry the `cpu_devices` marker).
 HOST_DEVICES = int(os.environ.get("NBJIT_TEST_HOST_DEVICES", "8"))
-_FLAG = f"--xla_force_host_platform_device_count={HOST_DEVICES}"
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+request_host_devices(HOST_DEVICES)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-
-try:  # belt and braces for jax versions that take the device count from config
-    jax.config.update("jax_num_cpu_devices", HOST_DEVICES)
-except Exception:  # the backend may already be initialised; XLA_FLAGS covers it
-    pass
 
 
 @pytest.fixture

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import operator
+import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -12,7 +16,7 @@ import numpy as np
 import pytest
 
 from nbjit import __main__ as cli
-from nbjit import _compare, _measure
+from nbjit import _compare, _devices, _measure
 
 TINY = _measure.Settings(rounds=3, min_rounds=2, target_batch_s=0.0005, max_seconds=0.2,
                          warmup_calls=1)
@@ -131,23 +135,113 @@ def test_outputs_compared():
 
 
 def test_request_host_devices_appends_once(monkeypatch):
+    flag = _devices.DEVICE_FLAG
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
-    cli.request_host_devices(8)
-    cli.request_host_devices(8)
-    assert cli._DEVICE_FLAG + "=8" in cli.os.environ["XLA_FLAGS"]
-    assert cli.os.environ["XLA_FLAGS"].count(cli._DEVICE_FLAG) == 1
-    assert cli.os.environ["XLA_FLAGS"].startswith("--xla_cpu_enable_fast_math=false ")
-    monkeypatch.setenv("XLA_FLAGS", f"{cli._DEVICE_FLAG}=4")
-    cli.request_host_devices(8)  # the user's own count wins
-    assert cli.os.environ["XLA_FLAGS"] == f"{cli._DEVICE_FLAG}=4"
+    _devices.request_host_devices(8)
+    _devices.request_host_devices(8)
+    assert flag + "=8" in os.environ["XLA_FLAGS"]
+    assert os.environ["XLA_FLAGS"].count(flag) == 1
+    assert os.environ["XLA_FLAGS"].startswith("--xla_cpu_enable_fast_math=false ")
+    monkeypatch.setenv("XLA_FLAGS", f"{flag}=4")
+    _devices.request_host_devices(8)  # the user's own count wins
+    assert os.environ["XLA_FLAGS"] == f"{flag}=4"
+
+
+def test_devices_helper_never_imports_jax():
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location("
+            f"'d', {_devices.__file__!r}); m = importlib.util.module_from_spec(spec); "
+            "spec.loader.exec_module(m); m.request_host_devices(); "
+            "assert 'jax' not in sys.modules and 'numpy' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_workload_rows_take_new_values_each_call():
+    rows = {s.name: s for s in _compare.scenarios()}
+    for name in ("numpy_args_2_new_values", "python_scalars_2_new_values",
+                 "workload_train_step", "workload_optimizer_update", "workload_env_step",
+                 "workload_static_config", "workload_data_parallel_8_devices"):
+        case = rows[name].build()
+        pool = case.arg_pool
+        assert len(pool) == _compare.POOL and case.args is pool[0], name
+        # Consecutive calls never pass the same host values (the memo cannot hit).
+        host = [[leaf.tobytes() if isinstance(leaf, np.ndarray) else leaf
+                 for leaf in jax.tree.leaves(args) if not isinstance(leaf, jax.Array)]
+                for args in pool]
+        assert all(host[i] != host[i - 1] for i in range(len(host))), name
+    train = rows["workload_train_step"].build()
+    params, batch, labels = train.args
+    assert len(params) == 6 and batch.shape == (32, 16) and batch.dtype == np.float32
+    assert labels.shape == (32,) and labels.dtype == np.int32
+    env = rows["workload_env_step"].build()
+    state, action, noise = env.args
+    assert len(state) == 3 and type(action) is int and type(noise) is float
+    config = rows["workload_static_config"].build()
+    assert config.jit_options == {"static_argnums": (2,), "static_argnames": ("activation",)}
+    hash(config.args[2])  # a hashable static config
+
+
+def test_new_values_rows_agree_and_time():
+    matrix = _compare.select(_compare.scenarios(), "workload_env_step")
+    matrix += _compare.select(_compare.scenarios(), "workload_data_parallel*")
+    rows, _ = _compare.run(matrix, TINY, progress=False)
+    for row in rows:
+        assert row.ratio is not None and "DIFFER" not in row.note, (row.name, row.note)
+
+
+def _user_step(params, batch, *, scale, mode):
+    out = jax.tree.map(lambda p: p * scale, params)
+    return (out["w"] @ batch + out["b"]) if mode == "affine" else out["w"].sum() * batch
+
+
+def test_user_compare_pytree_args_and_static_kwarg(monkeypatch):
+    import nbjit
+
+    monkeypatch.setattr(_compare, "USER_SETTINGS", TINY)
+    params = {"w": jax.numpy.ones((3, 4)), "b": jax.numpy.zeros(3)}
+    result = nbjit.compare(_user_step, params, np.ones(4, np.float32), scale=2.0,
+                           mode="affine", jit_kwargs={"static_argnames": ("mode",)})
+    assert isinstance(result, nbjit.CompareResult)
+    assert result.nbjit_us > 0 and result.jax_us > 0 and result.rounds >= 2
+    assert result.ratio == pytest.approx(result.nbjit_us / result.jax_us, rel=1e-9)
+    assert result.p10 <= result.ratio <= result.p90
+    assert result.floor_us is None or result.floor_us > 0
+    text = str(result)
+    assert "_user_step" in text and "ratio" in text and "p10-p90" in text
+    assert "<table>" in result._repr_html_()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.ratio = 1.0
+
+
+def test_user_compare_plot(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import nbjit
+
+    monkeypatch.setattr(_compare, "USER_SETTINGS", TINY)
+    result = nbjit.compare(operator.mul, jax.numpy.ones(3), 2.0)
+    path = tmp_path / "c.png"
+    result.plot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _plus_two(x):
+    return x + 2
+
+
+def test_user_compare_refuses_different_outputs(monkeypatch):
+    import nbjit
+
+    monkeypatch.setattr(_compare, "USER_SETTINGS", TINY)
+
+    def off_by_one_jit(fun, **options):  # a dispatcher bug, simulated
+        return _compare.jax_jit(lambda *a, **k: fun(*a, **k) + 1, **options)
+
+    monkeypatch.setattr(nbjit, "jit", off_by_one_jit)
+    with pytest.raises(_compare.OutputsDiffer, match="values differ.*nothing was timed"):
+        nbjit.compare(_plus_two, jax.numpy.ones(2))
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="host devices are a CPU thing")
 def test_python_m_nbjit_gets_8_devices(tmp_path):
-    import os
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run(
         [sys.executable, "-m", "nbjit", "compare", "--quick", "--only", "numpy_sharded",

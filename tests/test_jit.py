@@ -698,3 +698,25 @@ def test_hits_never_enter_jax_python_for_moved_or_host_inputs(monkeypatch):
     assert_same_outputs(nb_out, f_jax(*args))
     steps = steps_of(f_nb, *args)
     assert len(steps["_Copy"]) == 1 and len(steps["HostInput"]) == 2 and not steps["_ShardArgs"]
+
+
+def test_a_call_path_does_not_depend_on_earlier_calls(monkeypatch):
+    """JAX's api_benchmark builds jit_trivial_dispatch as `a, b = f(1, 2)` then
+    times `f(a, b)`: the all-array calls must take the binder's path whatever
+    came first (at 125992a the scalar call latched the function onto its
+    pytree path for good), and pytree/host calls keep working in between."""
+    def swap(a, b):
+        return b, a
+
+    f_nb, f_jax = both(swap)
+    a, b = f_nb(1, 2)
+    assert_same_call(f_nb, f_jax, a, b)  # miss
+    assert_same_call(f_nb, f_jax, np.float32(3), 4.0)
+    calls = []
+    monkeypatch.setattr(f_nb, "_general", lambda *args: calls.append(args))
+    for _ in range(3):
+        assert_same_outputs(f_nb(a, b), f_jax(a, b))
+    assert calls == [], "an all-jax.Array call went to the general path"
+    monkeypatch.undo()
+    assert_same_call(f_nb, f_jax, {"x": a}, [b])  # pytrees still keyed by the general path
+    assert f_nb.slow_count == 0

@@ -11,7 +11,6 @@ import pytest
 
 import nbjit
 from nbjit import _profile
-from nbjit.dispatch import PjitFunction, _ProfiledPjitFunction
 
 
 def _fresh():
@@ -76,22 +75,26 @@ def test_other_call_shapes_record_hits():
             f(a, 2, y={"w": a})
     phases = prof.phases_ns(f)
     assert phases.shape == (5, 5) and (phases > 0).all()
-    assert type(f) is PjitFunction
+    assert f._binders.flavour == "plain"
+
+
+def _flavour(f):
+    return f._binders.flavour
 
 
 def test_no_cost_when_off_and_every_function_switched_back():
     f = _fresh()
     g = nbjit.jit(lambda x, n: x * n, static_argnums=1)
-    assert type(f) is PjitFunction and not _profile.active()
+    assert _flavour(f) == "plain" and not _profile.active()
     with nbjit.profile():
         assert _profile.active()
-        assert type(f) is _ProfiledPjitFunction and type(g) is _ProfiledPjitFunction
-        h = _fresh()  # made inside: profiled too
-        assert type(h) is _ProfiledPjitFunction
+        assert _flavour(f) == "timed" and _flavour(g) == "timed"
+        h = _fresh()  # made inside: timed too
+        assert _flavour(h) == "timed"
         h(jnp.ones(2)), g(jnp.ones(2), 3), g(jnp.ones(2), 3)
     assert not _profile.active()
-    assert type(f) is PjitFunction and type(h) is PjitFunction
-    assert type(g) is PjitFunction
+    assert _flavour(f) == _flavour(g) == _flavour(h) == "plain"
+    assert g._binders.env["record_hit"] is None and not g._binders  # rebuilt plain on use
     assert g.stats().hits == 1 and g(jnp.ones(2), 3).shape == (2,)
 
 

@@ -1,59 +1,76 @@
-"""Per-call dispatch: nbjit.jit against jax.jit, one class per scenario.
+"""Per-call dispatch: nbjit.jit against jax.jit, one class per scenario family.
 
-The first classes are the jit cases of JAX's own benchmarks/api_benchmark.py;
-the rest are inputs that take other branches of the fast path (numpy and
-Python scalars, static args and kwargs, pytrees, host-sliced shardings) and
-the cost of a cache miss. ``time_dispatch`` returns as soon as the call has
-been dispatched; ``time_call`` waits for the outputs.
+Every class times scenarios of `nbjit._compare.scenarios()` (the matrix of
+``python -m nbjit compare``), so the dashboard and the command measure the
+same functions on the same inputs. ``time_dispatch`` returns as soon as the
+call has been dispatched; ``time_call`` waits for the outputs. A scenario
+that a commit does not have is skipped on that commit.
+
+Timing settings (`_Timed`): about 40 samples of ~10 ms per process, two
+processes, after 0.3 s of warm-up; from these asv takes the median. With
+them, two full runs of one commit agree within +-10% on the jax side on the
+2-core development machine (README, "Benchmarks over time"). `--quick` takes
+one sample of one call: it checks that the suite runs, its numbers mean
+nothing.
 """
-
-import numpy as np
 
 from . import common
 from .common import IMPLS
 
 
-class TrivialDispatch:
+class _Timed:
+    """asv timing settings shared by the dispatch classes (not a benchmark: the name is private)."""
+
+    sample_time = 0.01
+    warmup_time = 0.3
+    repeat = (20, 40, 4.0)  # (min, max samples per process, seconds per process)
+    min_run_count = 20
+    rounds = 2  # processes
+    timeout = 120
+
+    def _setup(self, name, impl):
+        self.run = common.Call(name, impl)
+
+    def teardown(self, *params):
+        # asv calls teardown after a skipped setup too: nothing to wait for then.
+        run = getattr(self, "run", None)
+        if run is not None:
+            common.block(run.dispatch())
+
+
+class TrivialDispatch(_Timed):
     """api_benchmark jit_trivial(_dispatch): swap two outputs of a previous call."""
 
     params = [IMPLS]
     param_names = ["impl"]
 
     def setup(self, impl):
-        self.f = common.get_jit(impl)(common.swap)
-        self.a, self.b = self.f(1, 2)
-        common.block(self.f(self.a, self.b))
+        self._setup("jit_trivial", impl)
 
     def time_dispatch(self, impl):
-        self.f(self.a, self.b)
+        self.run.dispatch()
 
     def time_call(self, impl):
-        c, d = self.f(self.a, self.b)
-        c.block_until_ready()
-        d.block_until_ready()
+        self.run.call()
 
 
-class SimpleDispatch:
+class SimpleDispatch(_Timed):
     """api_benchmark jit_simple(_dispatch): add two device scalars."""
 
     params = [IMPLS]
     param_names = ["impl"]
 
     def setup(self, impl):
-        import operator
-
-        self.f = common.get_jit(impl)(operator.add)
-        self.a, self.b = common.device_scalars(2)
-        common.block(self.f(self.a, self.b))
+        self._setup("jit_simple", impl)
 
     def time_dispatch(self, impl):
-        self.f(self.a, self.b)
+        self.run.dispatch()
 
     def time_call(self, impl):
-        self.f(self.a, self.b).block_until_ready()
+        self.run.call()
 
 
-class ManyArgs:
+class ManyArgs(_Timed):
     """api_benchmark jit_simple_many_args(_dispatch): sum a list of n device scalars."""
 
     params = [[10, 100, 1000], IMPLS]
@@ -61,36 +78,32 @@ class ManyArgs:
     timeout = 180  # compiling the 1000-way sum takes seconds
 
     def setup(self, n_args, impl):
-        self.f = common.get_jit(impl)(common.sum_list)
-        self.args = common.device_scalars(n_args)
-        common.block(self.f(self.args))
+        self._setup(f"jit_simple_many_args_{n_args}", impl)
 
     def time_dispatch(self, n_args, impl):
-        self.f(self.args)
+        self.run.dispatch()
 
     def time_call(self, n_args, impl):
-        self.f(self.args).block_until_ready()
+        self.run.call()
 
 
-class PrunedArgs:
+class PrunedArgs(_Timed):
     """api_benchmark jit_simple_pruned_args(_dispatch): n args, only the first is used."""
 
     params = [[10, 100, 1000], IMPLS]
     param_names = ["n_args", "impl"]
 
     def setup(self, n_args, impl):
-        self.f = common.get_jit(impl)(common.first_plus_one)
-        self.args = common.device_scalars(n_args)
-        common.block(self.f(*self.args))
+        self._setup(f"jit_simple_pruned_args_{n_args}", impl)
 
     def time_dispatch(self, n_args, impl):
-        self.f(*self.args)
+        self.run.dispatch()
 
     def time_call(self, n_args, impl):
-        self.f(*self.args).block_until_ready()
+        self.run.call()
 
 
-class Transfer:
+class Transfer(_Timed):
     """api_benchmark jit_dispatch_with(out)_transfer: x + 1 on 128 images of 224x224."""
 
     params = [[False, True], IMPLS]
@@ -98,169 +111,127 @@ class Transfer:
     # Each call queues 25 MB of work: few calls per sample, so the queue stays short.
     number = 5
     repeat = (1, 10, 5.0)
+    min_run_count = 2
     warmup_time = 0.0
 
     def setup(self, transfer, impl):
-        import jax
-
-        self.f = common.get_jit(impl)(common.plus_one)
-        imgs = np.ones((128, 224, 224), np.float32)
-        self.x = imgs if transfer else jax.device_put(imgs)
-        common.block(self.f(self.x))
+        self._setup("jit_dispatch_with_transfer" if transfer else "jit_dispatch_without_transfer",
+                    impl)
 
     def time_dispatch(self, transfer, impl):
-        self.f(self.x)
-
-    def teardown(self, transfer, impl):
-        common.block(self.f(self.x))
+        self.run.dispatch()
 
 
-class PjitSimple:
+class PjitSimple(_Timed):
     """api_benchmark pjit_simple_4_devices: a list of n arrays sharded over 4 devices."""
 
     params = [[1, 10, 100], IMPLS]
     param_names = ["n_args", "impl"]
 
     def setup(self, n_args, impl):
-        import jax
-
-        common.require_devices(4)
-        s = jax.sharding.NamedSharding(common.mesh((4,), ("x",)), jax.sharding.PartitionSpec("x"))
-        x = jax.device_put(np.arange(4, dtype=np.float32), s)
-        self.f = common.get_jit(impl)(common.tree_plus_one, in_shardings=s, out_shardings=s)
-        self.x = self.f([x] * n_args)  # as upstream: the inputs are jit outputs
-        common.block(self.f(self.x))
+        self._setup(f"pjit_simple_4_devices_{n_args}_args", impl)
 
     def time_dispatch(self, n_args, impl):
-        self.f(self.x)
+        self.run.dispatch()
 
     def time_call(self, n_args, impl):
-        common.block(self.f(self.x))
+        self.run.call()
 
 
-class InputKinds:
-    """Two arguments of each kind: jax.Array, numpy array, Python scalar."""
+_KIND_SCENARIO = {"jax.Array": "args_2", "numpy": "numpy_args_2",
+                  "python_scalar": "python_scalars_2"}
 
-    params = [["jax.Array", "numpy", "python_scalar"], IMPLS]
+
+class InputKinds(_Timed):
+    """Two arguments of each kind (device scalars, numpy vectors, Python scalars), same values."""
+
+    params = [list(_KIND_SCENARIO), IMPLS]
     param_names = ["kind", "impl"]
 
     def setup(self, kind, impl):
-        import operator
-
-        import jax
-
-        self.f = common.get_jit(impl)(operator.add)
-        if kind == "jax.Array":
-            self.args = tuple(jax.device_put(v) for v in common.numpy_vectors(2))
-        elif kind == "numpy":
-            self.args = tuple(common.numpy_vectors(2))
-        elif kind == "python_scalar":
-            self.args = (1, 2.0)
-        else:
-            raise NotImplementedError(kind)
-        common.block(self.f(*self.args))
+        self._setup(_KIND_SCENARIO[kind], impl)
 
     def time_dispatch(self, kind, impl):
-        self.f(*self.args)
+        self.run.dispatch()
 
     def time_call(self, kind, impl):
-        self.f(*self.args).block_until_ready()
+        self.run.call()
 
 
-class InputKindsNewValues:
-    """Two host arguments with new values on every call (64 pairs, in turn).
-
-    InputKinds passes the same values again, which nbjit's host-input memo
-    serves without a transfer; here every call transfers, as a loop over
-    data batches does.
-    """
+class InputKindsNewValues(_Timed):
+    """Two host arguments with new values on every call (the host-input memo never hits)."""
 
     params = [["numpy", "python_scalar"], IMPLS]
     param_names = ["kind", "impl"]
 
     def setup(self, kind, impl):
-        import operator
-
-        self.f = common.get_jit(impl)(operator.add)
-        if kind == "numpy":
-            self.pool = [tuple(common.numpy_vectors(2, seed=i)) for i in range(64)]
-        elif kind == "python_scalar":
-            self.pool = [(i, i + 0.5) for i in range(1000, 1064)]  # not small-int cached
-        else:
-            raise NotImplementedError(kind)
-        self.turn = 0
-        for args in self.pool:
-            common.block(self.f(*args))
+        self._setup("numpy_args_2_new_values" if kind == "numpy"
+                    else "python_scalars_2_new_values", impl)
 
     def time_dispatch(self, kind, impl):
-        self.turn = (self.turn + 1) & 63
-        self.f(*self.pool[self.turn])
+        self.run.dispatch()
 
 
-class StaticArgsKwargs:
+class StaticArgsKwargs(_Timed):
     """A static positional arg, a static kwarg and an array kwarg."""
 
     params = [IMPLS]
     param_names = ["impl"]
 
     def setup(self, impl):
-        import jax.numpy as jnp
-
-        self.f = common.get_jit(impl)(
-            common.add_static_kwargs, static_argnums=(1,), static_argnames=("mode",)
-        )
-        self.x, self.y = jnp.arange(8.0), jnp.ones(8)
-        common.block(self.f(self.x, 3, y=self.y, mode="mul"))
+        self._setup("static_args_kwargs", impl)
 
     def time_dispatch(self, impl):
-        self.f(self.x, 3, y=self.y, mode="mul")
+        self.run.dispatch()
 
     def time_call(self, impl):
-        self.f(self.x, 3, y=self.y, mode="mul").block_until_ready()
+        self.run.call()
 
 
-class ParamDict100:
+class ParamDict100(_Timed):
     """A 100-leaf parameter dict in, a 100-leaf dict out."""
 
     params = [IMPLS]
     param_names = ["impl"]
 
     def setup(self, impl):
-        import jax.numpy as jnp
-
-        self.f = common.get_jit(impl)(common.tree_plus_one)
-        self.params = {f"layer{i:03d}": jnp.full((4,), float(i)) for i in range(100)}
-        common.block(self.f(self.params))
+        self._setup("dict_100_leaves", impl)
 
     def time_dispatch(self, impl):
-        self.f(self.params)
+        self.run.dispatch()
 
     def time_call(self, impl):
-        common.block(self.f(self.params))
+        self.run.call()
 
 
-class ShardedNumpy:
+class ShardedNumpy(_Timed):
     """A numpy 64x64 input with NamedSharding P('x', 'y') over 8 host devices."""
 
     params = [IMPLS]
     param_names = ["impl"]
 
     def setup(self, impl):
-        import jax
-
-        common.require_devices(8)
-        s = jax.sharding.NamedSharding(
-            common.mesh((4, 2), ("x", "y")), jax.sharding.PartitionSpec("x", "y")
-        )
-        self.f = common.get_jit(impl)(common.twice, in_shardings=s)
-        self.x = common.rng().standard_normal((64, 64)).astype(np.float32)
-        common.block(self.f(self.x))
+        self._setup("numpy_sharded_8_devices", impl)
 
     def time_dispatch(self, impl):
-        self.f(self.x)
+        self.run.dispatch()
 
     def time_call(self, impl):
-        self.f(self.x).block_until_ready()
+        self.run.call()
+
+
+class Workloads(_Timed):
+    """The loops people write, host values new on every call (compare's ``workload_*`` rows)."""
+
+    params = [["train_step", "optimizer_update", "env_step", "static_config",
+               "data_parallel_8_devices"], IMPLS]
+    param_names = ["workload", "impl"]
+
+    def setup(self, workload, impl):
+        self._setup(f"workload_{workload}", impl)
+
+    def time_dispatch(self, workload, impl):
+        self.run.dispatch()
 
 
 class CacheMiss:
@@ -272,13 +243,11 @@ class CacheMiss:
     repeat = (1, 10, 10.0)
 
     def setup(self, impl):
-        import jax.numpy as jnp
-
+        compare = common.compare_module()
+        self.case = common.scenario("cache_miss").build()
+        self.fresh_copy = compare._fresh_copy
         self.jit = common.get_jit(impl)
-        self.x = jnp.arange(8.0)
 
     def time_miss(self, impl):
-        def fresh(x):  # a new function object each call: never in any cache
-            return x + 1
-
-        self.jit(fresh)(self.x).block_until_ready()
+        case = self.case
+        common.block(self.jit(self.fresh_copy(case.fun), **case.jit_options)(*case.args))

@@ -12,16 +12,12 @@
 - JitNumpyInputs: nbjit.jit vs jax.jit with numpy inputs and in_shardings.
 """
 
-import os
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
-if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+from . import common  # noqa: F401  (8 host devices, before anything starts jax's backend)
 
 SHARDING_CASES = {
     "64x64 P(x,y)": ((64, 64), P("x", "y")),

@@ -1,18 +1,31 @@
-"""Shared setup for the asv suite: 8 host devices, seeded data, the implementations.
+"""Shared setup for the asv suite: 8 host devices, the implementations, the scenarios.
 
-This module must stay importable on any commit and must not start JAX's
-backend at import: asv imports every benchmark module in one process and
-forks it for each benchmark, and XLA_FLAGS is read when the backend starts.
+This module must import on any commit and must not start JAX's backend at
+import: asv imports every benchmark module in one process and forks it for
+each benchmark, and XLA_FLAGS is read when the backend starts. It does not
+import nbjit at import time either: asv installs each commit's nbjit, and a
+commit whose nbjit is missing something must skip benchmarks, not hide the
+suite (setups raise NotImplementedError, which asv reports as skipped).
+
+The scenarios are `nbjit._compare.scenarios()`, the matrix of
+``python -m nbjit compare``, taken from the commit under test.
 """
 
-import os
+import importlib.util
+import itertools
+import pathlib
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
-if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
 
-import functools  # noqa: E402
-import operator  # noqa: E402
+def _request_host_devices():
+    """nbjit/_devices.py of this checkout, loaded by path: it imports nothing of nbjit or jax."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "nbjit" / "_devices.py"
+    spec = importlib.util.spec_from_file_location("_nbjit_devices_for_asv", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.request_host_devices(8)
+
+
+_request_host_devices()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -35,58 +48,61 @@ def get_jit(impl):
     return jit
 
 
+def compare_module():
+    """This commit's ``nbjit._compare``; NotImplementedError where it is missing."""
+    try:
+        from nbjit import _compare
+    except ImportError as exc:
+        raise NotImplementedError(f"this commit has no nbjit._compare: {exc}") from exc
+    return _compare
+
+
+def scenario(name):
+    """The scenario ``name`` of this commit's compare matrix (skipped where it has none)."""
+    matching = [s for s in compare_module().scenarios() if s.name == name]
+    if not matching:
+        raise NotImplementedError(f"this commit has no scenario {name!r}")
+    require_devices(getattr(matching[0], "min_devices", 1))
+    return matching[0]
+
+
 def require_devices(n):
     if len(jax.devices()) < n:
         raise NotImplementedError(f"needs {n} devices, have {len(jax.devices())}")
+
+
+class Call:
+    """One scenario's function, jitted by ``impl``, with zero-argument callers.
+
+    ``dispatch()`` returns once the call is dispatched; ``call()`` waits for
+    its outputs. A case with an argument pool passes the next tuple on every
+    call, as `nbjit._compare` does.
+    """
+
+    def __init__(self, name, impl):
+        self.case = case = scenario(name).build()
+        self.jit = get_jit(impl)
+        self.jitted = jitted = self.jit(case.fun, **case.jit_options)
+        args, kwargs = case.args, case.kwargs
+        pool = getattr(case, "arg_pool", ())
+        if pool:
+            take = itertools.cycle(pool).__next__
+            self.dispatch = lambda: jitted(*take(), **kwargs)
+        else:
+            self.dispatch = lambda: jitted(*args, **kwargs)
+        dispatch = self.dispatch
+        self.call = lambda: jax.block_until_ready(dispatch())
+        for _ in range(max(2, len(pool))):  # compile, and every pooled value once
+            self.call()
 
 
 def rng(seed=0):
     return np.random.default_rng(seed)
 
 
-def device_scalars(n):
-    """``n`` committed scalar jax.Arrays 0..n-1, as api_benchmark builds them."""
-    return [jax.device_put(i) for i in range(n)]
-
-
-def numpy_vectors(n, size=8, seed=0):
-    r = rng(seed)
-    return [r.standard_normal(size).astype(np.float32) for _ in range(n)]
-
-
-def mesh(shape, names):
-    count = int(np.prod(shape))
-    return jax.sharding.Mesh(np.asarray(jax.devices()[:count]).reshape(shape), names)
-
-
 def block(out):
     return jax.block_until_ready(out)
 
 
-# Traced functions: module level, so both implementations wrap the same object.
-def swap(a, b):
-    return b, a
-
-
-def sum_list(xs):
-    return functools.reduce(operator.add, xs)
-
-
-def first_plus_one(*xs):
-    return xs[0] + 1
-
-
 def plus_one(x):
     return x + 1
-
-
-def tree_plus_one(tree):
-    return jax.tree.map(lambda v: v + 1, tree)
-
-
-def add_static_kwargs(x, n, *, y, mode):
-    return x * n + y if mode == "mul" else x + n + y
-
-
-def twice(x):
-    return x * 2

@@ -1,0 +1,101 @@
+"""Routing `jax.jit` to `nbjit.jit`: `patch_jax`, `unpatch_jax`, `patched_jax`.
+
+Only the public name `jax.jit` is rebound. So:
+
+  * code that looks up `jax.jit` when it runs (``@jax.jit`` in a module
+    imported after patching, ``jax.jit(f)`` in a function) gets nbjit.jit;
+  * a name bound earlier with ``from jax import jit`` keeps JAX's jit: patch
+    before importing the model code (``python -m nbjit run`` does);
+  * JAX's internal uses of jit (jax.numpy, lax, JAX's own transformations)
+    stay JAX's: they call `jax._src.api.jit`, which is never touched.
+
+The patch is process-wide (a module attribute), not per thread. Its state is
+one switch (`patch_jax` / `unpatch_jax`) plus a count of open `patched_jax()`
+blocks: `jax.jit` is nbjit's while the switch is on or any block is open, and
+when neither holds it gets back exactly the object it had before the patch
+(JAX's jit, or whatever else had rebound it). All changes happen under one lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+
+from nbjit import dispatch
+
+__all__ = ["patch_jax", "unpatch_jax", "patched_jax", "is_jax_patched"]
+
+_lock = threading.RLock()
+_switch = False  # patch_jax() called and not yet undone
+_open_blocks = 0  # patched_jax() blocks entered and not yet left (all threads)
+_saved: list[Any] = []  # [what jax.jit was] while patched
+
+
+def patch_jax() -> None:
+    """Routes `jax.jit` to `nbjit.jit` until `unpatch_jax()`; calling it again does nothing.
+
+    Patch before importing code that does ``from jax import jit``: such names
+    are bound at import and keep JAX's jit.
+    """
+    global _switch
+    with _lock:
+        _switch = True
+        _apply()
+
+
+def unpatch_jax() -> None:
+    """Undoes `patch_jax()`: `jax.jit` is again what it was before (unless a
+    `patched_jax()` block is still open; it is restored when the last one closes).
+    Calling it when not patched does nothing.
+    """
+    global _switch
+    with _lock:
+        _switch = False
+        _apply()
+
+
+@contextlib.contextmanager
+def patched_jax() -> Iterator[None]:
+    """``with nbjit.patched_jax():`` routes `jax.jit` to `nbjit.jit` inside the block.
+
+    Blocks nest, and may be open in several threads at once: `jax.jit` stays
+    nbjit's until the last one closes (and `patch_jax()`, if called, is undone).
+    """
+    global _open_blocks
+    with _lock:
+        _open_blocks += 1
+        _apply()
+    try:
+        yield
+    finally:
+        with _lock:
+            _open_blocks -= 1
+            _apply()
+
+
+def is_jax_patched() -> bool:
+    """True while `jax.jit` is routed to `nbjit.jit` by this module."""
+    with _lock:
+        return bool(_saved)
+
+
+def _apply() -> None:
+    """Makes `jax.jit` agree with the switch and the open blocks (lock held)."""
+    want = _switch or _open_blocks > 0
+    if want and not _saved:
+        _saved.append(jax.jit)
+        jax.jit = dispatch.jit
+    elif not want and _saved:
+        previous = _saved.pop()
+        if jax.jit is dispatch.jit:
+            jax.jit = previous
+        else:  # someone rebound it after us: theirs stays
+            warnings.warn(
+                f"nbjit: jax.jit was rebound to {jax.jit!r} while patched; leaving it "
+                f"(it would have been restored to {previous!r})",
+                RuntimeWarning, stacklevel=3)

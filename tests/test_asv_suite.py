@@ -1,0 +1,120 @@
+"""The asv suite on commits that lack what it measures: asv skips, nothing raises.
+
+asv runs the current checkout's benchmarks against every commit's nbjit. A
+setup that finds something missing must raise NotImplementedError (asv
+marks the benchmark skipped), and asv then still calls ``teardown``, which
+must not raise (a teardown that fails turns a skip into a failure, a gap in
+the graph). These tests call the suite's classes as asv does, against an
+nbjit without ``jit`` and one without ``_compare``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def suite():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        modules = [importlib.import_module(f"benchmarks.{name}")
+                   for name in ("common", "bench_dispatch", "bench_ratio", "bench_cache",
+                                "bench_kernels")]
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert pathlib.Path(modules[0].__file__).parent == ROOT / "benchmarks" / "benchmarks"
+    return modules[1:]
+
+
+def _benchmark_classes(modules):
+    """(class, combination) for every benchmark class and parameter combination, as asv sees."""
+    for module in modules:
+        for name, cls in vars(module).items():
+            if name.startswith("_") or not inspect.isclass(cls):
+                continue
+            if cls.__module__ != module.__name__:
+                continue
+            if not any(m.startswith(("time_", "track_", "peakmem_", "mem_")) for m in dir(cls)):
+                continue
+            params = getattr(cls, "params", [])
+            if params and not isinstance(params[0], list):
+                params = [params]
+            for combo in itertools.product(*params) if params else [()]:
+                yield cls, combo
+
+
+def _as_asv(cls, combo):
+    """setup, then teardown even when setup skipped. Returns True if it skipped."""
+    bench = cls()
+    skipped = False
+    try:
+        if hasattr(bench, "setup"):
+            bench.setup(*combo)
+    except NotImplementedError:
+        skipped = True
+    if hasattr(bench, "teardown"):
+        bench.teardown(*combo)
+    return skipped
+
+
+def test_every_teardown_survives_a_skipped_setup(suite):
+    """asv calls teardown after setup raised: on a fresh instance, with no setup state."""
+    seen = 0
+    for cls, combo in _benchmark_classes(suite):
+        if hasattr(cls, "teardown"):
+            cls().teardown(*combo)
+            seen += 1
+    assert seen > 0
+
+
+def test_no_nbjit_jit_skips_the_nbjit_side(suite, monkeypatch):
+    import nbjit
+
+    monkeypatch.delattr(nbjit, "jit")
+    checked = 0
+    for cls, combo in _benchmark_classes(suite):
+        if cls.__name__ == "NumpyToSharding":  # nbjit.device_put: no jit needed
+            continue
+        if "nbjit" in combo or cls.__name__ == "DispatchRatio":
+            assert _as_asv(cls, combo), f"{cls.__name__}{combo} ran without nbjit.jit"
+            checked += 1
+    assert checked > 20
+
+
+def test_no_compare_module_skips_every_scenario(suite, monkeypatch):
+    import nbjit
+
+    monkeypatch.delattr(nbjit, "_compare")
+    monkeypatch.setitem(sys.modules, "nbjit._compare", None)  # import raises ImportError
+    checked = 0
+    for cls, combo in _benchmark_classes(suite):
+        if cls.__module__.endswith(("bench_dispatch", "bench_ratio")):
+            assert _as_asv(cls, combo), f"{cls.__name__}{combo} ran without nbjit._compare"
+            checked += 1
+    assert checked > 40
+
+
+def test_unknown_scenario_skips(suite):
+    common = sys.modules["benchmarks.common"]
+    with pytest.raises(NotImplementedError, match="no scenario"):
+        common.scenario("no_such_scenario")
+
+
+def test_suite_scenarios_exist_in_the_matrix(suite):
+    """Every scenario the suite names is in today's compare matrix (none silently skipped)."""
+    from nbjit import _compare
+
+    names = {s.name for s in _compare.scenarios()}
+    bench_ratio = sys.modules["benchmarks.bench_ratio"]
+    assert set(bench_ratio.SCENARIOS) <= names
+    dispatch = sys.modules["benchmarks.bench_dispatch"]
+    assert set(dispatch._KIND_SCENARIO.values()) <= names
+    assert {f"workload_{w}" for w in dispatch.Workloads.params[0]} <= names

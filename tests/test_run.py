@@ -1,0 +1,129 @@
+"""`python -m nbjit run script.py [args]` and `run -m module [args]`, in subprocesses."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nbjit import _run
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TIMEOUT = 180
+
+SCRIPT = textwrap.dedent("""\
+    import os, sys
+    import jax, jax.numpy as jnp
+    import nbjit
+    from helper import VALUE  # the script's own directory is sys.path[0]
+
+    print("name", __name__)
+    print("argv", sys.argv)
+    print("file", __file__ == os.path.abspath(sys.argv[0]))
+    print("path0", sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+    print("patched", jax.jit is nbjit.jit, VALUE)
+    print("devices", jax.device_count())
+
+    @jax.jit
+    def step(x):
+        return x * 2
+
+    x = jnp.ones(3)
+    step(x); step(x)
+    print("kind", type(step).__name__, getattr(step, "miss_count", None))
+
+    def inner():
+        raise ValueError("boom from the script")
+
+    if "--fail" in sys.argv:
+        inner()
+    if "--code" in sys.argv:
+        sys.exit(int(sys.argv[sys.argv.index("--code") + 1]))
+    """)
+
+
+def _nbjit_run(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, "-m", "nbjit", "run", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "script.py").write_text(SCRIPT)
+    (tmp_path / "app" / "helper.py").write_text("VALUE = 42\n")
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tool.py").write_text(textwrap.dedent("""\
+        import sys, jax, nbjit
+        print("name", __name__)
+        print("argv0", sys.argv[0].endswith("tool.py"), sys.argv[1:])
+        print("patched", jax.jit is nbjit.jit)
+        f = jax.jit(lambda x: x + 1)
+        print("value", int(f(1)), int(f(2)), f.miss_count)
+        sys.exit(5 if "--five" in sys.argv else 0)
+        """))
+    return tmp_path
+
+
+def test_run_script_as_python_would(project):
+    done = _nbjit_run("app/script.py", "a", "--flag", "x", cwd=project)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert out[0] == "name __main__"
+    assert out[1] == "argv ['app/script.py', 'a', '--flag', 'x']"
+    assert out[2:6] == ["file True", "path0 True", "patched True 42", "devices 1"]
+    assert out[6] == "kind PjitFunction 1"
+
+
+def test_run_script_exit_code_and_traceback(project):
+    done = _nbjit_run("app/script.py", "--code", "7", cwd=project)
+    assert done.returncode == 7, done.stderr
+    done = _nbjit_run("app/script.py", "--fail", cwd=project)
+    assert done.returncode == 1
+    plain = subprocess.run([sys.executable, "app/script.py", "--fail"], cwd=project,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert plain.returncode == 1
+    # The traceback starts at the script's first frame, as Python prints it.
+    assert done.stderr.strip().splitlines() == plain.stderr.strip().splitlines()
+    assert "nbjit" not in done.stderr.replace(str(ROOT), "")
+
+
+def test_run_module(project):
+    done = _nbjit_run("-m", "pkg.tool", "--opt", "v", cwd=project)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "name __main__", "argv0 True ['--opt', 'v']", "patched True", "value 2 3 1"]
+    assert _nbjit_run("-m", "pkg.tool", "--five", cwd=project).returncode == 5
+
+
+def test_run_missing_script_or_module(project):
+    done = _nbjit_run("app/nope.py", cwd=project)
+    assert done.returncode == 2 and "can't open file" in done.stderr
+    done = _nbjit_run("-m", "pkg.nope", cwd=project)
+    assert done.returncode == 1 and "No module named pkg.nope" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_run_script_in_process_calls_on_exit(project, monkeypatch):
+    """The hook for an end-of-run report runs after the script, also when it fails."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    script = project / "tiny.py"
+    script.write_text("import sys\nsys.exit(3 if len(sys.argv) > 1 else 0)\n")
+    calls = []
+    try:
+        assert _run.run_script([str(script), "x"], on_exit=lambda: calls.append(1)) == 3
+        assert _run.run_script([str(script)], on_exit=lambda: calls.append(2)) == 0
+    finally:
+        import nbjit
+
+        nbjit.unpatch_jax()
+    assert calls == [1, 2]
