@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a script (or -m module) as python would, with nbjit.patch_jax() "
         "applied before its first line.")
     r.add_argument("-m", dest="module", action="store_true", help="run a module, as python -m")
+    r.add_argument("--json", metavar="FILE", help="also write the end-of-run report as JSON")
+    r.add_argument("--explain", action="store_true",
+                   help="log every explained cache miss (nbjit.explain_misses) while it runs")
+    r.add_argument("--no-profile", action="store_true",
+                   help="no per-phase timing (the report then has counts only)")
+    r.add_argument("--no-report", action="store_true", help="print no report at exit")
     r.add_argument("target", help="script path, or module name with -m")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
@@ -100,13 +106,30 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nbjit import _run
+    """Runs the script with jax.jit routed to nbjit.jit; prints the dispatch report at exit."""
+    import contextlib
+
+    from nbjit import _explain, _profile, _report, _run
 
     if _XLA_FLAGS_AT_START is None:  # the script gets the environment it was given
         os.environ.pop("XLA_FLAGS", None)
     else:
         os.environ["XLA_FLAGS"] = _XLA_FLAGS_AT_START
-    return _run.run_script([args.target, *args.args], module=args.module)
+    profile = None if args.no_profile else _profile.Profile()
+    with contextlib.ExitStack() as stack:
+        if args.explain:
+            stack.enter_context(_explain.explain_misses())
+        if profile is not None:
+            stack.enter_context(profile)
+        try:
+            return _run.run_script([args.target, *args.args], module=args.module)
+        finally:
+            stack.close()
+            report = _report.build(profile)
+            if not args.no_report:
+                print(_report.format_text(report), file=sys.stderr)
+            if args.json:
+                _report.write_json(args.json, report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

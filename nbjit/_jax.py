@@ -267,8 +267,6 @@ def filter_dispatch_frames(error: BaseException) -> None:
         _traceback_util._add_tracebackhide_to_hidden_frames(tb)
     else:
         error.with_traceback(_traceback_util.filter_traceback(tb))
-
-
 # --- observability (issue 11) ---
 from jax._src import pjit as _pjit  # noqa: E402
 

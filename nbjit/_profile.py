@@ -72,23 +72,31 @@ def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
 def _measure_overhead(n: int = 1000) -> float:
     """Nanoseconds per call of a probe shaped like a timed hit that does no work.
 
-    The probe mirrors the dispatcher's timed flavour (`nbjit._keys`, timed
-    binders): a ``__call__(*args, **kwargs)`` that makes one C call (the
-    dispatcher frees garbage), finds the binder of its call shape in a dict,
-    and a binder that stamps the clock six times and records. It bounds both
-    what profiling adds to a call and the part of a call outside its five
-    phases. Median of five batches, gc off.
+    The probe mirrors the dispatcher's timed flavour (nbjit/_keys.py
+    `_HIT_TEMPLATE`, timed): a ``__call__(*args, **kwargs)`` that looks up
+    and calls a binder, which stamps t0, its key, and four more phases and
+    records. It bounds both what profiling adds to a call and the part of a
+    call outside its five phases. Median of five batches, gc off.
     """
     global _active
+    from nbjit._jax import collect_garbage
+
     clock = _clock
 
     class Probe:
-        def __init__(self) -> None:
-            self.binders = {1: self.bind}
+        binders: dict = {}
 
         def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-            gc.isenabled()
-            return self.binders[len(args)](args, kwargs)
+            collect_garbage()  # as PjitFunction.__call__
+            shape = (len(args), *kwargs) if kwargs else len(args)
+            try:
+                binder = self.binders[shape]
+            except KeyError:
+                binder = self.binders[shape] = Probe.bind
+            try:
+                return binder(self, args, kwargs)
+            except Exception:
+                raise
 
         def bind(self, args: tuple, kwargs: dict) -> Any:
             t0 = clock()
@@ -156,14 +164,22 @@ class Profile:
         stamps = np.asarray(self._hits.get(jitted, []), dtype=np.int64).reshape(-1, 6)
         return np.diff(stamps, axis=1)
 
+    def functions(self) -> list[Any]:
+        """The jitted functions with a recorded call, in first-call order."""
+        return list(dict.fromkeys([*self._hits, *self._whole]))
+
+    def whole_ns(self, jitted: Any) -> list[tuple[str, int]]:
+        """(kind, nanoseconds) of every miss ('miss') and slow call ('slow') of `jitted`."""
+        return list(self._whole.get(jitted, []))
+
     def summary(self) -> list[dict[str, Any]]:
         """One dict per function: name, hits, misses, slow, per-phase mean/p90 (us), total ms."""
         from nbjit._stats import qualified_name
 
         rows = []
-        for jitted in dict.fromkeys([*self._hits, *self._whole]):
+        for jitted in self.functions():
             phases = self.phases_ns(jitted) / 1e3
-            whole = self._whole.get(jitted, [])
+            whole = self.whole_ns(jitted)
             miss_us = [ns / 1e3 for kind, ns in whole if kind == "miss"]
             slow_us = [ns / 1e3 for kind, ns in whole if kind == "slow"]
             row: dict[str, Any] = {

@@ -110,6 +110,15 @@ class _Binders(dict):
             self.splits[shape] = split
         return split
 
+    def set_flavour(self, flavour: str) -> None:
+        """"plain" or "timed" (profiling): binders are rebuilt in that flavour on next use."""
+        timed = flavour == "timed"
+        self.env.update(whole=_whole_timed if timed else _whole,
+                        record_hit=_profile.record if timed else None)
+        self.flavour = flavour
+        self.hit = make_hit(self.env, timed)
+        self.clear()
+
     def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
         binder = make_binder(self.split(shape), self.env, self.flavour)
         if len(self) >= _MAX_CALL_SHAPES:
@@ -209,7 +218,7 @@ class PjitFunction:
         self.slow_count = 0  # calls of this jit object that took JAX's own path
         _stats.register(self)  # observability hooks: nbjit/_stats.py, _profile.py
         if _profile.active():
-            _set_flavour(self, timed=True)
+            self._binders.set_flavour("timed")
 
     # -- the hit path: the binder of the call shape keys the call and runs it
 
@@ -235,7 +244,7 @@ class PjitFunction:
         """
         signature = self._general_signature(args, kwargs)
         if type(signature) is str:
-            return _whole(self, t0, self._slow, args, kwargs, signature)
+            return self._binders.env["whole"](self, t0, self._slow, args, kwargs, signature)
         t_key = time.perf_counter_ns() if t0 else 0
         return self._binders.hit(self, args, kwargs, *signature, t0, t_key)
 
@@ -333,8 +342,10 @@ class PjitFunction:
             pending.done.wait()
             node = namespace.find(*signature)
         if not owner:  # another thread compiled it (or failed: JAX's path)
-            return self._binders.hit(self, args, kwargs, leaves, key, shardings, 0, 0) if (
-                node is not None) else self._slow(args, kwargs, "compile_failed")
+            if node is None:
+                return self._slow(args, kwargs, "compile_failed")
+            now = time.perf_counter_ns()  # the timed flavour records the hit from here
+            return self._binders.hit(self, args, kwargs, leaves, key, shardings, now, now)
         try:
             return self._compile(args, kwargs, leaves, signature)
         finally:
@@ -521,22 +532,27 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
 # The timed flavour (while a `nbjit.profile()` is active; nbjit/_profile.py)
 
 
-def _set_flavour(jitted: PjitFunction, timed: bool) -> None:
-    """Rebuilds `jitted`'s binders (lazily) and hit path plain or timed (`nbjit._keys`)."""
-    binders = jitted._binders
-    binders.env["record_hit"] = _profile.record if timed else None
-    binders.flavour = "timed" if timed else "plain"
-    binders.hit = make_hit(binders.env, timed)
-    binders.clear()  # each call shape's binder is built again on its next call
+def _whole_timed(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
+    """A slow or miss call under a profile: run it, record it whole."""
+    misses = jitted._counters.misses
+    try:
+        return fn(*args)
+    finally:
+        kind = "miss" if jitted._counters.misses != misses else "slow"
+        _profile.record_whole(jitted, kind, time.perf_counter_ns() - t0)
 
 
-def _set_profiled(on: bool) -> None:
-    """Entering the first profile / leaving the last: every live function's flavour."""
+def _set_timed(on: bool) -> None:
+    """Every live function's binders become the timed flavour (on) or plain again (off).
+
+    Called when the first profile starts and the last ends: outside a
+    profile the hit path has no clock reads.
+    """
     for jitted in _stats.live_functions():
-        _set_flavour(jitted, on)
+        jitted._binders.set_flavour("timed" if on else "plain")
 
 
-_profile.on_switch(_set_profiled)
+_profile.on_switch(_set_timed)
 
 
 def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:

@@ -56,16 +56,22 @@ def _assert_same_leaf(path: str, a: Any, b: Any) -> None:
     np.testing.assert_array_equal(va, vb, err_msg=path, strict=True)
 
 
-def assert_same_outputs(nb_out: Any, jax_out: Any) -> None:
-    """Asserts two pytrees of outputs are indistinguishable, leaf by leaf."""
+def assert_same_outputs(nb_out: Any, jax_out: Any,
+                        same_leaf: Callable[[str, Any, Any], None] | None = None) -> None:
+    """Asserts two pytrees of outputs are indistinguishable, leaf by leaf.
+
+    `same_leaf(path, a, b)` compares one leaf pair (default: every field of
+    two fully addressable leaves; the multi-process worker passes its own).
+    """
+    same_leaf = same_leaf or _assert_same_leaf
     nb_paths, nb_tree = jax.tree_util.tree_flatten_with_path(nb_out)
     jax_paths, jax_tree = jax.tree_util.tree_flatten_with_path(jax_out)
     assert nb_tree == jax_tree, f"output structure {nb_tree} != {jax_tree}"
     for (path, a), (_, b) in zip(nb_paths, jax_paths, strict=True):
-        _assert_same_leaf(jax.tree_util.keystr(path) or "<root>", a, b)
+        same_leaf(jax.tree_util.keystr(path) or "<root>", a, b)
 
 
-def _outcome(fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+def outcome(fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
     try:
         return True, fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001  (the exception is the outcome)
@@ -75,8 +81,8 @@ def _outcome(fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
 def assert_same_exception(fn_nb: Callable, fn_jax: Callable, /, *args: Any,
                           **kwargs: Any) -> tuple[BaseException, BaseException]:
     """Asserts both calls raise exactly the same exception type; returns both."""
-    nb_ok, nb = _outcome(fn_nb, args, kwargs)
-    jax_ok, jx = _outcome(fn_jax, args, kwargs)
+    nb_ok, nb = outcome(fn_nb, args, kwargs)
+    jax_ok, jx = outcome(fn_jax, args, kwargs)
     assert not jax_ok, f"jax.jit did not raise (returned {jx!r})"
     assert not nb_ok, f"nbjit did not raise; jax.jit raised {type(jx).__name__}: {jx}"
     assert type(nb) is type(jx), (
@@ -87,8 +93,8 @@ def assert_same_exception(fn_nb: Callable, fn_jax: Callable, /, *args: Any,
 def assert_same_call(fn_nb: Callable, fn_jax: Callable, /, *args: Any,
                      **kwargs: Any) -> tuple[Any, Any]:
     """Both raise the same exception type, or both return the same outputs."""
-    nb_ok, nb = _outcome(fn_nb, args, kwargs)
-    jax_ok, jx = _outcome(fn_jax, args, kwargs)
+    nb_ok, nb = outcome(fn_nb, args, kwargs)
+    jax_ok, jx = outcome(fn_jax, args, kwargs)
     if not jax_ok:
         assert not nb_ok, (
             f"nbjit returned; jax.jit raised {type(jx).__name__}: {jx}")

@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nbjit  # noqa: E402
+from tests._diff import assert_same_outputs, outcome  # noqa: E402
 
 MESH = Mesh(np.array(jax.devices()), ("x",))  # 8 devices, 4 per process
 MESH2 = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
@@ -72,18 +73,7 @@ def same_leaf(path: str, a: Any, b: Any) -> None:
 
 
 def same_outputs(a: Any, b: Any) -> None:
-    la, ta = jax.tree_util.tree_flatten_with_path(a)
-    lb, tb = jax.tree_util.tree_flatten_with_path(b)
-    assert ta == tb, f"output structure {ta} != {tb}"
-    for (path, x), (_, y) in zip(la, lb, strict=True):
-        same_leaf(jax.tree_util.keystr(path) or "<root>", x, y)
-
-
-def outcome(fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-    try:
-        return True, fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001  (the exception is the outcome)
-        return False, e
+    assert_same_outputs(a, b, same_leaf)  # tests/_diff.py, with shard-wise leaves
 
 
 def same_call(nb: Callable, jx: Callable, *args: Any, **kwargs: Any) -> Any:

@@ -11,6 +11,7 @@ import pytest
 
 import nbjit
 from nbjit import _profile
+from nbjit.dispatch import PjitFunction
 
 
 def _fresh():
@@ -20,10 +21,15 @@ def _fresh():
     return nbjit.jit(step)
 
 
-def test_hits_in_five_phases_misses_and_slow_calls_whole():
-    f = _fresh()
-    a = jnp.ones(3)
+def _compiled():
+    """A fresh jitted function and an argument it has already compiled for."""
+    f, a = _fresh(), jnp.ones(3)
     f(a)
+    return f, a
+
+
+def test_hits_in_five_phases_misses_and_slow_calls_whole():
+    f, a = _compiled()
     with nbjit.profile() as prof:
         for _ in range(20):
             f(a)
@@ -40,9 +46,7 @@ def test_hits_in_five_phases_misses_and_slow_calls_whole():
 
 
 def test_phases_sum_to_the_call_within_the_stated_overhead():
-    f = _fresh()
-    a = jnp.ones(3)
-    f(a)
+    f, a = _compiled()
     gaps = []
     with nbjit.profile() as prof:
         assert prof.overhead_ns > 0
@@ -88,23 +92,23 @@ def _flavour(f):
 def test_no_cost_when_off_and_every_function_switched_back():
     f = _fresh()
     g = nbjit.jit(lambda x, n: x * n, static_argnums=1)
-    assert _flavour(f) == "plain" and not _profile.active()
+    assert f._binders.flavour == "plain" and not _profile.active()
     with nbjit.profile():
         assert _profile.active()
-        assert _flavour(f) == "timed" and _flavour(g) == "timed"
-        h = _fresh()  # made inside: timed too
-        assert _flavour(h) == "timed"
+        assert f._binders.flavour == "timed" and g._binders.flavour == "timed"
+        h = _fresh()  # made inside: profiled too
+        assert h._binders.flavour == "timed"
         h(jnp.ones(2)), g(jnp.ones(2), 3), g(jnp.ones(2), 3)
     assert not _profile.active()
-    assert _flavour(f) == _flavour(g) == _flavour(h) == "plain"
-    assert g._binders.env["record_hit"] is None and not g._binders  # rebuilt plain on use
+    for jitted in (f, g, h):
+        assert type(jitted) is PjitFunction and jitted._binders.flavour == "plain"
+        assert "clock()" not in "".join(  # no clock reads left in any binder
+            _keys_source(jitted))
     assert g.stats().hits == 1 and g(jnp.ones(2), 3).shape == (2,)
 
 
 def test_nested_profiles_both_record():
-    f = _fresh()
-    a = jnp.ones(3)
-    f(a)
+    f, a = _compiled()
     with nbjit.profile() as outer:
         f(a)
         with nbjit.profile() as inner:
@@ -116,9 +120,7 @@ def test_nested_profiles_both_record():
 
 def test_table_text_html_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    f = _fresh()
-    a = jnp.ones(3)
-    f(a)
+    f, a = _compiled()
     with nbjit.profile() as prof:
         for _ in range(10):
             f(a)
@@ -130,3 +132,9 @@ def test_table_text_html_and_plot(tmp_path):
     path = tmp_path / "profile.png"
     fig = prof.plot(str(path))
     assert path.stat().st_size > 1000 and fig is not None
+
+
+def _keys_source(jitted) -> list[str]:
+    """The sources of a function's binders (from linecache, where nbjit registers them)."""
+    import inspect
+    return [inspect.getsource(binder) for binder in jitted._binders.values()]

@@ -84,8 +84,10 @@ def test_run_script_as_python_would(project):
 def test_run_script_exit_code_and_traceback(project):
     done = _nbjit_run("app/script.py", "--code", "7", cwd=project)
     assert done.returncode == 7, done.stderr
-    done = _nbjit_run("app/script.py", "--fail", cwd=project)
+    done = _nbjit_run("--no-report", "app/script.py", "--fail", cwd=project)
     assert done.returncode == 1
+    reported = _nbjit_run("app/script.py", "--fail", cwd=project)
+    assert reported.returncode == 1 and "nbjit run: dispatch report" in reported.stderr
     plain = subprocess.run([sys.executable, "app/script.py", "--fail"], cwd=project,
                            env={**os.environ, "PYTHONPATH": str(ROOT)},
                            capture_output=True, text=True, timeout=TIMEOUT)
@@ -93,6 +95,7 @@ def test_run_script_exit_code_and_traceback(project):
     # The traceback starts at the script's first frame, as Python prints it.
     assert done.stderr.strip().splitlines() == plain.stderr.strip().splitlines()
     assert "nbjit" not in done.stderr.replace(str(ROOT), "")
+    assert reported.stderr.startswith(done.stderr)  # the report follows the traceback
 
 
 def test_run_module(project):
@@ -127,3 +130,58 @@ def test_run_script_in_process_calls_on_exit(project, monkeypatch):
 
         nbjit.unpatch_jax()
     assert calls == [1, 2]
+
+
+REPORT_SCRIPT = textwrap.dedent("""\
+    import jax, jax.numpy as jnp, numpy as np
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.1 * jnp.tanh(x @ w).mean()
+
+    @jax.jit
+    def loss(w):
+        return (w ** 2).sum()
+
+    w = jnp.ones((4, 4))
+    for i in range(6):
+        w = step(w, np.full((2, 4), i, np.float32))
+    step(w, jnp.ones((3, 4)))  # another signature: a miss, explained under --explain
+    with jax.disable_jit():
+        loss(w)  # slow: disable_jit
+    print("done", float(loss(w)))
+    """)
+
+
+def test_report_at_exit_counts_and_times_each_function(tmp_path):
+    """The end-of-run report (issue 11 item 5): per function calls, hits,
+    misses, slow calls with reasons, dispatch and execute time; --json writes
+    it; --explain logs the explained miss."""
+    import json
+
+    (tmp_path / "train.py").write_text(REPORT_SCRIPT)
+    out = _nbjit_run("--explain", "--json", "report.json", "train.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "done" in out.stdout
+    assert "nbjit run: dispatch report" in out.stderr
+    assert "nbjit cache miss of step" in out.stderr and "args[1]" in out.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    rows = {row["name"]: row for row in report["functions"]}
+    step, loss = rows["step"], rows["loss"]
+    assert (step["calls"], step["hits"], step["misses"], step["slow"]) == (7, 5, 2, 0)
+    assert (loss["calls"], loss["misses"], loss["slow"]) == (2, 1, 1)
+    assert loss["slow_reasons"] == {"disable_jit": 1}
+    assert report["profiled"] and step["dispatch_ms"] > 0 and step["execute_ms"] > 0
+    assert step["miss_ms"] > 0 and loss["slow_ms"] > 0
+
+
+def test_report_without_profile(tmp_path):
+    (tmp_path / "train.py").write_text(REPORT_SCRIPT)
+    out = _nbjit_run("--no-profile", "--json", "report.json", "train.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert not report["profiled"]
+    assert {row["name"]: row["hits"] for row in report["functions"]}["step"] == 5
+    assert "dispatch ms" not in out.stderr
