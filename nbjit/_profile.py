@@ -53,8 +53,6 @@ def active() -> bool:
 def record(jitted: Any, t0: int, t_key: int, t_lookup: int, t_inputs: int, t_execute: int,
            t_outputs: int) -> None:
     """One hit of `jitted`, as perf_counter_ns stamps (see the module docstring)."""
-    if not t0:  # a call that waited for another thread's compile: timed whole instead
-        return
     stamp = (t0, t_key, t_lookup, t_inputs, t_execute, t_outputs)
     for prof in _active:
         hits = prof._hits.get(jitted)

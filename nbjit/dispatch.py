@@ -65,15 +65,8 @@ _LEAF_TYPES = frozenset({
 
 
 def _whole(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
-    """A slow or miss call from the hit path; the timed flavour (t0 > 0) times it whole."""
-    if not t0:
-        return fn(*args)
-    misses = jitted._counters.misses
-    try:
-        return fn(*args)
-    finally:
-        kind = "miss" if jitted._counters.misses != misses else "slow"
-        _profile.record_whole(jitted, kind, time.perf_counter_ns() - t0)
+    """A slow or miss call from the hit path (the timed flavour times it whole)."""
+    return fn(*args)
 
 
 class _Binders(dict):
