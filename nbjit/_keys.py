@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from nbjit import _jax
 from nbjit._record import host_dtype
 
@@ -96,6 +98,8 @@ def leaf_signature(x: Any, canonical: dict) -> Any:
         return (x.aval, x._committed)
     if t in _PYTHON_SCALARS:
         return t
+    if t is np.ndarray and (dtype := canonical.get(x.dtype)) is not None:
+        return (dtype, x.shape)  # the common host leaf, its dtype seen before
     dtype = host_dtype(x, canonical)
     return None if dtype is None else (dtype, x.shape)
 
@@ -227,22 +231,32 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
     ``_general_signature``, and runs nothing).
     """
     timed = flavour == "timed"
-    arg_names = [f"a{i}" for i in range(split.nargs)]
-    kw_names = {k: f"k{j}" for j, k in enumerate(split.names)}
-    unpack = ""
-    if arg_names:
-        unpack += f"    {', '.join(arg_names)}, = args\n"
-    if kw_names:
-        unpack += f"    {', '.join(kw_names.values())}, = kwargs.values()\n"
+    unroll = len(split.dynamic_positions) + len(split.dynamic_names) <= UNROLL_MAX
+    if unroll:  # every argument in a local of its own
+        arg_names = [f"a{i}" for i in range(split.nargs)]
+        kw_names = {k: f"k{j}" for j, k in enumerate(split.names)}
+        unpack = f"    {', '.join(arg_names)}, = args\n" if arg_names else ""
+        if kw_names:
+            unpack += f"    {', '.join(kw_names.values())}, = kwargs.values()\n"
+    else:  # many arguments: index the few static ones, loop over the rest
+        arg_names = [f"args[{i}]" for i in range(split.nargs)]
+        kw_names = {k: f"kwargs[{k!r}]" for k in split.names}
+        unpack = ""
     dynamic = ([arg_names[i] for i in split.dynamic_positions]
                + [kw_names[k] for k in split.dynamic_names])
     statics = ([f"type({arg_names[i]}), {arg_names[i]}" for i in split.static_positions]
                + [f"{k!r}, type({kw_names[k]}), {kw_names[k]}" for k in split.static_names])
     marked = bool(split.names or statics)  # a plain positional call keys as bare pairs
     prefix = "shape, " + "".join(s + ", " for s in statics) if marked else ""
-    leaves = f"[{', '.join(dynamic)}]" if (marked or not dynamic) else "args"
+    if not (marked or not dynamic):
+        leaves = "args"
+    elif unroll:
+        leaves = f"[{', '.join(dynamic)}]"
+    else:  # built once, from the static split
+        leaves = ("[args[i] for i in DYNAMIC_POSITIONS]"
+                  + (" + [kwargs[k] for k in DYNAMIC_NAMES]" if split.dynamic_names else ""))
     t0_arg = ", t0" if timed else ""
-    if len(dynamic) <= UNROLL_MAX:
+    if unroll:
         pairs = [f"({d}.aval, {d}._committed)" for d in dynamic]
         read = _READ_UNROLLED.format(
             checks=" and ".join(f"type({d}) is ArrayImpl" for d in dynamic) or "True",
@@ -281,7 +295,8 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
     `_general`. `env` holds the names the source reads (see `hit_env`); the
     binder holds no reference to the function itself.
     """
-    scope = {**env, "ArrayImpl": ArrayImpl, "shape": (LEAVES, split.key_shape)}
+    scope = {**env, "ArrayImpl": ArrayImpl, "shape": (LEAVES, split.key_shape),
+             "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names}
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
     return _compile(binder_source(split, flavour), name, scope)["bind"]
 

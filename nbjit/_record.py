@@ -146,28 +146,29 @@ class HostInput:
         self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
 
     def apply(self, inputs: list) -> None:
-        inputs[self.index] = self.put(inputs[self.index])
-
-    def put(self, x: Any) -> Any:
+        index = self.index
+        x = inputs[index]
         if type(x) is not np.ndarray:  # a scalar: immutable, the object itself is a key
             last = self.last
             if last is not None and x is last[0] and _host_transfers_unguarded():
-                return last[2]
-            array = _device_put(self.aval, self.sharding, [x], self.devices, False)
+                inputs[index] = last[2]
+                return
+            array = inputs[index] = _device_put(self.aval, self.sharding, [x], self.devices, False)
             if self.memo:
                 self.last = (x, None, array)
-            return array
+            return
         if not self.memo:
-            return _device_put(self.aval, self.sharding, [x], self.devices, False, False,
-                               _COPY_DURING_CALL)
+            inputs[index] = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
+                                        _COPY_DURING_CALL)
+            return
         data = np.asarray(x, self.dtype).tobytes()
         last = self.last
         if last is not None and data == last[1] and _host_transfers_unguarded():
-            return last[2]
-        array = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
-                            _COPY_DURING_CALL)
+            inputs[index] = last[2]
+            return
+        array = inputs[index] = _device_put(self.aval, self.sharding, [x], self.devices, False,
+                                            False, _COPY_DURING_CALL)
         self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
-        return array
 
 
 class _Copy:

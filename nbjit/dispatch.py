@@ -205,6 +205,7 @@ class PjitFunction:
         self._static_argnums = tuple(info.static_argnums)
         self._static_argnames = frozenset(info.static_argnames)
         self._binders = _Binders(self._namespace, self._static_argnums, self._static_argnames)
+        self._has_static = bool(self._static_argnums or self._static_argnames)
         self._fun_signature = info.fun_signature
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
@@ -247,29 +248,33 @@ class PjitFunction:
         Positional arguments that are all leaves are keyed without flattening;
         anything else is flattened with the registry jit itself uses.
         """
-        split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
-        static_key, args_d, kwargs_d = split.apply(args, kwargs) if split.has_static else (
-            (), args, kwargs)
+        if kwargs or self._has_static:
+            split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
+            key_shape = split.key_shape
+            static_key, args_d, kwargs_d = split.apply(args, kwargs) if split.has_static else (
+                (), args, kwargs)
+        else:  # positional, nothing static: the common case, no split to look up
+            key_shape, static_key, args_d, kwargs_d = len(args), (), args, kwargs
         if not kwargs_d and _LEAF_TYPES.issuperset(map(type, args_d)):
             # Leaves already, and not all jax.Arrays (a binder keys those): host values.
-            leaves, tid, mixed = args_d, flat_treedef_ids[len(args_d)], True
+            canonical = canonical_dtypes[_jax.enable_x64.value]
+            leaves, tid = args_d, flat_treedef_ids[len(args_d)]
+            signatures = tuple([leaf_signature(x, canonical) for x in leaves])
         else:
             leaves, treedef = _flatten((args_d, kwargs_d) if kwargs_d else args_d)
-            tid, mixed = treedef_id(treedef), False
-        signatures = None
-        if not mixed:
+            tid = treedef_id(treedef)
             try:  # all jax.Arrays (pytrees of parameters)?
                 signatures = tuple([(x.aval, x._committed) for x in leaves])
                 shardings = [x._sharding for x in leaves]
             except AttributeError:
-                pass
-        if signatures is None:
-            canonical = canonical_dtypes[_jax.enable_x64.value]
-            signatures = tuple([leaf_signature(x, canonical) for x in leaves])
-            if None in signatures:
-                return _unkeyable_reason(leaves, canonical)
-            shardings = [x._sharding for x in leaves if type(x) is ArrayImpl]
-        return leaves, (LEAVES, split.key_shape, static_key, tid, signatures), shardings
+                canonical = canonical_dtypes[_jax.enable_x64.value]
+                signatures = tuple([leaf_signature(x, canonical) for x in leaves])
+            else:
+                return leaves, (LEAVES, key_shape, static_key, tid, signatures), shardings
+        if None in signatures:
+            return _unkeyable_reason(leaves, canonical)
+        shardings = [x._sharding for x in leaves if type(x) is ArrayImpl]
+        return leaves, (LEAVES, key_shape, static_key, tid, signatures), shardings
 
     # -- slow paths -------------------------------------------------------------
 
