@@ -27,7 +27,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PjitFunctionCache", "Namespace", "Node", "Counters"]
+from nbjit import _jax
+
+__all__ = ["PjitFunctionCache", "Namespace", "Node", "Counters", "cache_from_config"]
 
 
 class Counters:
@@ -243,3 +245,56 @@ class PjitFunctionCache:
                 old.namespace.counters.evictions += 1
                 if old.description is not None:
                     old.namespace.counters.evicted.append(old.description)
+
+
+class _ClearedWithJax:
+    """Registered with JAX's cache management: `jax.clear_caches()` clears every
+    `PjitFunctionCache` too, as it clears jaxlib's."""
+
+    def cache_clear(self) -> None:
+        PjitFunctionCache.clear_all()
+
+    def cache_info(self) -> None:
+        return None
+
+    def cache_keys(self) -> list:
+        return []
+
+
+_cleared_with_jax = _ClearedWithJax()  # JAX holds it weakly
+_jax.register_cache(_cleared_with_jax, "nbjit.PjitFunctionCache (all)")
+
+# jaxlib cache named by `jax_jit_cpp_cache_obj` -> (it, weak ref to nbjit's twin)
+_config_caches: dict[int, tuple[Any, weakref.ref]] = {}
+_config_caches_lock = threading.Lock()
+
+
+def cache_from_config() -> PjitFunctionCache | None:
+    """The cache a function created now uses by `jax.config.jax_jit_cpp_cache_obj`.
+
+    As upstream (`pjit._cpp_pjit`): only at the top level of tracing. The
+    config holds a jaxlib `PjitFunctionCache`; nbjit gives each such cache
+    one twin of its own with the same capacity, which the functions created
+    under it share (so they evict each other as upstream's do). The twin
+    lives while a function uses it; it is not cleared by the jaxlib cache's
+    `clear()`.
+    """
+    config_cache = _jax.jit_cpp_cache_obj.value
+    if config_cache is None or not _jax.is_top_level_trace():
+        return None
+    key = id(config_cache)
+    with _config_caches_lock:
+        held = _config_caches.get(key)
+        twin = held[1]() if held is not None and held[0] is config_cache else None
+        if twin is None:
+            twin = PjitFunctionCache(config_cache.capacity())
+            _config_caches[key] = (config_cache, weakref.ref(twin))
+            weakref.finalize(twin, _forget_config_cache, key, _config_caches[key][1])
+    return twin
+
+
+def _forget_config_cache(key: int, twin_ref: weakref.ref) -> None:
+    with _config_caches_lock:
+        held = _config_caches.get(key)
+        if held is not None and held[1] is twin_ref:
+            del _config_caches[key]

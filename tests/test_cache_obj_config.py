@@ -14,7 +14,7 @@ from jax._src import config as jax_config
 from jax._src.pjit import make_jit_cpp_cache
 
 import nbjit
-from nbjit import dispatch
+from nbjit import _cache, dispatch
 
 JITS = pytest.mark.parametrize("jit", [jax.jit, nbjit.jit], ids=["jax", "nbjit"])
 
@@ -78,7 +78,7 @@ def test_one_twin_per_jaxlib_cache_and_it_is_released():
         g = nbjit.jit(lambda x: -x)
     assert f._cache is g._cache
     key = id(cpp_cache)
-    assert dispatch._config_caches[key][0] is cpp_cache
+    assert _cache._config_caches[key][0] is cpp_cache
     del f, g
     gc.collect()
-    assert key not in dispatch._config_caches
+    assert key not in _cache._config_caches
