@@ -277,12 +277,24 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
         stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
 
 
+_code_objects: dict[tuple[str, str], Any] = {}  # (source, name) -> compiled module code
+_MAX_CODE_OBJECTS = 1024
+
+
 def _compile(source: str, name: str, scope: dict[str, Any]) -> Any:
-    # A file name under nbjit's directory: JAX's error messages skip its frames
-    # (source_info_util), and linecache shows the source in tracebacks.
-    filename = f"{_BINDER_DIR}/<{name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), scope)
+    """Runs `source` in `scope`; the compiled code is shared by every function
+    whose binder has the same source (compiling costs ~50 us, running it ~2)."""
+    code = _code_objects.get((source, name))
+    if code is None:
+        # A file name under nbjit's directory: JAX's error messages skip its
+        # frames (source_info_util), and linecache shows the source in tracebacks.
+        filename = f"{_BINDER_DIR}/<{name}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        code = compile(source, filename, "exec")
+        if len(_code_objects) >= _MAX_CODE_OBJECTS:
+            _code_objects.clear()
+        _code_objects[(source, name)] = code
+    exec(code, scope)
     return scope
 
 

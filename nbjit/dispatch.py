@@ -125,6 +125,7 @@ class _Binders(dict):
 _default_cache = PjitFunctionCache(8192)  # jit(f) with no explicit options
 _explicit_cache = PjitFunctionCache(8192)  # jit(f, donate_argnums=..., ...)
 
+
 class PjitFunction:
     """A `jax.jit`-compatible callable with nbjit's own cache-hit dispatch."""
 
