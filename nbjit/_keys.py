@@ -5,15 +5,16 @@ order: ``n`` for a positional call, ``(n, *names)`` with keywords. Each
 function builds, once per call shape, a *binder* (as Triton's
 `JITFunction` does): a small generated function that reads exactly the
 attributes that shape needs, builds the key, finds the node and runs it.
-A binder expects every dynamic argument to be a `jax.Array` (the common
-case); anything else (pytrees, host values, tracers, objects) goes to the
-function's one general path, which keys flattened leaves.
+A binder has two ways to key a call: when every dynamic argument is a
+`jax.Array` (the common case) it reads them one by one; otherwise (pytrees,
+host values) it flattens them as JAX does and keys the leaves. A leaf
+nothing can key (a tracer, an object) sends the call to JAX's own path.
 
-Keys never collide across paths:
-  * positional, no static arguments: the bare tuple of ``(aval, committed)``
-    pairs (avals are interned by JAX and hash by identity);
-  * any other binder: ``(shape marker, static items..., pairs...)``;
-  * the general path: ``(_LEAVES, call shape, static key, treedef id,
+Keys never collide across the forms:
+  * all jax.Arrays, positional, no static arguments: the bare tuple of
+    ``(aval, committed)`` pairs (avals are interned by JAX and hash by identity);
+  * all jax.Arrays otherwise: ``(shape marker, static items..., pairs...)``;
+  * flattened: ``(LEAVES, call shape, static key, treedef id,
     per-leaf signatures)``.
 Static values enter keys with their exact type, so ``1``, ``1.0`` and
 ``True`` are different signatures, as in jaxlib.
@@ -31,14 +32,20 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
-from nbjit._record import host_dtype
+from nbjit._record import canonical_dtypes, host_dtype
 
-__all__ = ["Split", "leaf_signature", "make_binder", "treedef_id",
+__all__ = ["Split", "leaf_signature", "make_binder", "mixed_signatures", "treedef_id",
            "LEAVES", "UNROLL_MAX"]
 
 ArrayImpl = _jax.ArrayImpl
 LEAVES = object()  # first item of every general-path key
 _PYTHON_SCALARS = frozenset({bool, int, float, complex})  # not JAX's shape-polymorphic dims
+# Types that are pytree leaves themselves: arguments of these types are keyed
+# without flattening.
+LEAF_TYPES = frozenset({
+    ArrayImpl, np.ndarray, *_jax.python_scalar_types,
+    *(t for t in np.sctypeDict.values() if issubclass(t, (np.number, np.bool_))),
+})
 _BINDER_DIR = os.path.dirname(os.path.abspath(__file__))
 UNROLL_MAX = 8  # binders unroll the per-argument reads up to this many dynamic arguments
 
@@ -63,20 +70,8 @@ def treedef_id(treedef: Any) -> int:
         with _treedef_lock:
             if len(_treedef_ids) >= _MAX_TREEDEF_IDS:
                 _treedef_ids.clear()
-                flat_treedef_ids.clear()
             tid = _treedef_ids.setdefault(treedef, next(_treedef_counter))
     return tid
-
-
-class _FlatTreedefIds(dict):
-    """n -> the treedef id of an n-tuple of leaves (what flattening `args` gives)."""
-
-    def __missing__(self, n: int) -> int:
-        tid = self[n] = treedef_id(_jax.flatten_for_dispatch((0,) * n)[1])
-        return tid
-
-
-flat_treedef_ids = _FlatTreedefIds()
 
 
 # ---------------------------------------------------------------------------
@@ -102,6 +97,16 @@ def leaf_signature(x: Any, canonical: dict) -> Any:
         return (dtype, x.shape)  # the common host leaf, its dtype seen before
     dtype = host_dtype(x, canonical)
     return None if dtype is None else (dtype, x.shape)
+
+
+def mixed_signatures(leaves: list) -> tuple[tuple, list] | None:
+    """``(signatures, shardings)`` of leaves that are not all jax.Arrays (host
+    values, say), or None if some leaf has no signature (JAX must take it)."""
+    canonical = canonical_dtypes[_jax.enable_x64.value]
+    signatures = tuple([leaf_signature(x, canonical) for x in leaves])
+    if None in signatures:
+        return None
+    return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]
 
 
 # ---------------------------------------------------------------------------
@@ -134,15 +139,12 @@ class Split:
         self.dynamic_names = tuple(sorted(k for k in names if k not in static_argnames))
         self.has_static = bool(self.static_positions or self.static_names)
 
-    def apply(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple, dict]:
-        """(static key, dynamic positional args, dynamic keyword args)."""
-        static_key = tuple([(type(args[i]), args[i]) for i in self.static_positions])
-        if self.static_positions:
-            args = tuple([args[i] for i in self.dynamic_positions])
-        if self.static_names:
-            static_key += tuple([(k, type(kwargs[k]), kwargs[k]) for k in self.static_names])
-            kwargs = {k: kwargs[k] for k in self.dynamic_names}
-        return static_key, args, kwargs
+    def leaves_treedef_id(self) -> int:
+        """The treedef id of this shape's dynamic arguments when each is a leaf."""
+        tree: Any = (0,) * len(self.dynamic_positions)
+        if self.dynamic_names:
+            tree = (tree, dict.fromkeys(self.dynamic_names, 0))
+        return treedef_id(_jax.flatten_for_dispatch(tree)[1])
 
 
 # ---------------------------------------------------------------------------
@@ -150,10 +152,10 @@ class Split:
 #
 # One template holds the hit path (lookup -> inputs -> execute -> outputs).
 # Binders inline it after building their key; `make_hit` compiles it alone
-# for the general path. The *timed* flavour (while a `nbjit.profile()` is
-# active) adds clock stamps between the phases; the plain one pays nothing
-# for it. Slow and miss calls go through `whole(self, t0, fn, *args)`, which
-# the timed flavour uses to time them whole.
+# for a miss that another thread compiled meanwhile. The *timed* flavour
+# (while a `nbjit.profile()` is active) adds clock stamps between the
+# phases; the plain one pays nothing for it. Slow and miss calls go through
+# `whole(self, t0, fn, *args)`, which the timed flavour uses to time them whole.
 
 _HIT_TEMPLATE = """\
     context = trace_context()
@@ -196,21 +198,48 @@ _READ_UNROLLED = """\
     if {checks}:
         key = {key}
         shardings = [{shardings}]
+        leaves = {leaves}
+    elif {leaf_checks}:  # leaves already (host values among them): no flatten
+        leaves = [{dynamic}]
+        mixed = mixed_signatures(leaves)
+        if mixed is None:
+            {unkeyable}
+        signatures, shardings = mixed
+        key = (LEAVES, KEY_SHAPE, {static_key}, LEAVES_TREEDEF_ID, signatures)
     else:
-        return self._general(args, kwargs{t0_arg})
-"""
+{general}"""
 
 _READ_LOOP = """\
     dynamic = {dynamic}
     try:
         pairs = tuple([(x.aval, x._committed) for x in dynamic])
         shardings = [x._sharding for x in dynamic]
+        key = {key}
+        leaves = dynamic
     except AttributeError:
-        return self._general(args, kwargs{t0_arg})
-    key = {key}
+{general}"""
+
+# Dynamic arguments that are not all jax.Arrays (pytrees, host values): flatten
+# them as JAX does and key the leaves. Leaves that are not all jax.Arrays are
+# keyed one by one (`mixed_signatures`); a leaf nothing can key (a tracer, an
+# object) sends the call to `_unkeyable`: JAX's own path.
+_READ_FLATTENED = """\
+        leaves, treedef = flatten({tree})
+        tid = treedef_ids_get(treedef)
+        if tid is None:
+            tid = treedef_id(treedef)
+        try:
+            signatures = tuple([(x.aval, x._committed) for x in leaves])
+            shardings = [x._sharding for x in leaves]
+        except AttributeError:
+            mixed = mixed_signatures(leaves)
+            if mixed is None:
+                {unkeyable}
+            signatures, shardings = mixed
+        key = (LEAVES, KEY_SHAPE, {static_key}, tid, signatures)
 """
 
-_PROBE_READ_FINISH = "    return ({leaves}, key, shardings)\n"
+_PROBE_READ_FINISH = "    return (leaves, key, shardings)\n"
 
 
 def _hit_source(leaves: str, timed: bool) -> str:
@@ -227,8 +256,8 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
     """The source of the binder for one call shape (see `make_binder`).
 
     `flavour`: "plain" (the hit path), "timed" (the same, with phase stamps)
-    or "probe" (returns ``(leaves, key, shardings)``, or the general path's
-    ``_general_signature``, and runs nothing).
+    or "probe" (returns ``(leaves, key, shardings)``, or a string if a leaf
+    cannot be keyed, and runs nothing).
     """
     timed = flavour == "timed"
     unroll = len(split.dynamic_positions) + len(split.dynamic_names) <= UNROLL_MAX
@@ -257,21 +286,33 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
                   + (" + [kwargs[k] for k in DYNAMIC_NAMES]" if split.dynamic_names else ""))
     t0_arg = ", t0" if timed else ""
     if unroll:
+        positional = "".join(arg_names[i] + ", " for i in split.dynamic_positions)
+        positional = f"({positional})"
+        named = ", ".join(f"{k!r}: {kw_names[k]}" for k in split.dynamic_names)
+    else:
+        positional = ("tuple([args[i] for i in DYNAMIC_POSITIONS])" if split.static_positions
+                      else "args")
+        named = "k: kwargs[k] for k in DYNAMIC_NAMES"
+    static_key = ("(" + "".join(f"({s}), " for s in statics) + ")") if statics else "()"
+    unkeyable = ('return "unkeyable"' if flavour == "probe"
+                 else f"return self._unkeyable(args, kwargs, leaves{t0_arg})")
+    general = _READ_FLATTENED.format(
+        tree=f"({positional}, {{{named}}})" if split.dynamic_names else positional,
+        static_key=static_key, unkeyable=unkeyable)
+    if not dynamic:  # nothing to key but the static arguments
+        read = f"    key = ({prefix})\n    shardings = []\n    leaves = {leaves}\n"
+    elif unroll:
         pairs = [f"({d}.aval, {d}._committed)" for d in dynamic]
         read = _READ_UNROLLED.format(
             checks=" and ".join(f"type({d}) is ArrayImpl" for d in dynamic) or "True",
-            key=f"({prefix}{''.join(p + ', ' for p in pairs)})", t0_arg=t0_arg,
-            shardings=", ".join(f"{d}._sharding" for d in dynamic))
+            key=f"({prefix}{''.join(p + ', ' for p in pairs)})", leaves=leaves,
+            shardings=", ".join(f"{d}._sharding" for d in dynamic), general=general,
+            leaf_checks=" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic),
+            dynamic=", ".join(dynamic), static_key=static_key, unkeyable=unkeyable)
     else:
-        read = _READ_LOOP.format(dynamic=leaves, t0_arg=t0_arg,
+        read = _READ_LOOP.format(dynamic=leaves, general=general,
                                  key=f"({prefix}*pairs)" if marked else "pairs")
-    if flavour == "probe":
-        read = read.replace("self._general(", "self._general_signature(")
-        tail = _PROBE_READ_FINISH.format(leaves=leaves)
-    else:
-        tail = _hit_source(leaves, timed)
-    if len(dynamic) > UNROLL_MAX and leaves != "args":  # the hit path reuses the list
-        tail = tail.replace(leaves, "dynamic")
+    tail = _PROBE_READ_FINISH if flavour == "probe" else _hit_source("leaves", timed)
     return _BINDER_TEMPLATE.format(
         start="    t0 = clock()\n" if timed else "", unpack=unpack, read=read.rstrip("\n"),
         stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
@@ -302,20 +343,24 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
                 ) -> Callable[[Any, tuple, dict], Any]:
     """Compiles the binder of `split`: ``bind(pjit_function, args, kwargs)``.
 
-    It builds the key of a call whose dynamic arguments are all jax.Arrays
-    and runs the hit path on it; any other call goes to the function's
-    `_general`. `env` holds the names the source reads (see `hit_env`); the
-    binder holds no reference to the function itself.
+    It keys the call (see the module docstring) and runs the hit path on it;
+    a call it cannot key goes to the function's `_unkeyable`. `env` holds the
+    names the source reads (see `_Binders`); the binder holds no reference to
+    the function itself.
     """
     scope = {**env, "ArrayImpl": ArrayImpl, "shape": (LEAVES, split.key_shape),
-             "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names}
+             "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names,
+             "LEAVES": LEAVES, "KEY_SHAPE": split.key_shape, "flatten": _jax.flatten_for_dispatch,
+             "treedef_ids_get": _treedef_ids.get, "treedef_id": treedef_id,
+             "mixed_signatures": mixed_signatures, "LEAF_TYPES": LEAF_TYPES,
+             "LEAVES_TREEDEF_ID": split.leaves_treedef_id()}
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
     return _compile(binder_source(split, flavour), name, scope)["bind"]
 
 
 def make_hit(env: dict[str, Any], timed: bool = False) -> Callable[..., Any]:
     """The hit path alone, ``hit(self, args, kwargs, leaves, key, shardings, t0, t_key)``:
-    where the general path ends once it has keyed a call."""
+    for a call keyed elsewhere (a miss another thread compiled meanwhile)."""
     source = ("def hit(self, args, kwargs, leaves, key, shardings, t0, t_key):\n"
               + _hit_source("leaves", timed))
     return _compile(source, f"hit{' timed' if timed else ''}", dict(env))["hit"]

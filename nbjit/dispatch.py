@@ -6,12 +6,11 @@ path that jaxlib writes in C++: key the call, find the executable, put the
 inputs on the right devices, run, wrap the outputs.
 
 A call goes: `__call__` -> the binder of its call shape (`nbjit._keys`: one
-generated function per positional count and keyword names, which builds the
-key of an all-jax.Array call and runs the hit path: lookup -> inputs ->
-execute -> outputs). Anything a binder does not expect goes to `_general`
-(flattened leaves, host values), which keys the call and ends in the same
-hit path (`_Binders.hit`, compiled from the same template). A miss or a
-signature that cannot take the fast path goes to `_miss_or_slow`.
+generated function per positional count and keyword names, which keys the
+call, from the arrays themselves or from flattened leaves, and runs the hit
+path: lookup -> inputs -> execute -> outputs). A leaf no key can hold goes
+to `_unkeyable` (JAX's own path). A miss or a signature that cannot take the
+fast path goes to `_miss_or_slow`.
 
 Invariants:
   * Only `_miss` links nodes into the cache (`nbjit._cache`); a node's
@@ -30,39 +29,20 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from nbjit import _explain, _jax, _profile, _stats
 from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache, cache_from_config
-from nbjit._keys import (
-    LEAVES,
-    Split,
-    flat_treedef_ids,
-    leaf_signature,
-    make_binder,
-    make_hit,
-    treedef_id,
-)
+from nbjit._keys import Split, leaf_signature, make_binder, make_hit
 from nbjit._record import Unsupported, build_record, canonical_dtypes, host_dtype
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
 
 ArrayImpl = _jax.ArrayImpl
-_flatten = _jax.flatten_for_dispatch
 _consume = _jax.ExecuteResults.consume_with_handlers
 _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
 _post_hook = _jax.post_hook_state
 _NOT_SET = object()  # marks jit options the caller did not pass
 _MAX_CALL_SHAPES = 256  # binders kept per function; the table starts afresh when full
-# Types that are pytree leaves themselves: positional arguments of these types
-# are keyed without flattening.
-_LEAF_TYPES = frozenset({
-    ArrayImpl, np.ndarray, *_jax.python_scalar_types,
-    *(t for t in np.sctypeDict.values() if issubclass(t, (np.number, np.bool_))),
-})
-
-
 def _whole(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
     """A slow or miss call from the hit path (the timed flavour times it whole)."""
     return fn(*args)
@@ -75,7 +55,7 @@ class _Binders(dict):
     lookup slower): `build` makes and stores a missing binder.
 
     Also holds what the generated code reads (`env`: the namespace's lookup,
-    the LRU's touch, ...) and `hit`, the hit path the general path ends in.
+    the LRU's touch, ...) and `hit`, the hit path alone (see `make_hit`).
     """
 
     def __init__(self, namespace: Namespace, static_argnums: tuple[int, ...],
@@ -174,52 +154,13 @@ class PjitFunction:
             _jax.filter_dispatch_frames(error)
             raise
 
-    # -- the general path: flattened leaves, host values ------------------------
-
-    def _general(self, args: tuple, kwargs: dict, t0: int = 0) -> Any:
-        """Calls a binder does not expect: pytrees, host values, anything else.
+    def _unkeyable(self, args: tuple, kwargs: dict, leaves: Sequence, t0: int = 0) -> Any:
+        """A call with a leaf no key can hold (a tracer, an object): JAX's own path.
 
         `t0`: when the call began, from a timed binder (0 otherwise).
         """
-        signature = self._general_signature(args, kwargs)
-        if type(signature) is str:
-            return self._binders.env["whole"](self, t0, self._slow, args, kwargs, signature)
-        t_key = time.perf_counter_ns() if t0 else 0
-        return self._binders.hit(self, args, kwargs, *signature, t0, t_key)
-
-    def _general_signature(self, args: tuple, kwargs: dict) -> tuple | str:
-        """``(leaves, key, shardings)`` of a call, or the reason JAX must take it.
-
-        Positional arguments that are all leaves are keyed without flattening;
-        anything else is flattened with the registry jit itself uses.
-        """
-        if kwargs or self._has_static:
-            split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
-            key_shape = split.key_shape
-            static_key, args_d, kwargs_d = split.apply(args, kwargs) if split.has_static else (
-                (), args, kwargs)
-        else:  # positional, nothing static: the common case, no split to look up
-            key_shape, static_key, args_d, kwargs_d = len(args), (), args, kwargs
-        if not kwargs_d and _LEAF_TYPES.issuperset(map(type, args_d)):
-            # Leaves already, and not all jax.Arrays (a binder keys those): host values.
-            canonical = canonical_dtypes[_jax.enable_x64.value]
-            leaves, tid = args_d, flat_treedef_ids[len(args_d)]
-            signatures = tuple([leaf_signature(x, canonical) for x in leaves])
-        else:
-            leaves, treedef = _flatten((args_d, kwargs_d) if kwargs_d else args_d)
-            tid = treedef_id(treedef)
-            try:  # all jax.Arrays (pytrees of parameters)?
-                signatures = tuple([(x.aval, x._committed) for x in leaves])
-                shardings = [x._sharding for x in leaves]
-            except AttributeError:
-                canonical = canonical_dtypes[_jax.enable_x64.value]
-                signatures = tuple([leaf_signature(x, canonical) for x in leaves])
-            else:
-                return leaves, (LEAVES, key_shape, static_key, tid, signatures), shardings
-        if None in signatures:
-            return _unkeyable_reason(leaves, canonical)
-        shardings = [x._sharding for x in leaves if type(x) is ArrayImpl]
-        return leaves, (LEAVES, key_shape, static_key, tid, signatures), shardings
+        reason = _unkeyable_reason(leaves, canonical_dtypes[_jax.enable_x64.value])
+        return self._binders.env["whole"](self, t0, self._slow, args, kwargs, reason)
 
     # -- slow paths -------------------------------------------------------------
 

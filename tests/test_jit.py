@@ -700,7 +700,7 @@ def test_hits_never_enter_jax_python_for_moved_or_host_inputs(monkeypatch):
     assert len(steps["_Copy"]) == 1 and len(steps["HostInput"]) == 2 and not steps["_ShardArgs"]
 
 
-def test_a_call_path_does_not_depend_on_earlier_calls(monkeypatch):
+def test_a_call_path_does_not_depend_on_earlier_calls():
     """JAX's api_benchmark builds jit_trivial_dispatch as `a, b = f(1, 2)` then
     times `f(a, b)`: the all-array calls must take the binder's path whatever
     came first (at 125992a the scalar call latched the function onto its
@@ -712,11 +712,53 @@ def test_a_call_path_does_not_depend_on_earlier_calls(monkeypatch):
     a, b = f_nb(1, 2)
     assert_same_call(f_nb, f_jax, a, b)  # miss
     assert_same_call(f_nb, f_jax, np.float32(3), 4.0)
-    calls = []
-    monkeypatch.setattr(f_nb, "_general", lambda *args: calls.append(args))
+    node, _ = f_nb._entry_for((a, b), {})
+    assert node is not None and node.key == ((a.aval, a._committed), (b.aval, b._committed))
+    hits = node.hits  # the all-array key form: read from the arrays, no flatten
     for _ in range(3):
         assert_same_outputs(f_nb(a, b), f_jax(a, b))
-    assert calls == [], "an all-jax.Array call went to the general path"
-    monkeypatch.undo()
-    assert_same_call(f_nb, f_jax, {"x": a}, [b])  # pytrees still keyed by the general path
+    assert node.hits == hits + 3
+    assert_same_call(f_nb, f_jax, {"x": a}, [b])  # pytrees still keyed, from flattened leaves
     assert f_nb.slow_count == 0
+
+
+def _form_add(x, y, s, *, z, mode):
+    out = jax.tree.map(lambda v: v * s, (x, y, z)) if mode == "mul" else (x, y, z)
+    return out
+
+
+@pytest.mark.parametrize("form", ["arrays", "host leaves", "pytrees", "mixed pytree"])
+def test_every_key_form_hits_on_new_values(form):
+    """A binder keys a call from the arrays (all jax.Arrays), from the values
+    as leaves (host values), or from flattened pytrees: each form hits on the
+    second call with new values of the same kinds, as jax.jit."""
+    def make(i):
+        v = {"arrays": jnp.full(3, float(i)), "host leaves": np.full(3, i, np.float32),
+             "pytrees": [jnp.full(3, float(i))], "mixed pytree": {"a": np.float32(i), "b": i}}
+        return v[form]
+
+    f_nb, f_jax = both(_form_add, static_argnums=(2,), static_argnames=("mode",))
+    for i in range(3):
+        assert_same_call(f_nb, f_jax, make(i), make(i + 1), 2, z=make(i + 2), mode="mul")
+    assert f_nb.miss_count == 1 and f_nb.slow_count == 0
+    assert f_nb._cache_size() == f_jax._cache_size() == 1
+    node, _ = f_nb._entry_for((make(7), make(8), 2), {"z": make(9), "mode": "mul"})
+    assert node is not None and node.hits == 2
+    # Another static value is another signature, in every form.
+    assert_same_call(f_nb, f_jax, make(0), make(1), 3, z=make(2), mode="mul")
+    assert f_nb.miss_count == 2
+
+
+def test_a_leaf_nothing_keys_takes_jax_path():
+    class Weird(int):  # an int subclass: JAX takes it, nbjit's keys do not
+        pass
+
+    f_nb, f_jax = both(lambda x, y: x + y)
+    x = jnp.arange(3)
+    for args in [(x, Weird(2)), ([x], Weird(2)), (x, {"k": Weird(2)})]:
+        assert_same_call(f_nb, f_jax, *args)
+    assert f_nb.slow_count == 3 and f_nb.stats().slow_reasons == {"unknown_leaf_type": 3}
+    assert f_nb._cache_size() == 0
+    for args in [(x, object()), ([x], object())]:
+        assert_same_exception(f_nb, f_jax, *args)
+    assert f_nb._cache_size() == 0
