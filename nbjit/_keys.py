@@ -101,9 +101,19 @@ def leaf_signature(x: Any, canonical: dict) -> Any:
 
 def mixed_signatures(leaves: list) -> tuple[tuple, list] | None:
     """``(signatures, shardings)`` of leaves that are not all jax.Arrays (host
-    values, say), or None if some leaf has no signature (JAX must take it)."""
+    values, say), or None if some leaf has no signature (JAX must take it).
+
+    The same signatures as `leaf_signature`, with the common leaves (arrays,
+    numpy arrays of a dtype seen before, Python scalars) keyed inline.
+    """
     canonical = canonical_dtypes[_jax.enable_x64.value]
-    signatures = tuple([leaf_signature(x, canonical) for x in leaves])
+    get = canonical.get
+    signatures = tuple([
+        (x.aval, x._committed) if (t := type(x)) is ArrayImpl
+        else t if t in _PYTHON_SCALARS
+        else (dtype, x.shape) if t is np.ndarray and (dtype := get(x.dtype)) is not None
+        else leaf_signature(x, canonical)
+        for x in leaves])
     if None in signatures:
         return None
     return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]
