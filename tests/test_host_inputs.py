@@ -13,6 +13,7 @@ import threading
 
 import hypothesis.strategies as st
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -198,3 +199,22 @@ def test_big_one_device_input_is_copied_by_its_plan():
     f(small)
     steps = steps_of(f, small)
     assert len(steps["HostInput"]) == 1 and not steps["_Planned"]
+
+
+def test_caller_may_write_its_array_right_after_the_call():
+    """jaxlib uses a 64-byte aligned numpy input in place (zero copy), so with
+    jax.jit writing to it right after the call can change the result of work
+    still queued; nbjit copies host inputs during the call: never."""
+    n = 1 << 20  # 4 MB: no memo, one-device HostInput
+    buf = np.empty(n * 4 + 64, np.uint8)
+    start = (-buf.ctypes.data) % 64
+    a = buf[start:start + n * 4].view(np.float32)
+    assert a.ctypes.data % 64 == 0
+    f = nbjit.jit(lambda x: jnp.sin(x) * 2 + jnp.cos(x))
+    a[:] = 1
+    expected = np.asarray(f(a))
+    for _ in range(10):
+        a[:] = 1
+        result = f(a)
+        a[:] = 7
+        np.testing.assert_array_equal(np.asarray(result), expected)
