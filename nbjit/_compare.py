@@ -1,17 +1,13 @@
 """`python -m nbjit compare`: nbjit.jit against jax.jit, side by side, in one process.
 
-The scenario matrix is a list of `Scenario` records. Each one's builder
-returns a `Case` (the function, its arguments, the jit options); the runner
-wraps the same function with both dispatchers, checks that they agree on the
-outputs, and times them interleaved (see `nbjit._measure`) together with the
-*floor*: the executable's own execute + output handling, called from Python,
-which no Python dispatcher can beat.
-
-Scenarios whose case has an ``arg_pool`` pass new host values on every call
-(the loops people write: a training step with a fresh batch, an environment
-step with a fresh action). `compare` runs the same machinery on a user's own
-function and inputs (``nbjit.compare``); the asv suite builds its benchmarks
-from `scenarios` too.
+The scenario matrix (`nbjit._scenarios`) is a list of `Scenario` records,
+each building a `Case` (the function, its arguments, the jit options); the
+runner here wraps the same function with both dispatchers, checks that they
+agree on the outputs, and times them interleaved (see `nbjit._measure`)
+together with the *floor*: the executable's own execute + output handling,
+called from Python, which no Python dispatcher can beat. `compare` runs the
+same machinery on a user's own function and inputs (``nbjit.compare``); the
+asv suite builds its benchmarks from `scenarios` too.
 
 matplotlib is imported only when a plot is asked for, so `import nbjit` never
 imports it. Multi-device scenarios need 8 devices: the CLI asks for them
@@ -22,11 +18,9 @@ fewer devices exist they are skipped with a note.
 from __future__ import annotations
 
 import datetime as _dt
-import fnmatch
 import functools
 import itertools
 import json
-import operator
 import os
 import platform
 import subprocess
@@ -34,11 +28,10 @@ import sys
 import time
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from nbjit import _measure
@@ -47,393 +40,17 @@ from nbjit import _measure
 # name (`jax.jit = nbjit.jit`), and a comparison against that would compare
 # nbjit with itself.
 from nbjit._jax import jax_jit
+from nbjit._scenarios import (  # noqa: F401  (also read as _compare.X: tests, asv)
+    HOST_OFFSET,
+    POOL,
+    Case,
+    Scenario,
+    _host,
+    scenarios,
+    select,
+)
 
 SELF_CHECK_BAND = (0.9, 1.1)
-
-# ---------------------------------------------------------------------------
-# Scenarios
-
-
-@dataclass(frozen=True)
-class Case:
-    """What one scenario calls: ``jit(fun, **jit_options)(*args, **kwargs)``.
-
-    ``fresh_function``: wrap a new copy of ``fun`` on every call (a cache miss
-    each time: trace, lower, compile).
-
-    ``arg_pool``: argument tuples with new values, prepared before timing;
-    each call takes the next one (in turn, so no call repeats the previous
-    call's values). ``args`` is then ``arg_pool[0]``. Both sides walk the same
-    pool with the same iterator code, so fetching the next tuple costs both the
-    same; making the values is not timed.
-    """
-
-    fun: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    jit_options: dict[str, Any] = field(default_factory=dict)
-    fresh_function: bool = False
-    arg_pool: tuple[tuple[Any, ...], ...] = ()
-
-    @classmethod
-    def new_values(cls, fun: Callable[..., Any], pool: Sequence[tuple[Any, ...]],
-                   **options: Any) -> Case:
-        """A case whose every call passes the next tuple of ``pool``."""
-        pool = tuple(pool)
-        return cls(fun, pool[0], arg_pool=pool, **options)
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    n_args: int  # leaves passed per call
-    kind: str  # what the inputs are
-    build: Callable[[], Case]
-    block: bool  # time until the outputs are ready, not just dispatched
-    family: str | None = None  # scenarios plotted as time against n_args
-    min_devices: int = 1
-    origin: str = "nbjit"  # "api_benchmark": a jit case of JAX's benchmarks/api_benchmark.py
-    # Wait for each call's outputs, untimed, before the next call: for calls
-    # that start large computations, whose queue would otherwise slow the
-    # dispatches after them.
-    sync_each: bool = False
-
-
-def _swap(a, b):
-    return b, a
-
-
-def _sum_list(xs):
-    return functools.reduce(operator.add, xs)
-
-
-def _sum_args(*xs):
-    return functools.reduce(operator.add, xs)
-
-
-def _first_plus_one(*xs):
-    return xs[0] + 1
-
-
-def _plus_one(x):
-    return x + 1
-
-
-def _add_static_kwargs(x, n, *, y, mode):
-    return x * n + y if mode == "mul" else x + n + y
-
-
-def _tree_plus_one(params):
-    return jax.tree.map(lambda v: v + 1, params)
-
-
-def _twice(x):
-    return x * 2
-
-
-# Host inputs at a fixed alignment. jaxlib's fast path uses a 64-byte aligned
-# numpy array in place (no copy: ~2 us less per small input) and copies any
-# other; numpy places 1 in 4 arrays up to ~1 MB on a 64-byte boundary (and
-# large mmap'd ones almost never), so with fresh arrays a row's jax.jit time
-# changed between builds (numpy_args_2 read 1.04 or 1.14 by chance). Every
-# numpy input here sits 16 bytes past a 64-byte boundary: the usual case.
-HOST_OFFSET = 16
-
-
-def _host(x: np.ndarray) -> np.ndarray:
-    """A copy of `x` whose data starts `HOST_OFFSET` bytes past a 64-byte boundary."""
-    buf = np.empty(x.nbytes + 64 + HOST_OFFSET, np.uint8)
-    start = (-buf.ctypes.data) % 64 + HOST_OFFSET
-    out = buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
-    out[...] = x
-    return out
-
-
-def _scalars(n: int) -> list[jax.Array]:
-    return [jax.device_put(i) for i in range(n)]
-
-
-def _trivial() -> Case:
-    a, b = jax_jit(_swap)(1, 2)
-    return Case(_swap, (a, b))
-
-
-def _simple() -> Case:
-    return Case(operator.add, tuple(_scalars(2)))
-
-
-def _many_args(n: int) -> Callable[[], Case]:
-    return lambda: Case(_sum_list, (_scalars(n),))
-
-
-def _pruned_args(n: int) -> Callable[[], Case]:
-    return lambda: Case(_first_plus_one, tuple(_scalars(n)))
-
-
-def _positional_args(n: int) -> Callable[[], Case]:
-    return lambda: Case(_sum_args, tuple(_scalars(n)))
-
-
-def _images(transfer: bool) -> Callable[[], Case]:
-    def build() -> Case:
-        # api_benchmark's "realistic input": 128 images of 224x224.
-        imgs = _host(np.ones((128, 224, 224), np.float32))
-        return Case(_plus_one, (imgs if transfer else jax.device_put(imgs),))
-
-    return build
-
-
-def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> jax.sharding.Mesh:
-    n = int(np.prod(shape))
-    return jax.sharding.Mesh(np.asarray(jax.devices()[:n]).reshape(shape), names)
-
-
-def _pjit_simple(n: int) -> Callable[[], Case]:
-    def build() -> Case:
-        s = jax.sharding.NamedSharding(_mesh((4,), ("x",)), jax.sharding.PartitionSpec("x"))
-        x = jax.device_put(np.arange(4, dtype=np.float32), s)
-        opts = {"in_shardings": s, "out_shardings": s}
-        fun = _tree_plus_one
-        # As upstream, feed the outputs back once so the inputs are jit outputs.
-        xs = jax_jit(fun, **opts)([x] * n)
-        return Case(fun, (xs,), jit_options=opts)
-
-    return build
-
-
-def _numpy_2() -> Case:
-    rng = np.random.default_rng(0)
-    return Case(operator.add, tuple(_host(rng.standard_normal(8).astype(np.float32))
-                                    for _ in range(2)))
-
-
-def _python_scalars_2() -> Case:
-    return Case(operator.add, (1, 2.0))
-
-
-def _static_kwargs() -> Case:
-    x, y = jnp.arange(8.0), jnp.ones(8)
-    return Case(
-        _add_static_kwargs,
-        (x, 3),
-        {"y": y, "mode": "mul"},
-        {"static_argnums": (1,), "static_argnames": ("mode",)},
-    )
-
-
-def _dict_100() -> Case:
-    params = {f"layer{i:03d}": jnp.full((4,), float(i)) for i in range(100)}
-    return Case(_tree_plus_one, (params,))
-
-
-def _numpy_sharded() -> Case:
-    s = jax.sharding.NamedSharding(_mesh((4, 2), ("x", "y")), jax.sharding.PartitionSpec("x", "y"))
-    x = _host(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32))
-    return Case(_twice, (x,), jit_options={"in_shardings": s})
-
-
-def _cache_miss() -> Case:
-    return Case(_plus_one, (jnp.arange(8.0),), fresh_function=True)
-
-
-# Workloads: the loops people write, with host values new on every call.
-
-POOL = 64  # distinct argument tuples per new-values case, taken in turn
-
-
-def _numpy_2_new() -> Case:
-    rng = np.random.default_rng(1)
-    return Case.new_values(operator.add, [tuple(_host(rng.standard_normal(8).astype(np.float32))
-                                                for _ in range(2)) for _ in range(POOL)])
-
-
-def _python_scalars_2_new() -> Case:
-    # From 1000 on: CPython caches small ints, and real values are not all cached.
-    return Case.new_values(operator.add, [(i, i + 0.5) for i in range(1000, 1000 + POOL)])
-
-
-def _mlp_params(rng: np.random.Generator, sizes: Sequence[int] = (16, 32, 32, 4)
-                ) -> dict[str, jax.Array]:
-    """A small MLP's parameters: w1, b1, w2, b2, w3, b3 (6 leaves), float32."""
-    params = {}
-    for i, (m, n) in enumerate(itertools.pairwise(sizes), start=1):
-        params[f"w{i}"] = jax.device_put(rng.standard_normal((m, n)).astype(np.float32) / m)
-        params[f"b{i}"] = jax.device_put(np.zeros(n, np.float32))
-    return params
-
-
-def _mlp_loss(params, batch, labels):
-    h = jnp.tanh(batch @ params["w1"] + params["b1"])
-    h = jnp.tanh(h @ params["w2"] + params["b2"])
-    logp = jax.nn.log_softmax(h @ params["w3"] + params["b3"])
-    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
-
-
-def _train_step(params, batch, labels):
-    loss, grads = jax.value_and_grad(_mlp_loss)(params, batch, labels)
-    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), loss
-
-
-def _batches(rng: np.random.Generator, rows: int = 32, features: int = 16,
-             classes: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(_host(rng.standard_normal((rows, features)).astype(np.float32)),
-             _host(rng.integers(0, classes, rows).astype(np.int32))) for _ in range(POOL)]
-
-
-def _train_step_case() -> Case:
-    """A training step: params dict (6 leaves), a new float32[32,16] batch and int32[32] labels."""
-    rng = np.random.default_rng(2)
-    params = _mlp_params(rng)
-    return Case.new_values(_train_step, [(params, x, y) for x, y in _batches(rng)])
-
-
-def _optimizer_update(params, grads, lr):
-    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
-
-
-def _optimizer_case() -> Case:
-    """SGD over 200 parameter leaves and their 200 gradients; a new Python float lr each call."""
-    leaves = {f"layer{i:03d}": jnp.full((8,), float(i)) for i in range(200)}
-    grads = {k: jnp.ones_like(v) for k, v in leaves.items()}
-    lrs = np.linspace(1e-3, 1e-2, POOL).tolist()  # a schedule: Python floats
-    return Case.new_values(_optimizer_update, [(leaves, grads, lr) for lr in lrs])
-
-
-def _env_step(state, action, noise):
-    pos = state["pos"] + (action % 3 - 1) * 0.1 + noise
-    vel = state["vel"] * 0.9 + noise
-    new = {"pos": pos, "vel": vel, "t": state["t"] + 1}
-    return new, jnp.sum(pos * pos)
-
-
-def _env_step_case() -> Case:
-    """An environment step: state dict of 3 arrays, a new Python int action and float noise."""
-    rng = np.random.default_rng(3)
-    state = {"pos": jnp.zeros(4), "vel": jnp.ones(4), "t": jnp.asarray(0, jnp.int32)}
-    actions = rng.integers(0, 1 << 20, POOL).tolist()  # Python ints, all distinct in turn
-    noises = rng.standard_normal(POOL).tolist()  # Python floats
-    return Case.new_values(_env_step, list(zip([state] * POOL, actions, noises, strict=True)))
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """A static configuration object: hashable (frozen), compared by value."""
-
-    lr: float = 0.05
-    weight_decay: float = 1e-4
-    clip: float = 1.0
-
-
-def _configured_step(params, batch, config, *, activation):
-    act = jnp.tanh if activation == "tanh" else jax.nn.relu
-
-    def loss(p):
-        return jnp.mean(act(batch @ p["w"] + p["b"]) ** 2)
-
-    grads = jax.grad(loss)(params)
-    grads = jax.tree.map(lambda g: jnp.clip(g, -config.clip, config.clip), grads)
-    return jax.tree.map(lambda p, g: p * (1 - config.weight_decay) - config.lr * g,
-                        params, grads)
-
-
-def _static_config_case() -> Case:
-    """A step with a static config (frozen dataclass), a static keyword and a new numpy batch."""
-    rng = np.random.default_rng(4)
-    params = {"w": jax.device_put(rng.standard_normal((16, 4)).astype(np.float32)),
-              "b": jnp.zeros(4)}
-    pool = [(params, x, StepConfig()) for x, _ in _batches(rng)]
-    return Case(_configured_step, pool[0], {"activation": "tanh"},
-                {"static_argnums": (2,), "static_argnames": ("activation",)}, arg_pool=tuple(pool))
-
-
-def _data_parallel_step(params, batch, labels):
-    def loss(p):
-        return jnp.mean((batch @ p["w"] + p["b"] - labels[:, None]) ** 2)
-
-    value, grads = jax.value_and_grad(loss)(params)
-    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
-
-
-def _data_parallel_case() -> Case:
-    """A data-parallel step: a new numpy batch (64x16) and labels sliced over 8 devices."""
-    mesh = _mesh((8,), ("batch",))
-    P = jax.sharding.PartitionSpec
-    replicated = jax.sharding.NamedSharding(mesh, P())
-    by_row = jax.sharding.NamedSharding(mesh, P("batch"))
-    rng = np.random.default_rng(5)
-    params = jax.device_put({"w": rng.standard_normal((16, 1)).astype(np.float32),
-                             "b": np.zeros(1, np.float32)}, replicated)
-    pool = [(params, x, _host(y.astype(np.float32))) for x, y in _batches(rng, rows=64)]
-    return Case.new_values(_data_parallel_step, pool,
-                           jit_options={"in_shardings": (replicated, by_row, by_row)})
-
-
-def _upstream_pair(
-    name: str, n: int, kind: str, build: Callable[[], Case], family: str | None = None
-) -> list[Scenario]:
-    """The ``*_dispatch`` (no waiting) and blocking variants of an api_benchmark case."""
-    return [
-        Scenario(f"{name}_dispatch", n, kind, build, False, family and f"{family} dispatch",
-                 origin="api_benchmark"),
-        Scenario(name, n, kind, build, True, family and f"{family} call", origin="api_benchmark"),
-    ]
-
-
-def scenarios() -> list[Scenario]:
-    """The full matrix, in table order."""
-    out: list[Scenario] = []
-    out += _upstream_pair("jit_trivial", 2, "jax.Array", _trivial)
-    out += _upstream_pair("jit_simple", 2, "jax.Array", _simple)
-    for n in (10, 100, 1000):
-        out += _upstream_pair(f"jit_simple_many_args_{n}", n, "list of jax.Array",
-                              _many_args(n), "many args (list)")
-    for n in (10, 100, 1000):
-        out += _upstream_pair(f"jit_simple_pruned_args_{n}", n, "jax.Array, pruned",
-                              _pruned_args(n), "pruned args")
-    out.append(Scenario("jit_dispatch_without_transfer", 1, "jax.Array 25 MB",
-                        _images(False), False, origin="api_benchmark", sync_each=True))
-    out.append(Scenario("jit_dispatch_with_transfer", 1, "numpy 25 MB",
-                        _images(True), False, origin="api_benchmark", sync_each=True))
-    for n in (1, 10, 100):
-        out.append(Scenario(f"pjit_simple_4_devices_{n}_args", n, "sharded jax.Array",
-                            _pjit_simple(n), False, min_devices=4, origin="api_benchmark"))
-    for n in (1, 2, 10, 100, 1000):
-        out.append(Scenario(f"args_{n}", n, "jax.Array", _positional_args(n), False,
-                            "positional args dispatch"))
-    out += [
-        Scenario("numpy_args_2", 2, "numpy", _numpy_2, False),
-        Scenario("python_scalars_2", 2, "Python scalar", _python_scalars_2, False),
-        Scenario("static_args_kwargs", 3, "static + kwargs", _static_kwargs, False),
-        Scenario("dict_100_leaves", 100, "dict of jax.Array", _dict_100, False),
-        Scenario("numpy_sharded_8_devices", 1, "numpy -> P('x','y')", _numpy_sharded, False,
-                 min_devices=8),
-        Scenario("cache_miss", 1, "new function", _cache_miss, True),
-        # New values on every call (the host-input memo never hits).
-        Scenario("numpy_args_2_new_values", 2, "numpy, new each call", _numpy_2_new, False),
-        Scenario("python_scalars_2_new_values", 2, "Python scalar, new each call",
-                 _python_scalars_2_new, False),
-        Scenario("workload_train_step", 8, "6 params + new numpy batch", _train_step_case,
-                 False),
-        Scenario("workload_optimizer_update", 401, "2x200 leaves + new lr", _optimizer_case,
-                 False),
-        Scenario("workload_env_step", 5, "3-array state + new int, float", _env_step_case,
-                 False),
-        Scenario("workload_static_config", 3, "static config/kw + new numpy",
-                 _static_config_case, False),
-        Scenario("workload_data_parallel_8_devices", 4, "new numpy batch -> 8 devices",
-                 _data_parallel_case, False, min_devices=8),
-    ]
-    return out
-
-
-def select(matrix: Sequence[Scenario], pattern: str | None) -> list[Scenario]:
-    """Scenarios whose name matches ``pattern``: a glob if it has ``*?[``, else a substring."""
-    if not pattern:
-        return list(matrix)
-    if any(ch in pattern for ch in "*?["):
-        return [s for s in matrix if fnmatch.fnmatchcase(s.name, pattern)]
-    return [s for s in matrix if pattern in s.name]
-
 
 # ---------------------------------------------------------------------------
 # Running

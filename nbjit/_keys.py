@@ -262,6 +262,33 @@ def _hit_source(leaves: str, timed: bool) -> str:
         finish=_TIMED_FINISH if timed else _PLAIN_FINISH)
 
 
+def _argument_names(split: Split, unroll: bool) -> tuple[list[str], dict[str, str], str]:
+    """How a binder's source names each argument, and the lines that unpack them."""
+    if not unroll:  # many arguments: index the few static ones, loop over the rest
+        return ([f"args[{i}]" for i in range(split.nargs)],
+                {k: f"kwargs[{k!r}]" for k in split.names}, "")
+    arg_names = [f"a{i}" for i in range(split.nargs)]  # every argument in a local of its own
+    kw_names = {k: f"k{j}" for j, k in enumerate(split.names)}
+    unpack = f"    {', '.join(arg_names)}, = args\n" if arg_names else ""
+    if kw_names:
+        unpack += f"    {', '.join(kw_names.values())}, = kwargs.values()\n"
+    return arg_names, kw_names, unpack
+
+
+def _dynamic_tree(split: Split, unroll: bool, arg_names: list[str],
+                  kw_names: dict[str, str]) -> str:
+    """The expression of the dynamic arguments as JAX flattens them:
+    ``(positional, {name: value})``, or the positional tuple alone."""
+    if unroll:
+        positional = "(" + "".join(arg_names[i] + ", " for i in split.dynamic_positions) + ")"
+        named = ", ".join(f"{k!r}: {kw_names[k]}" for k in split.dynamic_names)
+    else:
+        positional = ("tuple([args[i] for i in DYNAMIC_POSITIONS])" if split.static_positions
+                      else "args")
+        named = "k: kwargs[k] for k in DYNAMIC_NAMES"
+    return f"({positional}, {{{named}}})" if split.dynamic_names else positional
+
+
 def binder_source(split: Split, flavour: str = "plain") -> str:
     """The source of the binder for one call shape (see `make_binder`).
 
@@ -271,16 +298,7 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
     """
     timed = flavour == "timed"
     unroll = len(split.dynamic_positions) + len(split.dynamic_names) <= UNROLL_MAX
-    if unroll:  # every argument in a local of its own
-        arg_names = [f"a{i}" for i in range(split.nargs)]
-        kw_names = {k: f"k{j}" for j, k in enumerate(split.names)}
-        unpack = f"    {', '.join(arg_names)}, = args\n" if arg_names else ""
-        if kw_names:
-            unpack += f"    {', '.join(kw_names.values())}, = kwargs.values()\n"
-    else:  # many arguments: index the few static ones, loop over the rest
-        arg_names = [f"args[{i}]" for i in range(split.nargs)]
-        kw_names = {k: f"kwargs[{k!r}]" for k in split.names}
-        unpack = ""
+    arg_names, kw_names, unpack = _argument_names(split, unroll)
     dynamic = ([arg_names[i] for i in split.dynamic_positions]
                + [kw_names[k] for k in split.dynamic_names])
     statics = ([f"type({arg_names[i]}), {arg_names[i]}" for i in split.static_positions]
@@ -295,20 +313,11 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
         leaves = ("[args[i] for i in DYNAMIC_POSITIONS]"
                   + (" + [kwargs[k] for k in DYNAMIC_NAMES]" if split.dynamic_names else ""))
     t0_arg = ", t0" if timed else ""
-    if unroll:
-        positional = "".join(arg_names[i] + ", " for i in split.dynamic_positions)
-        positional = f"({positional})"
-        named = ", ".join(f"{k!r}: {kw_names[k]}" for k in split.dynamic_names)
-    else:
-        positional = ("tuple([args[i] for i in DYNAMIC_POSITIONS])" if split.static_positions
-                      else "args")
-        named = "k: kwargs[k] for k in DYNAMIC_NAMES"
     static_key = ("(" + "".join(f"({s}), " for s in statics) + ")") if statics else "()"
     unkeyable = ('return "unkeyable"' if flavour == "probe"
                  else f"return self._unkeyable(args, kwargs, leaves{t0_arg})")
-    general = _READ_FLATTENED.format(
-        tree=f"({positional}, {{{named}}})" if split.dynamic_names else positional,
-        static_key=static_key, unkeyable=unkeyable)
+    general = _READ_FLATTENED.format(tree=_dynamic_tree(split, unroll, arg_names, kw_names),
+                                     static_key=static_key, unkeyable=unkeyable)
     if not dynamic:  # nothing to key but the static arguments
         read = f"    key = ({prefix})\n    shardings = []\n    leaves = {leaves}\n"
     elif unroll:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from nbjit import __main__ as cli
-from nbjit import _compare, _devices, _measure
+from nbjit import _compare, _devices, _measure, _scenarios
 
 TINY = _measure.Settings(rounds=3, min_rounds=2, target_batch_s=0.0005, max_seconds=0.2,
                          warmup_calls=1)
@@ -29,7 +29,7 @@ def _tiny_matrix() -> list[_compare.Scenario]:
     return [
         _compare.Scenario("tiny_dispatch", 2, "jax.Array", simple, block=False, family="tiny"),
         _compare.Scenario("tiny_call", 2, "jax.Array", simple, block=True),
-        _compare.Scenario("tiny_miss", 1, "new function", _compare._cache_miss, block=True),
+        _compare.Scenario("tiny_miss", 1, "new function", _scenarios._cache_miss, block=True),
         _compare.Scenario("tiny_many_devices", 1, "x", simple, block=False, min_devices=10_000),
     ]
 
@@ -193,7 +193,7 @@ def test_numpy_inputs_sit_at_one_alignment():
                         if isinstance(leaf, np.ndarray)}
     assert offsets == {_compare.HOST_OFFSET}
     x = np.arange(12, dtype=np.int16).reshape(3, 4)
-    y = _compare._host(x)
+    y = _scenarios._host(x)
     assert y.ctypes.data % 64 == _compare.HOST_OFFSET
     assert y.dtype == x.dtype and y.shape == x.shape and np.array_equal(x, y)
 
