@@ -6,13 +6,11 @@ same functions on the same inputs. ``time_dispatch`` returns as soon as the
 call has been dispatched; ``time_call`` waits for the outputs. A scenario
 that a commit does not have is skipped on that commit.
 
-Timing settings (`_Timed`): 10-20 samples of ~10 ms per process, four
-processes, after 0.3 s of warm-up; from these asv takes the median. A
-process's timings tend to sit in one mode (XLA:CPU's asynchronous execution,
-memory placement), so more processes steady the median more than more
-samples per process: on 21 combinations run twice on a quiet machine, two
-processes of 20-40 samples agreed within +-10% on 16 (jax side) and 15
-(nbjit side), four of 10-20 on 19 and 21 (README, "Benchmarks over time"). `--quick` takes
+Timing settings (`_Timed`): about 40 samples of ~10 ms per process, two
+processes, after 0.3 s of warm-up; from these asv takes the median. Two full
+runs of one commit on a quiet 2-core machine agree within +-10% on 39 of 44
+jax-side combinations; four processes of 10-20 samples did no better (also
+39 of 44) at 1.7x the time (README, "Benchmarks over time"). `--quick` takes
 one sample of one call: it checks that the suite runs, its numbers mean
 nothing.
 """
@@ -26,9 +24,9 @@ class _Timed:
 
     sample_time = 0.01
     warmup_time = 0.3
-    repeat = (10, 20, 2.0)  # (min, max samples per process, seconds per process)
-    min_run_count = 10
-    rounds = 4  # processes
+    repeat = (20, 40, 4.0)  # (min, max samples per process, seconds per process)
+    min_run_count = 20
+    rounds = 2  # processes
     timeout = 120
 
     def _setup(self, name, impl):
