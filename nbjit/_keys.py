@@ -5,17 +5,19 @@ order: ``n`` for a positional call, ``(n, *names)`` with keywords. Each
 function builds, once per call shape, a *binder* (as Triton's
 `JITFunction` does): a small generated function that reads exactly the
 attributes that shape needs, builds the key, finds the node and runs it.
-A binder has two ways to key a call: when every dynamic argument is a
-`jax.Array` (the common case) it reads them one by one; otherwise (pytrees,
-host values) it flattens them as JAX does and keys the leaves. A leaf
-nothing can key (a tracer, an object) sends the call to JAX's own path.
+A binder keys a call one of three ways, chosen by the dynamic arguments'
+types on each call: all `jax.Array`s (the common case): read one by one;
+all leaves with host values among them (numpy arrays and scalars, Python
+scalars): keyed as they are; anything else (pytrees): flattened as JAX
+does, then the leaves keyed. A leaf nothing can key (a tracer, an object)
+sends the call to JAX's own path.
 
 Keys never collide across the forms:
   * all jax.Arrays, positional, no static arguments: the bare tuple of
     ``(aval, committed)`` pairs (avals are interned by JAX and hash by identity);
   * all jax.Arrays otherwise: ``(shape marker, static items..., pairs...)``;
-  * flattened: ``(LEAVES, call shape, static key, treedef id,
-    per-leaf signatures)``.
+  * leaves and flattened (one form: the same call keys alike either way):
+    ``(LEAVES, call shape, static key, treedef id, per-leaf signatures)``.
 Static values enter keys with their exact type, so ``1``, ``1.0`` and
 ``True`` are different signatures, as in jaxlib.
 """
@@ -38,7 +40,7 @@ __all__ = ["Split", "leaf_signature", "make_binder", "mixed_signatures", "treede
            "LEAVES", "UNROLL_MAX"]
 
 ArrayImpl = _jax.ArrayImpl
-LEAVES = object()  # first item of every general-path key
+LEAVES = object()  # first item of every leaves/flattened key
 _PYTHON_SCALARS = frozenset({bool, int, float, complex})  # not JAX's shape-polymorphic dims
 # Types that are pytree leaves themselves: arguments of these types are keyed
 # without flattening.
@@ -75,7 +77,7 @@ def treedef_id(treedef: Any) -> int:
 
 
 # ---------------------------------------------------------------------------
-# Leaves (general path)
+# Leaves
 
 
 def leaf_signature(x: Any, canonical: dict) -> Any:
@@ -217,7 +219,7 @@ _READ_UNROLLED = """\
         signatures, shardings = mixed
         key = (LEAVES, KEY_SHAPE, {static_key}, LEAVES_TREEDEF_ID, signatures)
     else:
-{general}"""
+{flattened}"""
 
 _READ_LOOP = """\
     dynamic = {dynamic}
@@ -227,7 +229,7 @@ _READ_LOOP = """\
         key = {key}
         leaves = dynamic
     except AttributeError:
-{general}"""
+{flattened}"""
 
 # Dynamic arguments that are not all jax.Arrays (pytrees, host values): flatten
 # them as JAX does and key the leaves. Leaves that are not all jax.Arrays are
@@ -316,8 +318,8 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
     static_key = ("(" + "".join(f"({s}), " for s in statics) + ")") if statics else "()"
     unkeyable = ('return "unkeyable"' if flavour == "probe"
                  else f"return self._unkeyable(args, kwargs, leaves{t0_arg})")
-    general = _READ_FLATTENED.format(tree=_dynamic_tree(split, unroll, arg_names, kw_names),
-                                     static_key=static_key, unkeyable=unkeyable)
+    flattened = _READ_FLATTENED.format(tree=_dynamic_tree(split, unroll, arg_names, kw_names),
+                                       static_key=static_key, unkeyable=unkeyable)
     if not dynamic:  # nothing to key but the static arguments
         read = f"    key = ({prefix})\n    shardings = []\n    leaves = {leaves}\n"
     elif unroll:
@@ -325,11 +327,11 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
         read = _READ_UNROLLED.format(
             checks=" and ".join(f"type({d}) is ArrayImpl" for d in dynamic) or "True",
             key=f"({prefix}{''.join(p + ', ' for p in pairs)})", leaves=leaves,
-            shardings=", ".join(f"{d}._sharding" for d in dynamic), general=general,
+            shardings=", ".join(f"{d}._sharding" for d in dynamic), flattened=flattened,
             leaf_checks=" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic),
             dynamic=", ".join(dynamic), static_key=static_key, unkeyable=unkeyable)
     else:
-        read = _READ_LOOP.format(dynamic=leaves, general=general,
+        read = _READ_LOOP.format(dynamic=leaves, flattened=flattened,
                                  key=f"({prefix}*pairs)" if marked else "pairs")
     tail = _PROBE_READ_FINISH if flavour == "probe" else _hit_source("leaves", timed)
     return _BINDER_TEMPLATE.format(

@@ -43,6 +43,8 @@ _trace_context = _jax.trace_context
 _post_hook = _jax.post_hook_state
 _NOT_SET = object()  # marks jit options the caller did not pass
 _MAX_CALL_SHAPES = 256  # binders kept per function; the table starts afresh when full
+
+
 def _whole(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
     """A slow or miss call from the hit path (the timed flavour times it whole)."""
     return fn(*args)
