@@ -6,37 +6,39 @@ same functions on the same inputs. ``time_dispatch`` returns as soon as the
 call has been dispatched; ``time_call`` waits for the outputs. A scenario
 that a commit does not have is skipped on that commit.
 
-Timing settings (`_Timed`): about 40 samples of ~10 ms per process, two
-processes, after 0.3 s of warm-up; from these asv takes the median. Two full
-runs of one commit on a quiet 2-core machine agree within +-10% on 39 of 44
-jax-side combinations; four processes of 10-20 samples did no better (also
-39 of 44) at 1.7x the time (README, "Benchmarks over time"). `--quick` takes
-one sample of one call: it checks that the suite runs, its numbers mean
-nothing.
+Timing settings (`_Timed`): a case is built by the first timed call
+(`common.Prepared`: asv_runner >= 0.3 would rerun a `setup` before every
+call), in 1 s of unsampled warm-up; then 20-40 samples of a fixed `number`
+of calls per process, two processes (four for `Workloads`); asv takes the
+median. Two full runs of one commit on a quiet 2-core machine agree within
++-10% on 41 of 44 jax-side combinations (README, "Benchmarks over time").
+`--quick` takes one sample of one call, the first: it checks that the suite
+runs, its numbers mean nothing.
 """
 
 from . import common
 from .common import IMPLS
 
 
-class _Timed:
-    """asv timing settings shared by the dispatch classes (not a benchmark: the name is private)."""
+class _Timed(common.Prepared):
+    """asv timing settings shared by the dispatch classes (not a benchmark: the name is private).
 
-    sample_time = 0.01
-    warmup_time = 0.3
+    A class names its scenario (`scenario(*params)`); the `common.Call` for it is
+    built on the first timed call (`common.Prepared`: no `setup`). `number`, calls per
+    sample, targets 5-20 ms samples on the class's common case.
+    """
+
+    number = 500  # calls per sample: 4-12 ms at the 7-25 us of the one- and two-argument rows
+    warmup_time = 1.0  # the first ~0.5 s of a process runs up to 2x slow
     repeat = (20, 40, 4.0)  # (min, max samples per process, seconds per process)
-    min_run_count = 20
     rounds = 2  # processes
     timeout = 120
 
-    def _setup(self, name, impl):
-        self.run = common.Call(name, impl)
+    def scenario(self, *params):
+        raise NotImplementedError
 
-    def teardown(self, *params):
-        # asv calls teardown after a skipped setup too: nothing to wait for then.
-        run = getattr(self, "run", None)
-        if run is not None:
-            common.block(run.dispatch())
+    def prepare(self, *params):
+        return common.Call(self.scenario(*params), params[-1])
 
 
 class TrivialDispatch(_Timed):
@@ -45,14 +47,14 @@ class TrivialDispatch(_Timed):
     params = [IMPLS]
     param_names = ["impl"]
 
-    def setup(self, impl):
-        self._setup("jit_trivial", impl)
+    def scenario(self, impl):
+        return "jit_trivial"
 
     def time_dispatch(self, impl):
-        self.run.dispatch()
+        (self.run or self.start(impl)).dispatch()
 
     def time_call(self, impl):
-        self.run.call()
+        (self.run or self.start(impl)).call()
 
 
 class SimpleDispatch(_Timed):
@@ -61,14 +63,14 @@ class SimpleDispatch(_Timed):
     params = [IMPLS]
     param_names = ["impl"]
 
-    def setup(self, impl):
-        self._setup("jit_simple", impl)
+    def scenario(self, impl):
+        return "jit_simple"
 
     def time_dispatch(self, impl):
-        self.run.dispatch()
+        (self.run or self.start(impl)).dispatch()
 
     def time_call(self, impl):
-        self.run.call()
+        (self.run or self.start(impl)).call()
 
 
 class ManyArgs(_Timed):
@@ -76,16 +78,17 @@ class ManyArgs(_Timed):
 
     params = [[10, 100, 1000], IMPLS]
     param_names = ["n_args", "impl"]
+    number = 50  # 12-600 us a call
     timeout = 180  # compiling the 1000-way sum takes seconds
 
-    def setup(self, n_args, impl):
-        self._setup(f"jit_simple_many_args_{n_args}", impl)
+    def scenario(self, n_args, impl):
+        return f"jit_simple_many_args_{n_args}"
 
     def time_dispatch(self, n_args, impl):
-        self.run.dispatch()
+        (self.run or self.start(n_args, impl)).dispatch()
 
     def time_call(self, n_args, impl):
-        self.run.call()
+        (self.run or self.start(n_args, impl)).call()
 
 
 class PrunedArgs(_Timed):
@@ -93,34 +96,36 @@ class PrunedArgs(_Timed):
 
     params = [[10, 100, 1000], IMPLS]
     param_names = ["n_args", "impl"]
+    number = 50  # 10-270 us a call
 
-    def setup(self, n_args, impl):
-        self._setup(f"jit_simple_pruned_args_{n_args}", impl)
+    def scenario(self, n_args, impl):
+        return f"jit_simple_pruned_args_{n_args}"
 
     def time_dispatch(self, n_args, impl):
-        self.run.dispatch()
+        (self.run or self.start(n_args, impl)).dispatch()
 
     def time_call(self, n_args, impl):
-        self.run.call()
+        (self.run or self.start(n_args, impl)).call()
 
 
 class Transfer(_Timed):
-    """api_benchmark jit_dispatch_with(out)_transfer: x + 1 on 128 images of 224x224."""
+    """api_benchmark jit_dispatch_with(out)_transfer: x + 1 on 128 images of 224x224.
+
+    Timed per call, waiting for the result (as compare's rows, `sync_each`):
+    dispatching 25 MB of work after 25 MB of work measures how long the
+    queue has grown, which differed 4x between runs.
+    """
 
     params = [[False, True], IMPLS]
     param_names = ["transfer", "impl"]
-    # Each call queues 25 MB of work: few calls per sample, so the queue stays short.
     number = 5
-    repeat = (1, 10, 5.0)
-    min_run_count = 2
-    warmup_time = 0.0
+    repeat = (5, 20, 5.0)
 
-    def setup(self, transfer, impl):
-        self._setup("jit_dispatch_with_transfer" if transfer else "jit_dispatch_without_transfer",
-                    impl)
+    def scenario(self, transfer, impl):
+        return "jit_dispatch_with_transfer" if transfer else "jit_dispatch_without_transfer"
 
-    def time_dispatch(self, transfer, impl):
-        self.run.dispatch()
+    def time_call(self, transfer, impl):
+        (self.run or self.start(transfer, impl)).call()
 
 
 class PjitSimple(_Timed):
@@ -128,15 +133,16 @@ class PjitSimple(_Timed):
 
     params = [[1, 10, 100], IMPLS]
     param_names = ["n_args", "impl"]
+    number = 20  # 130-1000 us a call
 
-    def setup(self, n_args, impl):
-        self._setup(f"pjit_simple_4_devices_{n_args}_args", impl)
+    def scenario(self, n_args, impl):
+        return f"pjit_simple_4_devices_{n_args}_args"
 
     def time_dispatch(self, n_args, impl):
-        self.run.dispatch()
+        (self.run or self.start(n_args, impl)).dispatch()
 
     def time_call(self, n_args, impl):
-        self.run.call()
+        (self.run or self.start(n_args, impl)).call()
 
 
 _KIND_SCENARIO = {"jax.Array": "args_2", "numpy": "numpy_args_2",
@@ -149,14 +155,14 @@ class InputKinds(_Timed):
     params = [list(_KIND_SCENARIO), IMPLS]
     param_names = ["kind", "impl"]
 
-    def setup(self, kind, impl):
-        self._setup(_KIND_SCENARIO[kind], impl)
+    def scenario(self, kind, impl):
+        return _KIND_SCENARIO[kind]
 
     def time_dispatch(self, kind, impl):
-        self.run.dispatch()
+        (self.run or self.start(kind, impl)).dispatch()
 
     def time_call(self, kind, impl):
-        self.run.call()
+        (self.run or self.start(kind, impl)).call()
 
 
 class InputKindsNewValues(_Timed):
@@ -165,12 +171,12 @@ class InputKindsNewValues(_Timed):
     params = [["numpy", "python_scalar"], IMPLS]
     param_names = ["kind", "impl"]
 
-    def setup(self, kind, impl):
-        self._setup("numpy_args_2_new_values" if kind == "numpy"
-                    else "python_scalars_2_new_values", impl)
+    def scenario(self, kind, impl):
+        return ("numpy_args_2_new_values" if kind == "numpy"
+                else "python_scalars_2_new_values")
 
     def time_dispatch(self, kind, impl):
-        self.run.dispatch()
+        (self.run or self.start(kind, impl)).dispatch()
 
 
 class StaticArgsKwargs(_Timed):
@@ -179,14 +185,14 @@ class StaticArgsKwargs(_Timed):
     params = [IMPLS]
     param_names = ["impl"]
 
-    def setup(self, impl):
-        self._setup("static_args_kwargs", impl)
+    def scenario(self, impl):
+        return "static_args_kwargs"
 
     def time_dispatch(self, impl):
-        self.run.dispatch()
+        (self.run or self.start(impl)).dispatch()
 
     def time_call(self, impl):
-        self.run.call()
+        (self.run or self.start(impl)).call()
 
 
 class ParamDict100(_Timed):
@@ -194,15 +200,16 @@ class ParamDict100(_Timed):
 
     params = [IMPLS]
     param_names = ["impl"]
+    number = 40  # ~200-250 us a call
 
-    def setup(self, impl):
-        self._setup("dict_100_leaves", impl)
+    def scenario(self, impl):
+        return "dict_100_leaves"
 
     def time_dispatch(self, impl):
-        self.run.dispatch()
+        (self.run or self.start(impl)).dispatch()
 
     def time_call(self, impl):
-        self.run.call()
+        (self.run or self.start(impl)).call()
 
 
 class ShardedNumpy(_Timed):
@@ -210,15 +217,16 @@ class ShardedNumpy(_Timed):
 
     params = [IMPLS]
     param_names = ["impl"]
+    number = 20  # ~450 us a call
 
-    def setup(self, impl):
-        self._setup("numpy_sharded_8_devices", impl)
+    def scenario(self, impl):
+        return "numpy_sharded_8_devices"
 
     def time_dispatch(self, impl):
-        self.run.dispatch()
+        (self.run or self.start(impl)).dispatch()
 
     def time_call(self, impl):
-        self.run.call()
+        (self.run or self.start(impl)).call()
 
 
 class Workloads(_Timed):
@@ -227,12 +235,15 @@ class Workloads(_Timed):
     params = [["train_step", "optimizer_update", "env_step", "static_config",
                "data_parallel_8_devices"], IMPLS]
     param_names = ["workload", "impl"]
+    number = 100  # 25-840 us a call
+    rounds = 4  # a process's calls sit 10-20% apart from another's: more processes
+    repeat = (10, 20, 2.0)
 
-    def setup(self, workload, impl):
-        self._setup(f"workload_{workload}", impl)
+    def scenario(self, workload, impl):
+        return f"workload_{workload}"
 
     def time_dispatch(self, workload, impl):
-        self.run.dispatch()
+        (self.run or self.start(workload, impl)).dispatch()
 
 
 class CacheMiss:

@@ -12,12 +12,14 @@
 - JitNumpyInputs: nbjit.jit vs jax.jit with numpy inputs and in_shardings.
 """
 
+import functools
+
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import common  # noqa: F401  (8 host devices, before anything starts jax's backend)
+from . import common  # first: 8 host devices, before anything starts jax's backend
 
 SHARDING_CASES = {
     "64x64 P(x,y)": ((64, 64), P("x", "y")),
@@ -46,34 +48,37 @@ def _array(shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-class SignatureKey:
+class SignatureKey(common.Prepared):
     """One signature key over n leaves of (dtype, weak, committed, sharding, layout, shape)."""
 
     params = [["python", "numba"], [1, 4, 10, 100, 1000]]
     param_names = ["impl", "leaves"]
+    number = 200  # ~1-500 us a call
 
-    def setup(self, impl, leaves):
+    def prepare(self, impl, leaves):
         kernels = _nbjit_module("nbjit._kernels")
-        self.leaves = [(i % 12, bool(i % 2), True, 1000 + i % 3, 0, (8, i % 7 + 1))
-                       for i in range(leaves)]
-        self.key = (kernels.python_signature_key if impl == "python"
-                    else kernels.numba_signature_key)
-        self.key(self.leaves)  # compile / load from cache outside the timing
+        rows = [(i % 12, bool(i % 2), True, 1000 + i % 3, 0, (8, i % 7 + 1))
+                for i in range(leaves)]
+        key = (kernels.python_signature_key if impl == "python"
+               else kernels.numba_signature_key)
+        key(rows)  # compile / load from cache
+        return functools.partial(key, rows)
 
     def time_key(self, impl, leaves):
-        self.key(self.leaves)
+        (self.run or self.start(impl, leaves))()
 
 
-class DispatchKey:
+class DispatchKey(common.Prepared):
     """A hashed key for n jax.Array leaves, from the arrays themselves."""
 
     params = [["aval_pairs", "python_packed", "numba_packed"], [1, 4, 10, 100, 1000]]
     param_names = ["impl", "leaves"]
+    number = 100  # ~1 us to ~2 ms a call
 
-    def setup(self, impl, leaves):
+    def prepare(self, impl, leaves):
         kernels = _nbjit_module("nbjit._kernels")
         dtypes = [np.float32, np.int32, np.float16, np.bool_]
-        self.arrays = [jax.device_put(np.zeros((8, i % 7 + 1), dtypes[i % 4]))
+        arrays = [jax.device_put(np.zeros((8, i % 7 + 1), dtypes[i % 4]))
                        for i in range(leaves)]
         dtype_ids: dict = {}
         sharding_ids: dict = {}
@@ -84,106 +89,116 @@ class DispatchKey:
                     for x in xs]
 
         if impl == "aval_pairs":
-            self.key = lambda xs: hash(tuple([(x.aval, x._committed) for x in xs]))
+            key = lambda xs: hash(tuple([(x.aval, x._committed) for x in xs]))  # noqa: E731
         elif impl == "python_packed":
-            self.key = lambda xs: kernels.python_signature_key(fields(xs))
+            key = lambda xs: kernels.python_signature_key(fields(xs))  # noqa: E731
         else:
-            self.key = lambda xs: kernels.numba_signature_key(fields(xs))[0]
-        self.key(self.arrays)  # compile / load from cache, fill the id tables
+            key = lambda xs: kernels.numba_signature_key(fields(xs))[0]  # noqa: E731
+        key(arrays)  # compile / load from cache, fill the id tables
+        return functools.partial(key, arrays)
 
     def time_key(self, impl, leaves):
-        self.key(self.arrays)
+        (self.run or self.start(impl, leaves))()
 
 
-class Gather:
+class Gather(common.Prepared):
     """Every distinct shard of a 2-D float32 array into one staging buffer."""
 
     params = [["numpy", "numba"], ["C", "F", "negative"], [64, 512, 2048],
               ["P(x,y)", "P()"]]
     param_names = ["gather", "layout", "n", "spec"]
+    number = 20  # ~10 us to ~10 ms a call
 
-    def setup(self, gather, layout, n, spec):
+    def prepare(self, gather, layout, n, spec):
         sharding = _nbjit_module("nbjit.sharding")
         kernels = _nbjit_module("nbjit._kernels")
         spec = P("x", "y") if spec == "P(x,y)" else P()
         plan = sharding.plan_for(NamedSharding(_mesh_4x2(), spec), (n, n), np.dtype(np.float32))
         base = _array((n, 2 * n))
-        self.x = {"C": np.ascontiguousarray(base[:, :n]), "F": np.asfortranarray(base[:, :n]),
-                  "negative": base[::-1, ::-2]}[layout]
-        self.out = np.empty(plan._nbytes // 4, np.float32)
-        shards = [np.ndarray(s, np.float32, buffer=self.out, offset=o)
+        x = {"C": np.ascontiguousarray(base[:, :n]), "F": np.asfortranarray(base[:, :n]),
+             "negative": base[::-1, ::-2]}[layout]
+        out = np.empty(plan._nbytes // 4, np.float32)
+        shards = [np.ndarray(s, np.float32, buffer=out, offset=o)
                   for s, o in zip(plan._shard_shapes, plan._byte_offsets, strict=True)]
         if gather == "numpy":
             pairs = list(zip(shards, plan._slices, strict=True))
-            x = self.x
 
             def run():
                 for shard, index in pairs:
                     np.copyto(shard, x[index])
         else:
-            args = (self.x, plan._starts, plan._stops, plan._elem_offsets, self.out)
+            args = (x, plan._starts, plan._stops, plan._elem_offsets, out)
 
             def run():
                 kernels.gather_strided(*args)
-        self.run = run
         run()
+        return run
 
     def time_gather(self, gather, layout, n, spec):
-        self.run()
+        (self.run or self.start(gather, layout, n, spec))()
 
 
-class PlanBuild:
+class PlanBuild(common.Prepared):
     """A ShardingPlan built from scratch (what a cache miss costs once)."""
 
     params = [["P(x,y)", "P(('x','y'))", "P(None,y)", "P()"]]
     param_names = ["spec"]
+    number = 100
 
-    def setup(self, spec):
-        self.sharding_mod = _nbjit_module("nbjit.sharding")
+    def prepare(self, spec):
+        sharding_mod = _nbjit_module("nbjit.sharding")
         spec = {"P(x,y)": P("x", "y"), "P(('x','y'))": P(("x", "y")),
                 "P(None,y)": P(None, "y"), "P()": P()}[spec]
-        self.s = NamedSharding(_mesh_4x2(), spec)
-        self.sharding_mod._build_plan(self.s, (64, 64), np.dtype(np.float32), False)
+        build = functools.partial(sharding_mod._build_plan, NamedSharding(_mesh_4x2(), spec),
+                                  (64, 64), np.dtype(np.float32), False)
+        build()
+        return build
 
     def time_build(self, spec):
-        self.sharding_mod._build_plan(self.s, (64, 64), np.dtype(np.float32), False)
+        (self.run or self.start(spec))()
 
 
-class NumpyToSharding:
+class NumpyToSharding(common.Prepared):
     """A numpy array onto a NamedSharding over 8 host devices, per call."""
 
     params = [["nbjit", "jax"], list(SHARDING_CASES)]
     param_names = ["impl", "case"]
     timeout = 120
+    number = 10  # ~50 us to ~20 ms a call
 
-    def setup(self, impl, case):
+    def prepare(self, impl, case):
         shape, spec = SHARDING_CASES[case]
-        self.s = NamedSharding(_mesh_4x2(), spec)
-        self.x = _array(shape)
+        s = NamedSharding(_mesh_4x2(), spec)
+        x = _array(shape)
         if impl == "jax":
-            self.put = jax.device_put
+            put = jax.device_put
         else:
             nbjit = _nbjit_module("nbjit")
-            self.put = getattr(nbjit, "device_put", None) or _nbjit_module(
+            put = getattr(nbjit, "device_put", None) or _nbjit_module(
                 "nbjit.sharding").device_put
-        jax.block_until_ready(self.put(self.x, self.s))
+
+        def run():
+            jax.block_until_ready(put(x, s))
+        run()
+        return run
 
     def time_device_put(self, impl, case):
-        jax.block_until_ready(self.put(self.x, self.s))
+        (self.run or self.start(impl, case))()
 
 
 def _double(a):
     return a * 2
 
 
-class JitNumpyInputs:
+class JitNumpyInputs(common.Prepared):
     """A jitted function called with a numpy input, in_shardings over 8 devices."""
 
     params = [["nbjit", "jax"], list(SHARDING_CASES)]
     param_names = ["impl", "case"]
     timeout = 180
+    number = 10
 
-    def setup(self, impl, case):
+    def prepare(self, impl, case):
         shape, spec = SHARDING_CASES[case]
         s = NamedSharding(_mesh_4x2(), spec)
         if impl == "jax":
@@ -192,9 +207,13 @@ class JitNumpyInputs:
             jit = getattr(_nbjit_module("nbjit"), "jit", None)
             if jit is None:
                 raise NotImplementedError("this commit has no nbjit.jit")
-        self.f = jit(_double, in_shardings=s)
-        self.x = _array(shape)
-        jax.block_until_ready(self.f(self.x))
+        f = jit(_double, in_shardings=s)
+        x = _array(shape)
+
+        def run():
+            jax.block_until_ready(f(x))
+        run()
+        return run
 
     def time_call(self, impl, case):
-        jax.block_until_ready(self.f(self.x))
+        (self.run or self.start(impl, case))()

@@ -10,6 +10,8 @@
   paired and interleaved; and the overhead the profile states.
 """
 
+import functools
+
 from . import common  # first: 8 host devices before jax starts
 
 
@@ -36,27 +38,28 @@ def _rows(entries, leaves, seed=0):
     return kernels, new, list(rows)
 
 
-class ClosestEntry:
+class ClosestEntry(common.Prepared):
     """Closest of `entries` cached rows of `leaves` leaves each: Python loop vs Numba kernel."""
 
     params = [["python", "numba"], [1, 10, 100, 1000, 10000], [1, 10, 100]]
     param_names = ["impl", "entries", "leaves"]
     timeout = 120
+    number = 20  # ~1 us to ~100 ms a call
 
-    def setup(self, impl, entries, leaves):
+    def prepare(self, impl, entries, leaves):
         if impl == "python" and entries * leaves > 100_000:
             raise NotImplementedError("the Python loop takes seconds here")
         kernels, new, rows = _rows(entries, leaves)
         if impl == "python":
-            self.new, self.rows = tuple(new.tolist()), [tuple(r.tolist()) for r in rows]
-            self.closest = kernels.closest_python
+            new, rows = tuple(new.tolist()), [tuple(r.tolist()) for r in rows]
+            closest = kernels.closest_python
         else:
-            self.new, self.rows = new, rows
-            self.closest = kernels.closest_numba
-        self.closest(self.new, self.rows)  # compile / load from cache outside the timing
+            closest = kernels.closest_numba
+        closest(new, rows)  # compile / load from cache
+        return functools.partial(closest, new, rows)
 
     def time_closest(self, impl, entries, leaves):
-        self.closest(self.new, self.rows)
+        (self.run or self.start(impl, entries, leaves))()
 
 
 def _args_1():
