@@ -45,6 +45,26 @@ def test_same_scalar_object_reuses_the_device_copy():
     assert f.miss_count == 1
 
 
+def test_memo_rests_while_values_change_and_wakes_when_they_repeat():
+    """New values on every call: after MEMO_PATIENCE misses the memo stops
+    copying bytes out for MEMO_REST calls; repeated values wake it again."""
+    f, g = nbjit.jit(lambda x: x * 2), jax.jit(lambda x: x * 2)
+    for i in range(40):
+        v = np.full(4, i, np.float32)
+        assert_same_outputs(f(v), g(v))
+    (h,) = _host_inputs(f, np.zeros(4, np.float32))
+    assert h.memo and 0 < h.rest < _HostInput.MEMO_REST  # resting: plain transfers
+    same = np.full(4, 7.5, np.float32)
+    for _ in range(_HostInput.MEMO_REST + 2):
+        assert_same_outputs(f(same), g(same))
+    assert h.rest == 0 and h.misses == 0  # awake, and the last call reused its copy
+    memo = h.last[2]
+    same[...] = -1.0  # same object, new bytes: sent again, never the stale copy
+    assert_same_outputs(f(same), g(same))
+    assert h.last[2] is not memo
+    assert f.miss_count == 1
+
+
 def test_mutated_numpy_array_is_sent_again():
     f, g = nbjit.jit(lambda x: x + 1), jax.jit(lambda x: x + 1)
     for a in (np.arange(4, dtype=np.float32), np.array(3.0, np.float32)):
