@@ -17,7 +17,10 @@ Keys never collide across the forms:
     ``(aval, committed)`` pairs (avals are interned by JAX and hash by identity);
   * all jax.Arrays otherwise: ``(shape marker, static items..., pairs...)``;
   * leaves and flattened (one form: the same call keys alike either way):
-    ``(LEAVES, call shape, static key, treedef id, per-leaf signatures)``.
+    ``(LEAVES, call shape, static key, treedef id, per-leaf signatures)``;
+  * one dynamic list or tuple whose elements are all jax.Arrays (read
+    without a flatten; such a call never takes the flattened form):
+    ``(SEQUENCE, call shape, static key, list or tuple, pairs)``.
 Static values enter keys with their exact type, so ``1``, ``1.0`` and
 ``True`` are different signatures, as in jaxlib.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import itertools
 import linecache
 import os
+import textwrap
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +45,7 @@ __all__ = ["Split", "leaf_signature", "make_binder", "mixed_signatures", "treede
 
 ArrayImpl = _jax.ArrayImpl
 LEAVES = object()  # first item of every leaves/flattened key
+SEQUENCE = object()  # first item of the key of one dynamic list or tuple of jax.Arrays
 _PYTHON_SCALARS = frozenset({bool, int, float, complex})  # not JAX's shape-polymorphic dims
 # Types that are pytree leaves themselves: arguments of these types are keyed
 # without flattening.
@@ -218,7 +223,21 @@ _READ_UNROLLED = """\
             {unkeyable}
         signatures, shardings = mixed
         key = (LEAVES, KEY_SHAPE, {static_key}, LEAVES_TREEDEF_ID, signatures)
-    else:
+{sequence_read}    else:
+{flattened}"""
+
+# One dynamic argument that is a list or tuple (JAX's many-args case,
+# ``f(xs)``; a tuple carry): its elements are the leaves when they are all
+# jax.Arrays, and such a container of n leaves has one treedef per type and
+# n, so the key needs no flatten.
+_READ_SEQUENCE = """\
+    elif (container := type({arg})) is list or container is tuple:
+        leaves = {arg}
+        try:
+            signatures = tuple([(x.aval, x._committed) for x in leaves])
+            shardings = [x._sharding for x in leaves]
+            key = (SEQUENCE, KEY_SHAPE, {static_key}, container, signatures)
+        except AttributeError:
 {flattened}"""
 
 _READ_LOOP = """\
@@ -324,12 +343,16 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
         read = f"    key = ({prefix})\n    shardings = []\n    leaves = {leaves}\n"
     elif unroll:
         pairs = [f"({d}.aval, {d}._committed)" for d in dynamic]
+        sequence_read = "" if len(dynamic) != 1 else _READ_SEQUENCE.format(
+            arg=dynamic[0], static_key=static_key,
+            flattened=textwrap.indent(flattened, "    "))
         read = _READ_UNROLLED.format(
             checks=" and ".join(f"type({d}) is ArrayImpl" for d in dynamic) or "True",
             key=f"({prefix}{''.join(p + ', ' for p in pairs)})", leaves=leaves,
             shardings=", ".join(f"{d}._sharding" for d in dynamic), flattened=flattened,
             leaf_checks=" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic),
-            dynamic=", ".join(dynamic), static_key=static_key, unkeyable=unkeyable)
+            dynamic=", ".join(dynamic), static_key=static_key, unkeyable=unkeyable,
+            sequence_read=sequence_read)
     else:
         read = _READ_LOOP.format(dynamic=leaves, flattened=flattened,
                                  key=f"({prefix}*pairs)" if marked else "pairs")
@@ -371,7 +394,8 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
     """
     scope = {**env, "ArrayImpl": ArrayImpl, "shape": (LEAVES, split.key_shape),
              "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names,
-             "LEAVES": LEAVES, "KEY_SHAPE": split.key_shape, "flatten": _jax.flatten_for_dispatch,
+             "LEAVES": LEAVES, "SEQUENCE": SEQUENCE, "KEY_SHAPE": split.key_shape,
+             "flatten": _jax.flatten_for_dispatch,
              "treedef_ids_get": _treedef_ids.get, "treedef_id": treedef_id,
              "mixed_signatures": mixed_signatures, "LEAF_TYPES": LEAF_TYPES,
              "LEAVES_TREEDEF_ID": split.leaves_treedef_id()}

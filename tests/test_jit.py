@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import nbjit
+from nbjit import _keys
 from nbjit.dispatch import PjitFunction
 from tests._diff import assert_same_call, assert_same_exception, assert_same_outputs, steps_of
 
@@ -747,6 +748,38 @@ def test_every_key_form_hits_on_new_values(form):
     # Another static value is another signature, in every form.
     assert_same_call(f_nb, f_jax, make(0), make(1), 3, z=make(2), mode="mul")
     assert f_nb.miss_count == 2
+
+
+def _by_container(xs, scale=2.0):
+    if isinstance(xs, list):
+        return [x * scale for x in xs]
+    return tuple(x + scale for x in xs)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_one_list_or_tuple_of_arrays_is_keyed_without_flatten(static):
+    """f(xs), the many-args case: a list or tuple of jax.Arrays is keyed from its
+    elements (no flatten). List and tuple trace differently, so they are two
+    signatures; an element that is not a jax.Array takes the flattened form."""
+    if static:
+        f_nb, f_jax = both(_by_container, static_argnums=(1,))
+        args = lambda xs: (xs, 3.0)  # noqa: E731
+    else:
+        f_nb, f_jax = both(lambda xs: _by_container(xs))
+        args = lambda xs: (xs,)  # noqa: E731
+    xs = [jnp.full(3, float(i)) for i in range(4)]
+    for i in range(3):  # new values on every call
+        ys = [x + i for x in xs]
+        assert_same_call(f_nb, f_jax, *args(ys))
+        assert_same_call(f_nb, f_jax, *args(tuple(ys)))
+    assert f_nb.miss_count == 2 and f_nb._cache_size() == 2
+    for container in (list, tuple):
+        node, _ = f_nb._entry_for(args(container(xs)), {})
+        assert node.key[0] is _keys.SEQUENCE and node.key[3] is container and node.hits == 2
+    assert_same_call(f_nb, f_jax, *args([xs[0], np.ones(3, np.float32), *xs[2:]]))
+    assert_same_call(f_nb, f_jax, *args((xs[0], [xs[1]])))
+    assert_same_call(f_nb, f_jax, *args([]))
+    assert f_nb.miss_count == 5 and f_nb.slow_count == 0
 
 
 def test_a_leaf_nothing_keys_takes_jax_path():
