@@ -106,6 +106,17 @@ def leaf_signature(x: Any, canonical: dict) -> Any:
     return None if dtype is None else (dtype, x.shape)
 
 
+class _NoSignature(Exception):
+    """A leaf no key can hold (raised inside `mixed_signatures`' one pass)."""
+
+
+def _other_signature(x: Any, canonical: dict) -> Any:
+    signature = leaf_signature(x, canonical)
+    if signature is None:
+        raise _NoSignature
+    return signature
+
+
 def mixed_signatures(leaves: list) -> tuple[tuple, list] | None:
     """``(signatures, shardings)`` of leaves that are not all jax.Arrays (host
     values, say), or None if some leaf has no signature (JAX must take it).
@@ -115,13 +126,14 @@ def mixed_signatures(leaves: list) -> tuple[tuple, list] | None:
     """
     canonical = canonical_dtypes[_jax.enable_x64.value]
     get = canonical.get
-    signatures = tuple([
-        (x.aval, x._committed) if (t := type(x)) is ArrayImpl
-        else t if t in _PYTHON_SCALARS
-        else (dtype, x.shape) if t is np.ndarray and (dtype := get(x.dtype)) is not None
-        else leaf_signature(x, canonical)
-        for x in leaves])
-    if None in signatures:
+    try:
+        signatures = tuple([
+            (x.aval, x._committed) if (t := type(x)) is ArrayImpl
+            else t if t in _PYTHON_SCALARS
+            else (dtype, x.shape) if t is np.ndarray and (dtype := get(x.dtype)) is not None
+            else _other_signature(x, canonical)
+            for x in leaves])
+    except _NoSignature:
         return None
     return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]
 
@@ -259,7 +271,9 @@ _READ_FLATTENED = """\
         tid = treedef_ids_get(treedef)
         if tid is None:
             tid = treedef_id(treedef)
-        try:
+        try:  # all jax.Arrays (a last leaf that is not one: host values, key them as such)
+            if leaves and type(leaves[-1]) is not ArrayImpl:
+                raise AttributeError
             signatures = tuple([(x.aval, x._committed) for x in leaves])
             shardings = [x._sharding for x in leaves]
         except AttributeError:
