@@ -13,9 +13,12 @@ does, then the leaves keyed. A leaf nothing can key (a tracer, an object)
 sends the call to JAX's own path.
 
 Keys never collide across the forms:
-  * all jax.Arrays, positional, no static arguments: the bare tuple of
-    ``(aval, committed)`` pairs (avals are interned by JAX and hash by identity);
-  * all jax.Arrays otherwise: ``(shape marker, static items..., pairs...)``;
+  * all jax.Arrays, positional, no static arguments: up to `UNROLL_MAX`
+    arguments the flat tuple ``(aval, committed, aval, committed, ...)``,
+    beyond it the tuple of ``(aval, committed)`` pairs (avals are interned by
+    JAX and hash by identity);
+  * all jax.Arrays otherwise: ``(shape marker, static items..., avals and
+    committed flags or pairs...)``;
   * leaves and flattened (one form: the same call keys alike either way):
     ``(LEAVES, call shape, static key, treedef id, per-leaf signatures)``;
   * one dynamic list or tuple whose elements are all jax.Arrays (read
@@ -356,7 +359,7 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
     if not dynamic:  # nothing to key but the static arguments
         read = f"    key = ({prefix})\n    shardings = []\n    leaves = {leaves}\n"
     elif unroll:
-        pairs = [f"({d}.aval, {d}._committed)" for d in dynamic]
+        pairs = [f"{d}.aval, {d}._committed" for d in dynamic]  # flat: no tuple per argument
         sequence_read = "" if len(dynamic) != 1 else _READ_SEQUENCE.format(
             arg=dynamic[0], static_key=static_key,
             flattened=textwrap.indent(flattened, "    "))

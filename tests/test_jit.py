@@ -714,7 +714,7 @@ def test_a_call_path_does_not_depend_on_earlier_calls():
     assert_same_call(f_nb, f_jax, a, b)  # miss
     assert_same_call(f_nb, f_jax, np.float32(3), 4.0)
     node, _ = f_nb._entry_for((a, b), {})
-    assert node is not None and node.key == ((a.aval, a._committed), (b.aval, b._committed))
+    assert node is not None and node.key == (a.aval, a._committed, b.aval, b._committed)
     hits = node.hits  # the all-array key form: read from the arrays, no flatten
     for _ in range(3):
         assert_same_outputs(f_nb(a, b), f_jax(a, b))
