@@ -5,10 +5,11 @@ order: ``n`` for a positional call, ``(n, *names)`` with keywords. Each
 function builds, once per call shape, a *binder* (as Triton's
 `JITFunction` does): a small generated function that reads exactly the
 attributes that shape needs, builds the key, finds the node and runs it.
-A binder keys a call one of three ways, chosen by the dynamic arguments'
+A binder keys a call one of four ways, chosen by the dynamic arguments'
 types on each call: all `jax.Array`s (the common case): read one by one;
 all leaves with host values among them (numpy arrays and scalars, Python
-scalars): keyed as they are; anything else (pytrees): flattened as JAX
+scalars): keyed as they are; one list or tuple of `jax.Array`s (``f(xs)``):
+its elements read one by one; anything else (pytrees): flattened as JAX
 does, then the leaves keyed. A leaf nothing can key (a tracer, an object)
 sends the call to JAX's own path.
 
