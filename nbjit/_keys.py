@@ -275,12 +275,14 @@ _READ_FLATTENED = """\
         tid = treedef_ids_get(treedef)
         if tid is None:
             tid = treedef_id(treedef)
-        try:  # all jax.Arrays (a last leaf that is not one: host values, key them as such)
-            if leaves and type(leaves[-1]) is not ArrayImpl:
-                raise AttributeError
-            signatures = tuple([(x.aval, x._committed) for x in leaves])
-            shardings = [x._sharding for x in leaves]
-        except AttributeError:
+        signatures = None
+        if not leaves or type(leaves[-1]) is ArrayImpl:  # else host values: no array attempt
+            try:
+                signatures = tuple([(x.aval, x._committed) for x in leaves])
+                shardings = [x._sharding for x in leaves]
+            except AttributeError:
+                pass
+        if signatures is None:
             mixed = mixed_signatures(leaves)
             if mixed is None:
                 {unkeyable}
