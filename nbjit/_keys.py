@@ -32,8 +32,6 @@ Static values enter keys with their exact type, so ``1``, ``1.0`` and
 from __future__ import annotations
 
 import itertools
-import linecache
-import os
 import textwrap
 import threading
 from collections.abc import Callable
@@ -42,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
+from nbjit._codegen import run_source
 from nbjit._record import canonical_dtypes, host_dtype
 
 __all__ = ["Split", "leaf_signature", "make_binder", "mixed_signatures", "treedef_id",
@@ -57,7 +56,6 @@ LEAF_TYPES = frozenset({
     ArrayImpl, np.ndarray, *_jax.python_scalar_types,
     *(t for t in np.sctypeDict.values() if issubclass(t, (np.number, np.bool_))),
 })
-_BINDER_DIR = os.path.dirname(os.path.abspath(__file__))
 UNROLL_MAX = 8  # binders unroll the per-argument reads up to this many dynamic arguments
 
 
@@ -204,7 +202,7 @@ _HIT_TEMPLATE = """\
     node.shardings = shardings  # equal; keeping the newest makes identity checks hit
 {stamp_lookup}    try:
         touch(node)  # KeyError if another thread evicted it meanwhile
-        inputs = {leaves} if record.leaves_are_inputs else record.inputs({leaves})
+        inputs = {leaves} if record.leaves_are_inputs else record.prepare({leaves})
     except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
         return whole(self, {t0}, self._slow, args, kwargs, "input_refused")
 {stamp_inputs}    try:
@@ -382,27 +380,6 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
         stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
 
 
-_code_objects: dict[tuple[str, str], Any] = {}  # (source, name) -> compiled module code
-_MAX_CODE_OBJECTS = 1024
-
-
-def _compile(source: str, name: str, scope: dict[str, Any]) -> Any:
-    """Runs `source` in `scope`; the compiled code is shared by every function
-    whose binder has the same source (compiling costs ~50 us, running it ~2)."""
-    code = _code_objects.get((source, name))
-    if code is None:
-        # A file name under nbjit's directory: JAX's error messages skip its
-        # frames (source_info_util), and linecache shows the source in tracebacks.
-        filename = f"{_BINDER_DIR}/<{name}>"
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        code = compile(source, filename, "exec")
-        if len(_code_objects) >= _MAX_CODE_OBJECTS:
-            _code_objects.clear()
-        _code_objects[(source, name)] = code
-    exec(code, scope)
-    return scope
-
-
 def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
                 ) -> Callable[[Any, tuple, dict], Any]:
     """Compiles the binder of `split`: ``bind(pjit_function, args, kwargs)``.
@@ -420,7 +397,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
              "mixed_signatures": mixed_signatures, "LEAF_TYPES": LEAF_TYPES,
              "LEAVES_TREEDEF_ID": split.leaves_treedef_id()}
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
-    return _compile(binder_source(split, flavour), name, scope)["bind"]
+    return run_source(binder_source(split, flavour), name, scope)["bind"]
 
 
 def make_hit(env: dict[str, Any], timed: bool = False) -> Callable[..., Any]:
@@ -428,4 +405,4 @@ def make_hit(env: dict[str, Any], timed: bool = False) -> Callable[..., Any]:
     for a call keyed elsewhere (a miss another thread compiled meanwhile)."""
     source = ("def hit(self, args, kwargs, leaves, key, shardings, t0, t_key):\n"
               + _hit_source("leaves", timed))
-    return _compile(source, f"hit{' timed' if timed else ''}", dict(env))["hit"]
+    return run_source(source, f"hit{' timed' if timed else ''}", dict(env))["hit"]

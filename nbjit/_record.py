@@ -29,6 +29,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit import sharding as _sharding
+from nbjit._codegen import run_source
 
 __all__ = ["FastPath", "HostInput", "Unsupported", "build_record", "canonical_dtypes",
            "host_dtype"]
@@ -157,36 +158,41 @@ class HostInput:
         self.rest = 0  # calls left before the array memo looks again
 
     def apply(self, inputs: list) -> None:
-        index = self.index
-        x = inputs[index]
+        inputs[self.index] = self.value(inputs[self.index])
+
+    def value(self, x: Any) -> Any:
+        """The device array for host value `x` (see the class docstring).
+
+        The generated preparer (`_preparer_source`) does the plain transfer
+        of a numpy array itself while the memo rests or when there is none,
+        and calls this for everything else.
+        """
         if type(x) is not np.ndarray:  # a scalar: immutable, the object itself is a key
             last = self.last
             if last is not None and x is last[0] and _host_transfers_unguarded():
-                inputs[index] = last[2]
-                return
-            array = inputs[index] = _device_put(self.aval, self.sharding, [x], self.devices, False)
+                return last[2]
+            array = _device_put(self.aval, self.sharding, [x], self.devices, False)
             if self.memo:
                 self.last = (x, None, array)
-            return
+            return array
         if not self.memo or self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
             if self.memo:
                 self.rest -= 1
-            inputs[index] = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
-                                        _COPY_DURING_CALL)
-            return
+            return _device_put(self.aval, self.sharding, [x], self.devices, False, False,
+                               _COPY_DURING_CALL)
         data = np.asarray(x, self.dtype).tobytes()
         last = self.last
         if last is not None and data == last[1] and _host_transfers_unguarded():
             self.misses = 0
-            inputs[index] = last[2]
-            return
-        array = inputs[index] = _device_put(self.aval, self.sharding, [x], self.devices, False,
-                                            False, _COPY_DURING_CALL)
+            return last[2]
+        array = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
+                            _COPY_DURING_CALL)
         self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
         self.misses += 1
         if self.misses >= self.MEMO_PATIENCE:
             self.misses = 0
             self.rest = self.MEMO_REST
+        return array
 
 
 class _Copy:
@@ -204,8 +210,10 @@ class _Copy:
         self.sharding = sharding
 
     def apply(self, inputs: list) -> None:
-        i = self.index
-        inputs[i] = _copy_to_devices([inputs[i]], [self.device_list], [self.sharding])[0]
+        inputs[self.index] = self.value(inputs[self.index])
+
+    def value(self, x: Any) -> Any:
+        return _copy_to_devices([x], [self.device_list], [self.sharding])[0]
 
 
 class _Planned:
@@ -219,8 +227,10 @@ class _Planned:
         self.plan = plan
 
     def apply(self, inputs: list) -> None:
-        i = self.index
-        inputs[i] = self.plan.put(np.asarray(inputs[i], self.dtype))
+        inputs[self.index] = self.value(inputs[self.index])
+
+    def value(self, x: Any) -> Any:
+        return self.plan.put(np.asarray(x, self.dtype))
 
 
 class _ShardArgs:
@@ -301,7 +311,8 @@ class FastPath:
 
     `kept` is None when every leaf is an input, in order; `steps` are the
     input steps' bound `apply` methods; `leaves_are_inputs` says the leaves
-    go to the executable as they are (no consts, pruning or steps).
+    go to the executable as they are (no consts, pruning or steps); else
+    `prepare(leaves)` gives the executable's inputs (see `_make_preparer`).
     """
 
     executable: Any
@@ -313,18 +324,96 @@ class FastPath:
     kept: tuple[int, ...] | None
     steps: tuple[Callable[[list], None], ...]
     leaves_are_inputs: bool
+    prepare: Callable[[Sequence[Any]], list]
 
     def inputs(self, leaves: Sequence[Any]) -> list:
         """The executable's input list: consts, kept leaves, each step applied."""
-        kept = self.kept
-        inputs = [*self.consts, *(leaves if kept is None else [leaves[i] for i in kept])]
-        for apply in self.steps:
-            apply(inputs)
-        return inputs
+        return leaves if self.leaves_are_inputs else self.prepare(leaves)
 
     def step_objects(self) -> list:
         """The step objects behind `steps` (for tests and introspection)."""
         return [apply.__self__ for apply in self.steps]
+
+
+# ---------------------------------------------------------------------------
+# Input preparers
+#
+# A record's inputs are its consts, its kept leaves, and a step applied to
+# some of them. For up to `PREPARE_UNROLL_MAX` inputs the record gets a
+# generated function that does exactly that (each input in a local, a host
+# array's plain transfer inline); more inputs, or inputs that JAX's
+# `shard_args` converts together, take the generic loop over the steps.
+
+PREPARE_UNROLL_MAX = 16
+
+_PREPARE_TEMPLATE = """\
+def prepare(leaves):
+{unpack}{steps}    return [{inputs}]
+"""
+
+# A host value while its memo rests (or with no memo): a numpy array is
+# transferred right here; anything else (a scalar, an awake memo) asks the step.
+_HOST_RESTING = """\
+    if type({x}) is ndarray and (step := H{i}).rest > 0:
+        step.rest -= 1
+        {x} = put(A{i}, S{i}, [{x}], D{i}, False, False, COPY_DURING_CALL)
+    else:
+        {x} = V{i}({x})
+"""
+_HOST_NO_MEMO = """\
+    if type({x}) is ndarray:
+        {x} = put(A{i}, S{i}, [{x}], D{i}, False, False, COPY_DURING_CALL)
+    else:
+        {x} = V{i}({x})
+"""
+_VALUE_STEP = "    {x} = V{i}({x})\n"
+
+
+def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
+                     steps: dict[int, Any]) -> str:
+    """The source of `prepare(leaves)` for one record's structure (not its values)."""
+    positions = range(n_leaves) if kept is None else kept
+    names = [f"C{i}" for i in range(n_consts)] + [f"x{j}" for j in positions]
+    if kept is None:
+        unpack = f"    {''.join(n + ', ' for n in names[n_consts:])}= leaves\n" if n_leaves else ""
+    else:
+        unpack = "".join(f"    x{j} = leaves[{j}]\n" for j in kept)
+    body = []
+    for i, step in sorted(steps.items()):
+        if type(step) is HostInput:
+            template = _HOST_RESTING if step.memo else _HOST_NO_MEMO
+        else:
+            template = _VALUE_STEP
+        body.append(template.format(x=names[i], i=i))
+    return _PREPARE_TEMPLATE.format(unpack=unpack, steps="".join(body), inputs=", ".join(names))
+
+
+def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,
+                   steps: dict[int, Any], shard_args: Any) -> Callable[[Sequence[Any]], list]:
+    """``prepare(leaves) -> inputs`` for a record: generated, or the generic loop."""
+    n_inputs = len(consts) + (n_leaves if kept is None else len(kept))
+    if shard_args is None and n_inputs <= PREPARE_UNROLL_MAX:
+        scope: dict[str, Any] = {"ndarray": np.ndarray, "put": _device_put,
+                                 "COPY_DURING_CALL": _COPY_DURING_CALL}
+        scope.update((f"C{i}", c) for i, c in enumerate(consts))
+        for i, step in steps.items():
+            scope[f"V{i}"] = step.value
+            if type(step) is HostInput:
+                scope.update({f"H{i}": step, f"A{i}": step.aval, f"S{i}": step.sharding,
+                              f"D{i}": step.devices})
+        source = _preparer_source(len(consts), kept, n_leaves, steps)
+        return run_source(source, "prepare", scope)["prepare"]
+    applies = tuple(step.apply for _, step in sorted(steps.items()))
+    if shard_args is not None:
+        applies += (shard_args.apply,)
+
+    def prepare(leaves: Sequence[Any]) -> list:
+        inputs = [*consts, *(leaves if kept is None else [leaves[i] for i in kept])]
+        for apply in applies:
+            apply(inputs)
+        return inputs
+
+    return prepare
 
 
 def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool) -> FastPath:
@@ -349,15 +438,14 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool) -> FastPat
     if len(consts) + len(kept) != len(in_shardings):
         raise Unsupported("no_fastpath")
     inputs = [*consts, *[leaves[i] for i in kept]]
-    steps, shard_args = [], []
+    steps, shard_args = {}, []
     for i, (x, sharding) in enumerate(zip(inputs, in_shardings, strict=True)):
         step = _step_for(i, x, sharding, donated)
         if step is _SHARD_ARGS:
             shard_args.append(i)
         elif step is not None:
-            steps.append(step.apply)
-    if shard_args:
-        steps.append(_ShardArgs(shard_args, [in_shardings[i] for i in shard_args]).apply)
+            steps[i] = step
+    batched = _ShardArgs(shard_args, [in_shardings[i] for i in shard_args]) if shard_args else None
     out_tree = fastpath.out_pytree_def
     all_kept = len(kept) == len(leaves)
     return FastPath(
@@ -372,6 +460,8 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool) -> FastPat
         single_output=out_tree.num_nodes == 1 and out_tree.num_leaves == 1,
         consts=consts,
         kept=None if all_kept else kept,
-        steps=tuple(steps),
-        leaves_are_inputs=not consts and not steps and all_kept,
+        steps=tuple(step.apply for _, step in sorted(steps.items()))
+        + ((batched.apply,) if batched else ()),
+        leaves_are_inputs=not consts and not steps and not batched and all_kept,
+        prepare=_make_preparer(consts, None if all_kept else kept, len(leaves), steps, batched),
     )

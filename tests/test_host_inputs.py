@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from jax import lax
 
 import nbjit
+from nbjit import _record
 from nbjit import sharding as _sharding
 from nbjit._record import HostInput as _HostInput
 from tests._diff import assert_same_outputs, steps_of
@@ -238,3 +239,33 @@ def test_caller_may_write_its_array_right_after_the_call():
         result = f(a)
         a[:] = 7
         np.testing.assert_array_equal(np.asarray(result), expected)
+
+
+@pytest.mark.parametrize("extra", [2, _record.PREPARE_UNROLL_MAX + 2])
+def test_generated_and_looped_preparers_give_jax_outputs(extra):
+    """A record with up to PREPARE_UNROLL_MAX inputs prepares them with
+    generated code (host arrays transferred inline while the memo rests),
+    a bigger one with the loop over its steps. Both: a closed-over constant,
+    a pruned argument, host arrays with and without a memo, Python and numpy
+    scalars, jax.Arrays; new values on every call, then the same values."""
+    table = np.linspace(0, 1, 5).astype(np.float32)
+
+    def fn(a, unused, s, big, small, n, *rest):
+        return a * s + big[:5] + small * n + table + sum(rest)
+
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    rest = [jnp.full(5, i, jnp.float32) for i in range(extra)]
+    big_size = _HostInput.MEMO_MAX_BYTES // 4 + 8
+    for i in range(_HostInput.MEMO_PATIENCE + 4):  # new values: the memo goes to rest
+        args = (jnp.ones(5) * i, jnp.zeros(2), 0.5 * i, np.full(big_size, i, np.float32),
+                np.full(5, -i, np.float32), np.int32(i), *rest)
+        assert_same_outputs(f(*args), g(*args))
+    for _ in range(3):  # the same values again
+        assert_same_outputs(f(*args), g(*args))
+    node, _ = f._entry_for(args, {})
+    generated = node.record.prepare.__code__.co_filename.endswith("<prepare>")
+    assert generated == (extra + 5 <= _record.PREPARE_UNROLL_MAX)
+    assert node.record.kept is not None  # `unused` is pruned
+    hosts = _host_inputs(f, *args)
+    assert sorted(h.memo for h in hosts) == [False, True, True, True]
+    assert f.miss_count == 1
