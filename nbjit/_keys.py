@@ -109,35 +109,43 @@ def leaf_signature(x: Any, canonical: dict) -> Any:
 
 
 class _NoSignature(Exception):
-    """A leaf no key can hold (raised inside `mixed_signatures`' one pass)."""
+    """A leaf no key can hold (raised inside a one-pass keying of leaves)."""
 
 
-def _other_signature(x: Any, canonical: dict) -> Any:
-    signature = leaf_signature(x, canonical)
+def _other_signature(x: Any) -> Any:
+    """`leaf_signature` of a leaf the inline expression does not key; raises
+    `_NoSignature` if it has none."""
+    signature = leaf_signature(x, canonical_dtypes[_jax.enable_x64.value])
     if signature is None:
         raise _NoSignature
     return signature
 
 
-def mixed_signatures(leaves: list) -> tuple[tuple, list] | None:
-    """``(signatures, shardings)`` of leaves that are not all jax.Arrays (host
-    values, say), or None if some leaf has no signature (JAX must take it).
+# The signature of one leaf `{x}`, written once for `mixed_signatures` and for
+# the binders that key leaves inline: the common leaves (arrays, numpy arrays
+# of a dtype seen before, Python scalars) without a call, `get` being the
+# canonical-dtype lookup of the call's x64 setting. Same as `leaf_signature`.
+_SIGNATURE = ("({x}.aval, {x}._committed) if (t := type({x})) is ArrayImpl"
+              " else (dtype, {x}.shape) if t is ndarray and (dtype := get({x}.dtype)) is not None"
+              " else t if t in PYTHON_SCALARS else other_signature({x})")
+_SIGNATURE_SCOPE = {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray,
+                    "PYTHON_SCALARS": _PYTHON_SCALARS, "other_signature": _other_signature,
+                    "NoSignature": _NoSignature, "canonical_dtypes": canonical_dtypes,
+                    "x64": _jax.enable_x64}
 
-    The same signatures as `leaf_signature`, with the common leaves (arrays,
-    numpy arrays of a dtype seen before, Python scalars) keyed inline.
-    """
-    canonical = canonical_dtypes[_jax.enable_x64.value]
-    get = canonical.get
+_MIXED_SIGNATURES = f"""\
+def mixed_signatures(leaves):
+    \"""``(signatures, shardings)`` of leaves that are not all jax.Arrays (host
+    values, say), or None if some leaf has no signature (JAX must take it).\"""
+    get = canonical_dtypes[x64.value].get
     try:
-        signatures = tuple([
-            (x.aval, x._committed) if (t := type(x)) is ArrayImpl
-            else t if t in _PYTHON_SCALARS
-            else (dtype, x.shape) if t is np.ndarray and (dtype := get(x.dtype)) is not None
-            else _other_signature(x, canonical)
-            for x in leaves])
-    except _NoSignature:
+        signatures = tuple([{_SIGNATURE.format(x="x")} for x in leaves])
+    except NoSignature:
         return None
     return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]
+"""
+mixed_signatures: Callable[[list], tuple[tuple, list] | None] = run_source(
+    _MIXED_SIGNATURES, "mixed_signatures", dict(_SIGNATURE_SCOPE))["mixed_signatures"]
 
 
 # ---------------------------------------------------------------------------
@@ -232,10 +240,12 @@ _READ_UNROLLED = """\
         leaves = {leaves}
     elif {leaf_checks}:  # leaves already (host values among them): no flatten
         leaves = [{dynamic}]
-        mixed = mixed_signatures(leaves)
-        if mixed is None:
+        get = canonical_dtypes[x64.value].get
+        try:
+            signatures = ({signatures})
+        except NoSignature:
             {unkeyable}
-        signatures, shardings = mixed
+        shardings = [x._sharding for x in leaves if type(x) is ArrayImpl]
         key = (LEAVES, KEY_SHAPE, {static_key}, LEAVES_TREEDEF_ID, signatures)
 {sequence_read}    else:
 {flattened}"""
@@ -370,6 +380,7 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
             shardings=", ".join(f"{d}._sharding" for d in dynamic), flattened=flattened,
             leaf_checks=" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic),
             dynamic=", ".join(dynamic), static_key=static_key, unkeyable=unkeyable,
+            signatures="".join(f"\n                {_SIGNATURE.format(x=d)}," for d in dynamic),
             sequence_read=sequence_read)
     else:
         read = _READ_LOOP.format(dynamic=leaves, flattened=flattened,
@@ -389,7 +400,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
     names the source reads (see `_Binders`); the binder holds no reference to
     the function itself.
     """
-    scope = {**env, "ArrayImpl": ArrayImpl, "shape": (LEAVES, split.key_shape),
+    scope = {**env, **_SIGNATURE_SCOPE, "shape": (LEAVES, split.key_shape),
              "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names,
              "LEAVES": LEAVES, "SEQUENCE": SEQUENCE, "KEY_SHAPE": split.key_shape,
              "flatten": _jax.flatten_for_dispatch,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import itertools
 import pickle
 import types
 import weakref
@@ -26,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 import nbjit
 from nbjit import _keys
+from nbjit._record import canonical_dtypes
 from nbjit.dispatch import PjitFunction
 from tests._diff import assert_same_call, assert_same_exception, assert_same_outputs, steps_of
 
@@ -795,3 +797,21 @@ def test_a_leaf_nothing_keys_takes_jax_path():
     for args in [(x, object()), ([x], object())]:
         assert_same_exception(f_nb, f_jax, *args)
     assert f_nb._cache_size() == 0
+
+
+def test_leaves_keyed_inline_have_leaf_signatures():
+    """The binder keys leaves inline (one expression per argument) and
+    `mixed_signatures` keys them in a loop: both give `leaf_signature` for
+    every kind of leaf, numpy dtypes never seen before and numpy scalars too."""
+    canonical = canonical_dtypes[False]
+    kinds = [jnp.ones(2), np.ones(2, np.float32), np.ones(2, np.float64),
+             np.ones(2, ml_dtypes.float8_e4m3b11fnuz), np.float16(1), True, 3, 2.5, 1j]
+    for a, b in itertools.product(kinds, repeat=2):
+        f_nb, f_jax = both(lambda x, y: (x, y))
+        assert_same_call(f_nb, f_jax, a, b)
+        node, leaves = f_nb._entry_for((a, b), {})
+        expected = tuple(_keys.leaf_signature(x, canonical) for x in (a, b))
+        if all(isinstance(x, jax.Array) for x in (a, b)):
+            continue  # the all-array form: bare (aval, committed) pairs
+        assert node.key[0] is _keys.LEAVES and node.key[-1] == expected
+        assert _keys.mixed_signatures([a, b])[0] == expected
