@@ -373,11 +373,14 @@ def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
                      steps: dict[int, Any]) -> str:
     """The source of `prepare(leaves)` for one record's structure (not its values)."""
     positions = range(n_leaves) if kept is None else kept
-    names = [f"C{i}" for i in range(n_consts)] + [f"x{j}" for j in positions]
+    # A const with a step is copied into a local first (the step rebinds it).
+    names = [f"c{i}" if i in steps else f"C{i}" for i in range(n_consts)]
+    names += [f"x{j}" for j in positions]
     if kept is None:
         unpack = f"    {''.join(n + ', ' for n in names[n_consts:])}= leaves\n" if n_leaves else ""
     else:
         unpack = "".join(f"    x{j} = leaves[{j}]\n" for j in kept)
+    unpack += "".join(f"    c{i} = C{i}\n" for i in range(n_consts) if i in steps)
     body = []
     for i, step in sorted(steps.items()):
         if type(step) is HostInput:

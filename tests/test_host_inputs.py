@@ -269,3 +269,35 @@ def test_generated_and_looped_preparers_give_jax_outputs(extra):
     hosts = _host_inputs(f, *args)
     assert sorted(h.memo for h in hosts) == [False, True, True, True]
     assert f.miss_count == 1
+
+
+@pytest.mark.cpu_devices
+def test_preparer_applies_steps_to_consts_and_kept_leaves(monkeypatch):
+    """Closed-over constants can need a step too (a numpy constant, an array on
+    another device): the generated preparer and the loop give the same inputs,
+    every one a jax.Array on the executable's device with the input's value."""
+    dev0, dev1 = jax.devices()[:2]
+    target = jax.sharding.SingleDeviceSharding(dev0)
+    consts = (np.arange(3, dtype=np.float32), jax.device_put(jnp.ones(2), dev1),
+              jax.device_put(jnp.zeros(1), dev0))
+    leaves = [jax.device_put(jnp.ones(4), dev0), np.full(2, 5, np.int32), 2.5]
+    kept = (0, 2)  # leaves[1] is pruned
+    expected = [*consts, leaves[0], leaves[2]]
+    steps = {}
+    for i, x in enumerate(expected):
+        step = _record._step_for(i, x, target, False)
+        if step is not None:
+            steps[i] = step
+    assert [type(s).__name__ for s in steps.values()] == ["HostInput", "_Copy", "HostInput"]
+    generated = _record._make_preparer(consts, kept, len(leaves), steps, None)
+    monkeypatch.setattr(_record, "PREPARE_UNROLL_MAX", 0)
+    looped = _record._make_preparer(consts, kept, len(leaves), steps, None)
+    assert generated.__code__.co_filename.endswith("<prepare>")
+    assert not looped.__code__.co_filename.endswith("<prepare>")
+    for prepare in (generated, looped):
+        for _ in range(_HostInput.MEMO_PATIENCE + 2):  # the memo awake, then resting
+            inputs = prepare(leaves)
+            assert len(inputs) == len(expected)
+            for got, want in zip(inputs, expected, strict=True):
+                assert isinstance(got, jax.Array) and got.devices() == {dev0}
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
