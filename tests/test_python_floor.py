@@ -1,0 +1,38 @@
+"""benchmarks/python_floor.py: every contender computes the call it times."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "python_floor.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("python_floor", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_contender_returns_x_plus_one():
+    floor = _load()
+    x = jnp.arange(8, dtype=jnp.float32)
+    contenders = floor.contenders(x)
+    names = [name for name, _ in contenders]
+    assert names[:3] == ["jax.jit", "nbjit.jit", "nbjit binder"] and names[-1] == "floor"
+    assert len([n for n in names if n.startswith("hand")]) == 1 + len(floor._WITHOUT)
+    for name, run in contenders:
+        out = run()
+        assert out.dtype == jnp.float32, name
+        np.testing.assert_array_equal(np.asarray(out), np.arange(1, 9, dtype=np.float32),
+                                      err_msg=name)
+
+
+def test_each_variant_removes_its_check():
+    floor = _load()
+    for old, _ in floor._WITHOUT.values():
+        assert old in floor._EVERY_CHECK  # a renamed line would leave a variant unchanged
