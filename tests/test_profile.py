@@ -66,10 +66,13 @@ def test_phases_sum_to_the_call_within_the_stated_overhead():
     outside = np.asarray(gaps) - spans  # the call's time not in any phase
     # What lies outside the phases: entering the call, finding the binder,
     # the record and returning, which the stated overhead estimates with a
-    # probe of that shape (measured in full-suite runs: 1.5-1.6 us outside vs
-    # 1.0 stated, load 3-5); 1 us of slack for what the probe misses, the
-    # test's own clock read and append.
-    assert np.median(outside) <= overhead + 1000, (np.median(outside), overhead)
+    # probe of that shape. It misses part of it, in proportion to the
+    # machine's speed: 1.5-1.6 us outside vs 1.0 stated in full-suite runs
+    # (load 3-5) on one machine; 3.5-4.5 us vs 2.3-2.65 on a ~3x slower one
+    # (AMD EPYC, quiet). Twice the stated overhead, plus 1 us for the test's
+    # own clock read and append; a phase left unstamped (execute alone is
+    # 3-5x the overhead) still fails it.
+    assert np.median(outside) <= 2 * overhead + 1000, (np.median(outside), overhead)
     assert np.median(outside) >= 0
 
 
