@@ -56,7 +56,7 @@ LEAF_TYPES = frozenset({
     ArrayImpl, np.ndarray, *_jax.python_scalar_types,
     *(t for t in np.sctypeDict.values() if issubclass(t, (np.number, np.bool_))),
 })
-UNROLL_MAX = 8  # binders unroll the per-argument reads up to this many dynamic arguments
+UNROLL_MAX = 16  # binders unroll the per-argument reads up to this many dynamic arguments
 
 
 # ---------------------------------------------------------------------------

@@ -234,6 +234,33 @@ def test_static_and_dynamic_keywords_in_every_call_shape(monkeypatch):
     assert f_nb._cache_size() == f_jax._cache_size()
 
 
+@pytest.mark.parametrize("n", [_keys.UNROLL_MAX, _keys.UNROLL_MAX + 1])
+def test_many_positional_arguments_either_side_of_the_unroll_limit(n):
+    """Binders unroll up to UNROLL_MAX dynamic arguments and loop beyond it:
+    both forms key arrays, host values, pytrees and static arguments as
+    jax.jit does, and a changed argument is a new signature in either."""
+
+    def f(*xs, scale):
+        leaves = jax.tree.leaves(xs)
+        return sum(leaf * scale for leaf in leaves[1:]) - leaves[0]
+
+    f_nb, f_jax = both(f, static_argnames="scale")
+    arrays = [jnp.full(3, float(i)) for i in range(n)]
+    calls = [
+        arrays,
+        [np.arange(3.0, dtype=np.float32), *arrays[1:]],  # a host leaf among arrays
+        [*arrays[:-1], 2.5],  # a weakly typed Python scalar last
+        [{"a": arrays[0], "b": (arrays[1],)}, *arrays[2:]],  # a pytree argument
+        [*arrays[:-1], jnp.full(3, 1, jnp.int32)],  # another dtype in the last position
+    ]
+    for scale in (2.0, 3):
+        for args in calls:
+            for _ in range(2):
+                assert_same_call(f_nb, f_jax, *args, scale=scale)
+    assert f_nb.miss_count == 2 * len(calls) == f_jax._cache_size()
+    assert f_nb.slow_count == 0
+
+
 def test_kwargs_order_does_not_matter():
     f_nb, f_jax = both(lambda a, b: a - b)
     x, y = jnp.ones(2), jnp.arange(2.0)
