@@ -24,7 +24,8 @@ Keys never collide across the forms:
     ``(LEAVES, call shape, static key, treedef id, per-leaf signatures)``;
   * one dynamic list or tuple whose elements are all jax.Arrays (read
     without a flatten; such a call never takes the flattened form):
-    ``(SEQUENCE, call shape, static key, list or tuple, pairs)``.
+    ``(SEQUENCE, call shape, static key, list or tuple, signatures)``, the
+    signatures flat up to `UNROLL_MAX` elements, pairs beyond.
 Static values enter keys with their exact type, so ``1``, ``1.0`` and
 ``True`` are different signatures, as in jaxlib.
 """
@@ -258,11 +259,31 @@ _READ_SEQUENCE = """\
     elif (container := type({arg})) is list or container is tuple:
         leaves = {arg}
         try:
-            signatures = tuple([(x.aval, x._committed) for x in leaves])
-            shardings = [x._sharding for x in leaves]
+            if (keyer := sequence_keyers_get(len(leaves))) is not None:
+                signatures, shardings = keyer(leaves)
+            else:
+                signatures = tuple([(x.aval, x._committed) for x in leaves])
+                shardings = [x._sharding for x in leaves]
             key = (SEQUENCE, KEY_SHAPE, {static_key}, container, signatures)
-        except AttributeError:
+        except (AttributeError, ValueError):  # not all jax.Arrays; resized meanwhile
 {flattened}"""
+
+
+def _sequence_keyer_source(n: int) -> str:
+    """``keyer(leaves)`` for a list or tuple of exactly n jax.Arrays: the flat
+    signatures ``(aval, committed, ...)`` and the shardings, each element in a
+    local (no tuple per element); AttributeError if one is not a jax.Array."""
+    names = [f"x{i}" for i in range(n)]
+    unpack = f"    {', '.join(names)}, = leaves\n" if names else ""
+    signatures = "".join(f"{x}.aval, {x}._committed, " for x in names)
+    shardings = ", ".join(f"{x}._sharding" for x in names)
+    return f"def keyer(leaves):\n{unpack}    return ({signatures}), [{shardings}]\n"
+
+
+# length -> keyer, for the one-list-or-tuple form; longer sequences loop (pairs).
+# Flat and pair signatures never compare equal (their items differ in type).
+_SEQUENCE_KEYERS = {n: run_source(_sequence_keyer_source(n), f"sequence keyer {n}", {})["keyer"]
+                    for n in range(UNROLL_MAX + 1)}
 
 _READ_LOOP = """\
     dynamic = {dynamic}
@@ -406,6 +427,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
              "flatten": _jax.flatten_for_dispatch,
              "treedef_ids_get": _treedef_ids.get, "treedef_id": treedef_id,
              "mixed_signatures": mixed_signatures, "LEAF_TYPES": LEAF_TYPES,
+             "sequence_keyers_get": _SEQUENCE_KEYERS.get,
              "LEAVES_TREEDEF_ID": split.leaves_treedef_id()}
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
     return run_source(binder_source(split, flavour), name, scope)["bind"]

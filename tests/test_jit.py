@@ -785,18 +785,20 @@ def _by_container(xs, scale=2.0):
     return tuple(x + scale for x in xs)
 
 
+@pytest.mark.parametrize("n", [4, _keys.UNROLL_MAX + 1])
 @pytest.mark.parametrize("static", [False, True])
-def test_one_list_or_tuple_of_arrays_is_keyed_without_flatten(static):
+def test_one_list_or_tuple_of_arrays_is_keyed_without_flatten(static, n):
     """f(xs), the many-args case: a list or tuple of jax.Arrays is keyed from its
-    elements (no flatten). List and tuple trace differently, so they are two
-    signatures; an element that is not a jax.Array takes the flattened form."""
+    elements (no flatten; flat signatures up to UNROLL_MAX elements, pairs
+    beyond). List and tuple trace differently, so they are two signatures;
+    an element that is not a jax.Array takes the flattened form."""
     if static:
         f_nb, f_jax = both(_by_container, static_argnums=(1,))
         args = lambda xs: (xs, 3.0)  # noqa: E731
     else:
         f_nb, f_jax = both(lambda xs: _by_container(xs))
         args = lambda xs: (xs,)  # noqa: E731
-    xs = [jnp.full(3, float(i)) for i in range(4)]
+    xs = [jnp.full(3, float(i)) for i in range(n)]
     for i in range(3):  # new values on every call
         ys = [x + i for x in xs]
         assert_same_call(f_nb, f_jax, *args(ys))
@@ -805,10 +807,12 @@ def test_one_list_or_tuple_of_arrays_is_keyed_without_flatten(static):
     for container in (list, tuple):
         node, _ = f_nb._entry_for(args(container(xs)), {})
         assert node.key[0] is _keys.SEQUENCE and node.key[3] is container and node.hits == 2
+        assert len(node.key[4]) == (2 * n if n <= _keys.UNROLL_MAX else n)
     assert_same_call(f_nb, f_jax, *args([xs[0], np.ones(3, np.float32), *xs[2:]]))
+    assert_same_call(f_nb, f_jax, *args([*xs[:-1], np.ones(3, np.float32)]))  # the last one
     assert_same_call(f_nb, f_jax, *args((xs[0], [xs[1]])))
     assert_same_call(f_nb, f_jax, *args([]))
-    assert f_nb.miss_count == 5 and f_nb.slow_count == 0
+    assert f_nb.miss_count == 6 and f_nb.slow_count == 0
 
 
 def test_a_leaf_nothing_keys_takes_jax_path():
