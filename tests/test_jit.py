@@ -250,7 +250,7 @@ def test_many_positional_arguments_either_side_of_the_unroll_limit(n):
         arrays,
         [np.arange(3.0, dtype=np.float32), *arrays[1:]],  # a host leaf among arrays
         [*arrays[:-1], 2.5],  # a weakly typed Python scalar last
-        [{"a": arrays[0], "b": (arrays[1],)}, *arrays[2:]],  # a pytree argument
+        [{"a": arrays[0], "b": (arrays[1],)}, *arrays[1:]],  # a pytree argument (still n)
         [*arrays[:-1], jnp.full(3, 1, jnp.int32)],  # another dtype in the last position
     ]
     for scale in (2.0, 3):
