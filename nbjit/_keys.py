@@ -269,14 +269,21 @@ _READ_SEQUENCE = """\
 {flattened}"""
 
 
+def _flat_reads(names: list[str]) -> tuple[str, str]:
+    """The source of the flat signatures of jax.Arrays in locals `names`,
+    ``"a.aval, a._committed, b.aval, ..., "`` (no tuple per array), and of
+    their shardings, ``"a._sharding, b._sharding"``."""
+    return ("".join(f"{x}.aval, {x}._committed, " for x in names),
+            ", ".join(f"{x}._sharding" for x in names))
+
+
 def _sequence_keyer_source(n: int) -> str:
     """``keyer(leaves)`` for a list or tuple of exactly n jax.Arrays: the flat
-    signatures ``(aval, committed, ...)`` and the shardings, each element in a
-    local (no tuple per element); AttributeError if one is not a jax.Array."""
+    signatures and the shardings (`_flat_reads`), each element in a local;
+    AttributeError if one is not a jax.Array."""
     names = [f"x{i}" for i in range(n)]
     unpack = f"    {', '.join(names)}, = leaves\n" if names else ""
-    signatures = "".join(f"{x}.aval, {x}._committed, " for x in names)
-    shardings = ", ".join(f"{x}._sharding" for x in names)
+    signatures, shardings = _flat_reads(names)
     return f"def keyer(leaves):\n{unpack}    return ({signatures}), [{shardings}]\n"
 
 
@@ -391,14 +398,14 @@ def binder_source(split: Split, flavour: str = "plain") -> str:
     if not dynamic:  # nothing to key but the static arguments
         read = f"    key = ({prefix})\n    shardings = []\n    leaves = {leaves}\n"
     elif unroll:
-        pairs = [f"{d}.aval, {d}._committed" for d in dynamic]  # flat: no tuple per argument
+        flat_key, flat_shardings = _flat_reads(dynamic)
         sequence_read = "" if len(dynamic) != 1 else _READ_SEQUENCE.format(
             arg=dynamic[0], static_key=static_key,
             flattened=textwrap.indent(flattened, "    "))
         read = _READ_UNROLLED.format(
             checks=" and ".join(f"type({d}) is ArrayImpl" for d in dynamic) or "True",
-            key=f"({prefix}{''.join(p + ', ' for p in pairs)})", leaves=leaves,
-            shardings=", ".join(f"{d}._sharding" for d in dynamic), flattened=flattened,
+            key=f"({prefix}{flat_key})", leaves=leaves, shardings=flat_shardings,
+            flattened=flattened,
             leaf_checks=" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic),
             dynamic=", ".join(dynamic), static_key=static_key, unkeyable=unkeyable,
             signatures="".join(f"\n                {_SIGNATURE.format(x=d)}," for d in dynamic),
