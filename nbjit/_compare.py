@@ -148,6 +148,17 @@ def first_difference(f_a: Callable[..., Any], f_b: Callable[..., Any], case: Cas
     return None
 
 
+def _floor_contender(target: Any, floor_call: Callable[..., Callable[[], Any]], case: Case,
+                     block: bool) -> Callable[[], Any]:
+    """The floor of `target` on this case (execute + outputs only), waited for if `block`."""
+    target(*case.args, **case.kwargs)
+    floor = floor_call(target, *case.args, **case.kwargs)
+    if not block:
+        return floor
+    blk = _blocker(floor())
+    return lambda: blk(floor())
+
+
 def run_scenario(
     scenario: Scenario,
     jit_a: Jit,
@@ -181,13 +192,8 @@ def run_scenario(
     if floor_call is not None and floor_jit is not None and not case.fresh_function:
         try:
             target = f_a if floor_jit is jit_a else floor_jit(case.fun, **case.jit_options)
-            target(*case.args, **case.kwargs)
-            floor = floor_call(target, *case.args, **case.kwargs)
-            if scenario.block:
-                blk = _blocker(floor())
-                contenders.append(("floor", lambda: blk(floor())))
-            else:
-                contenders.append(("floor", floor))
+            contenders.append(("floor", _floor_contender(target, floor_call, case,
+                                                         scenario.block)))
         except Exception as exc:  # the floor is best effort; the comparison is not
             notes.append(f"no floor: {type(exc).__name__}: {exc}"[:120])
     result = _measure.interleave(contenders, settings, sync=jax.block_until_ready,
@@ -386,32 +392,52 @@ def plot(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     timed = [r for r in rows if r.ratio is not None]
     a = meta.get("a", "nbjit")
     fig, (ax0, ax1) = plt.subplots(
         1, 2, figsize=(14, max(4.5, 0.26 * len(timed) + 1.6)), width_ratios=(1.1, 1)
     )
+    _plot_ratios(ax0, timed, a)
+    _plot_families(ax1, timed, a)
+    v = meta.get("versions", {})
+    fig.suptitle(
+        f"{a} vs jax.jit, {meta.get('date', '')}; jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, "
+        f"numba {v.get('numba')}, Python {v.get('python')}; "
+        f"{meta.get('machine', {}).get('cpus')} CPUs (shared)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_ratios(ax: Any, timed: Sequence[Row], a: str) -> None:
+    """The left panel: each scenario's median ratio with its p10-p90 bar."""
+    import matplotlib.ticker
+
     y = np.arange(len(timed))
     med = np.array([r.ratio for r in timed])
     err = (med - np.array([r.ratio_p10 for r in timed]),
            np.array([r.ratio_p90 for r in timed]) - med)
     colors = ["tab:green" if m < 1 else "tab:red" for m in med]
-    ax0.errorbar(med, y, xerr=err, fmt="none", ecolor="0.55", capsize=2, lw=1)
-    ax0.scatter(med, y, c=colors, zorder=3, s=22)
-    ax0.axvline(1.0, color="k", lw=1)
-    ax0.set_xscale("log")
-    ax0.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.errorbar(med, y, xerr=err, fmt="none", ecolor="0.55", capsize=2, lw=1)
+    ax.scatter(med, y, c=colors, zorder=3, s=22)
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ticks = [t for t in (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8)
-             if ax0.get_xlim()[0] <= t <= ax0.get_xlim()[1]]
-    ax0.set_xticks(ticks, [f"{t:g}" for t in ticks])
-    ax0.set_yticks(y, [r.name for r in timed], fontsize=7)
-    ax0.set_ylim(len(timed) - 0.5, -0.5)
-    ax0.set_xlabel(f"{a} / jax.jit per call: median of paired rounds, bar p10-p90 (< 1: faster)")
-    ax0.set_title("ratio per scenario")
-    ax0.grid(True, axis="x", which="both", alpha=0.3)
+             if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_yticks(y, [r.name for r in timed], fontsize=7)
+    ax.set_ylim(len(timed) - 0.5, -0.5)
+    ax.set_xlabel(f"{a} / jax.jit per call: median of paired rounds, bar p10-p90 (< 1: faster)")
+    ax.set_title("ratio per scenario")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
 
+
+def _plot_families(ax: Any, timed: Sequence[Row], a: str) -> None:
+    """The right panel: us per call against the number of arguments, per family."""
     impl_style = {"a": ("tab:blue", "o", a), "b": ("tab:orange", "s", "jax.jit"),
                   "floor": ("0.45", "^", "floor")}
     family_style = dict(zip(PLOT_FAMILIES, ("-", "--", ":"), strict=True))
@@ -424,25 +450,15 @@ def plot(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
             vals = [getattr(r, f"{key}_us") for r in fr]
             if any(v is None for v in vals):
                 continue
-            ax1.plot(n, vals, ls=ls, marker=marker, color=color, label=f"{label}: {fam}")
-    ax1.set_xscale("log")
-    ax1.set_yscale("log")
-    ax1.set_xlabel("number of arguments (leaves)")
-    ax1.set_ylabel("us per call (median)")
-    ax1.set_title("time against number of arguments (dispatch, no waiting)")
-    ax1.grid(True, which="both", alpha=0.3)
-    if ax1.lines:
-        ax1.legend(fontsize=7)
-    v = meta.get("versions", {})
-    fig.suptitle(
-        f"{a} vs jax.jit, {meta.get('date', '')}; jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, "
-        f"numba {v.get('numba')}, Python {v.get('python')}; "
-        f"{meta.get('machine', {}).get('cpus')} CPUs (shared)",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            ax.plot(n, vals, ls=ls, marker=marker, color=color, label=f"{label}: {fam}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("number of arguments (leaves)")
+    ax.set_ylabel("us per call (median)")
+    ax.set_title("time against number of arguments (dispatch, no waiting)")
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
 
 
 # ---------------------------------------------------------------------------

@@ -67,6 +67,36 @@ def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
         prof._whole.setdefault(jitted, []).append((kind, nanoseconds))
 
 
+class _OverheadProbe:
+    """A call shaped like a timed hit that does no work (see `_measure_overhead`)."""
+
+    def __init__(self, collect_garbage: Callable[[], Any]) -> None:
+        self.binders: dict = {}
+        self.collect_garbage = collect_garbage
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        self.collect_garbage()  # as PjitFunction.__call__
+        shape = (len(args), *kwargs) if kwargs else len(args)
+        try:
+            binder = self.binders[shape]
+        except KeyError:
+            binder = self.binders[shape] = _OverheadProbe.bind
+        try:
+            return binder(self, args, kwargs)
+        except Exception:
+            raise
+
+    def bind(self, args: tuple, kwargs: dict) -> Any:
+        clock = _clock
+        t0 = clock()
+        t1 = clock()
+        t2 = clock()
+        t3 = clock()
+        t4 = clock()
+        record(self, t0, t1, t2, t3, t4, clock())
+        return args
+
+
 def _measure_overhead(n: int = 1000) -> float:
     """Nanoseconds per call of a probe shaped like a timed hit that does no work.
 
@@ -79,33 +109,7 @@ def _measure_overhead(n: int = 1000) -> float:
     global _active
     from nbjit._jax import collect_garbage
 
-    clock = _clock
-
-    class Probe:
-        binders: dict = {}
-
-        def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-            collect_garbage()  # as PjitFunction.__call__
-            shape = (len(args), *kwargs) if kwargs else len(args)
-            try:
-                binder = self.binders[shape]
-            except KeyError:
-                binder = self.binders[shape] = Probe.bind
-            try:
-                return binder(self, args, kwargs)
-            except Exception:
-                raise
-
-        def bind(self, args: tuple, kwargs: dict) -> Any:
-            t0 = clock()
-            t1 = clock()
-            t2 = clock()
-            t3 = clock()
-            t4 = clock()
-            record(self, t0, t1, t2, t3, t4, clock())
-            return args
-
-    probe = Probe()
+    probe = _OverheadProbe(collect_garbage)
     saved, _active = _active, (Profile(),)
     try:
         estimates = []
@@ -113,10 +117,10 @@ def _measure_overhead(n: int = 1000) -> float:
         gc.disable()  # a collection would land in one batch only: the median skips it
         try:
             for _ in range(5):
-                start = clock()
+                start = _clock()
                 for _ in range(n):
                     probe(None)
-                estimates.append((clock() - start) / n)
+                estimates.append((_clock() - start) / n)
                 _active[0]._hits.clear()
         finally:
             if gc_was_enabled:

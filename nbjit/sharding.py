@@ -404,62 +404,70 @@ def _unsupported(_reason: str) -> None:
     return None
 
 
+def _named_mesh(sharding, ndim: int):
+    """`_mesh_description`'s (mesh_shape, axes per dim, coords, flat devices) of a NamedSharding."""
+    spec = sharding.spec
+    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+        return _unsupported("unreduced/reduced axes")
+    mesh = sharding.mesh
+    names = list(mesh.axis_names)
+    entries = list(spec) + [None] * (ndim - len(spec))
+    if len(entries) != ndim:
+        return None
+    axes_per_dim = []
+    for entry in entries:
+        if entry is None:
+            axes_per_dim.append(())
+        elif isinstance(entry, str):
+            axes_per_dim.append((names.index(entry),))
+        elif isinstance(entry, tuple) and all(isinstance(a, str) for a in entry):
+            axes_per_dim.append(tuple(names.index(a) for a in entry))
+        else:
+            return _unsupported("unconstrained or unknown spec entry")
+    flat_devices = list(mesh.devices.flat)
+    coords = np.stack(np.unravel_index(np.arange(len(flat_devices)), mesh.devices.shape),
+                      axis=1).astype(np.int64)
+    return np.array(mesh.devices.shape, np.int64), axes_per_dim, coords, flat_devices
+
+
+def _gspmd_mesh(sharding, ndim: int):
+    """The same for a GSPMDSharding: replicated, or tiled (optionally replicated over
+    the last tile dimension)."""
+    hlo = sharding._hlo_sharding
+    assignment = list(sharding._device_assignment)
+    if _jax.hlo_is_replicated(hlo):
+        return (np.array([len(assignment)], np.int64), [()] * ndim,
+                np.arange(len(assignment), dtype=np.int64)[:, None], assignment)
+    if hlo.is_manual() or hlo.is_unreduced() or hlo.is_maximal():
+        return _unsupported("manual/unreduced/maximal HloSharding")
+    tile_dims = list(hlo.tile_assignment_dimensions())
+    subgroups = list(hlo.subgroup_types())
+    n_extra = len(tile_dims) - ndim
+    replicated_last = hlo.replicate_on_last_tile_dim() or (
+        subgroups == [_jax.OP_SHARDING_REPLICATED])
+    if not (n_extra == 0 and not subgroups) and not (n_extra == 1 and replicated_last):
+        return _unsupported("tile assignment with other subgroups")
+    positions = list(hlo.tile_assignment_devices())
+    coords = np.stack(np.unravel_index(np.arange(len(positions)), tile_dims),
+                      axis=1).astype(np.int64)
+    return (np.array(tile_dims, np.int64), [(d,) for d in range(ndim)], coords,
+            [assignment[p] for p in positions])
+
+
 def _mesh_description(sharding, ndim: int):
     """(mesh_shape, dim_axes, device_coords by flat device position, flat devices) or None."""
     if isinstance(sharding, _jax.NamedSharding):
-        spec = sharding.spec
-        if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
-            return _unsupported("unreduced/reduced axes")
-        mesh = sharding.mesh
-        names = list(mesh.axis_names)
-        mesh_shape = np.array(mesh.devices.shape, np.int64)
-        entries = list(spec) + [None] * (ndim - len(spec))
-        if len(entries) != ndim:
-            return None
-        axes_per_dim = []
-        for entry in entries:
-            if entry is None:
-                axes_per_dim.append(())
-            elif isinstance(entry, str):
-                axes_per_dim.append((names.index(entry),))
-            elif isinstance(entry, tuple) and all(isinstance(a, str) for a in entry):
-                axes_per_dim.append(tuple(names.index(a) for a in entry))
-            else:
-                return _unsupported("unconstrained or unknown spec entry")
-        flat_devices = list(mesh.devices.flat)
-        coords = np.stack(np.unravel_index(np.arange(len(flat_devices)), mesh.devices.shape),
-                          axis=1).astype(np.int64)
+        described = _named_mesh(sharding, ndim)
     elif isinstance(sharding, _jax.SingleDeviceSharding):
-        mesh_shape = np.ones(1, np.int64)
-        axes_per_dim = [()] * ndim
-        flat_devices = list(sharding.device_set)
-        coords = np.zeros((1, 1), np.int64)
+        described = (np.ones(1, np.int64), [()] * ndim, np.zeros((1, 1), np.int64),
+                     list(sharding.device_set))
     elif _jax.GSPMDSharding is not None and isinstance(sharding, _jax.GSPMDSharding):
-        hlo = sharding._hlo_sharding
-        assignment = list(sharding._device_assignment)
-        if _jax.hlo_is_replicated(hlo):
-            mesh_shape = np.array([len(assignment)], np.int64)
-            axes_per_dim = [()] * ndim
-            flat_devices = assignment
-            coords = np.arange(len(assignment), dtype=np.int64)[:, None]
-        else:
-            if hlo.is_manual() or hlo.is_unreduced() or hlo.is_maximal():
-                return _unsupported("manual/unreduced/maximal HloSharding")
-            tile_dims = list(hlo.tile_assignment_dimensions())
-            subgroups = list(hlo.subgroup_types())
-            n_extra = len(tile_dims) - ndim
-            replicated_last = hlo.replicate_on_last_tile_dim() or (
-                subgroups == [_jax.OP_SHARDING_REPLICATED])
-            if not (n_extra == 0 and not subgroups) and not (n_extra == 1 and replicated_last):
-                return _unsupported("tile assignment with other subgroups")
-            mesh_shape = np.array(tile_dims, np.int64)
-            axes_per_dim = [(d,) for d in range(ndim)]
-            positions = list(hlo.tile_assignment_devices())
-            flat_devices = [assignment[p] for p in positions]
-            coords = np.stack(np.unravel_index(np.arange(len(positions)), tile_dims),
-                              axis=1).astype(np.int64)
+        described = _gspmd_mesh(sharding, ndim)
     else:
         return _unsupported("sharding type")
+    if described is None:
+        return None
+    mesh_shape, axes_per_dim, coords, flat_devices = described
     width = max([1] + [len(a) for a in axes_per_dim])
     dim_axes = np.full((ndim, width), -1, np.int64)
     for d, axes in enumerate(axes_per_dim):
