@@ -1,6 +1,6 @@
 """How close can a Python hit path come to jaxlib's? One jax.Array argument, side by side.
 
-Run: python benchmarks/python_floor.py [--quick]
+Run: python benchmarks/python_floor.py [--quick] [--host]
 
 Times, as every nbjit number is (`nbjit._measure.interleave`, paired rounds,
 ratio to jax.jit per round), one call ``f(x)`` of a one-argument function
@@ -22,18 +22,33 @@ ratio to jax.jit per round), one call ``f(x)`` of a one-argument function
 What it answers: a ratio nbjit cannot go below with the checks it must make,
 and which check costs most. The hand-written function is a measuring
 instrument, not a dispatcher: it knows its one signature.
+
+With ``--host``, the same question for host inputs new on every call (the
+compare matrix's numpy_args_2_new_values: ``a + b`` on two float32[8] numpy
+arrays, the next pair of a pool of 64 each call): ``jax.jit``, ``nbjit.jit``,
+its binder, ``prepare + execute`` (the record's input preparation, execute,
+outputs: all of a hit after the lookup), ``floor: 2 puts + execute`` (one
+``batched_device_put`` per input, copied during the call as nbjit does, then
+execute + outputs: no key, no lookup, no checks) and ``floor: execute only``
+(the inputs already on the device). The second floor is what any Python
+dispatcher pays for two new host inputs, since jaxlib exposes no cheaper
+way in than ``batched_device_put``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import operator
 import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 import nbjit
-from nbjit import _jax, _measure
+from nbjit import _jax, _measure, _scenarios
 
 _EVERY_CHECK = """\
 def hit(x):
@@ -101,15 +116,64 @@ def contenders(x: jax.Array) -> list[tuple[str, object]]:
     return [(name, (lambda fn=fn: fn(x))) for name, fn in out]
 
 
+def host_contenders(pool: Sequence[tuple[Any, Any]]) -> list[tuple[str, Callable]]:
+    """``(name, fn(a, b))`` for two host inputs, each computing ``a + b`` (see --host)."""
+    f_jax, f_nb = jax.jit(operator.add), nbjit.jit(operator.add)
+    for a, b in pool[:3]:
+        f_jax(a, b), f_nb(a, b)
+    node, _ = f_nb._entry_for(tuple(pool[0]), {})
+    record = node.record
+    put, semantics = _jax.batched_device_put, _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+    puts = [(step.aval, step.sharding, step.devices) for step in record.step_objects()]
+    (aval_a, sharding_a, devices_a), (aval_b, sharding_b, devices_b) = puts
+    execute, handlers = record.execute, record.out_handlers
+    consume = _jax.ExecuteResults.consume_with_handlers
+    binder = f_nb._binders[2]
+    on_device = record.prepare(list(pool[0]))
+
+    def nbjit_binder(a, b):
+        return binder(f_nb, (a, b), {})
+
+    def prepare_execute(a, b):
+        return consume(execute(record.prepare([a, b])), handlers)[0]
+
+    def puts_execute(a, b):
+        x = put(aval_a, sharding_a, [a], devices_a, False, False, semantics)
+        y = put(aval_b, sharding_b, [b], devices_b, False, False, semantics)
+        return consume(execute([x, y]), handlers)[0]
+
+    def execute_only(a, b):  # always the first pair's sum: the floor of a hit with no puts
+        return consume(execute(on_device), handlers)[0]
+
+    return [("jax.jit", f_jax), ("nbjit.jit", f_nb), ("nbjit binder", nbjit_binder),
+            ("prepare + execute", prepare_execute), ("floor: 2 puts + execute", puts_execute),
+            ("floor: execute only", execute_only)]
+
+
+def _cycling(pool: Sequence[tuple[Any, Any]], fn: Callable) -> Callable[[], Any]:
+    pairs = itertools.cycle(pool)  # each contender walks the pool on its own
+    return lambda: fn(*next(pairs))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (~10 s)")
+    parser.add_argument("--host", action="store_true",
+                        help="two numpy inputs new every call instead of one jax.Array")
     options = parser.parse_args()
     settings = _measure.Settings.quick() if options.quick else _measure.Settings(max_seconds=60.0)
-    x = jnp.ones((8,), jnp.float32)
-    timed = _measure.interleave(contenders(x), settings, sync=jax.block_until_ready)
+    if options.host:
+        pool = _scenarios._numpy_2_new().arg_pool
+        timed = _measure.interleave([(name, _cycling(pool, fn)) for name, fn
+                                     in host_contenders(pool)], settings,
+                                    sync=jax.block_until_ready)
+        what = "two numpy float32[8] inputs new every call (a + b)"
+    else:
+        x = jnp.ones((8,), jnp.float32)
+        timed = _measure.interleave(contenders(x), settings, sync=jax.block_until_ready)
+        what = "one jax.Array argument (float32[8], x + 1)"
     print(textwrap.dedent(f"""\
-        one jax.Array argument (float32[8], x + 1); jax {jax.__version__}; {len(timed.per_call_s)}
+        {what}; jax {jax.__version__}; {len(timed.per_call_s)}
         paired rounds of {timed.calls_per_batch} calls; ratio = median per-round ratio to jax.jit
         """))
     print(f"{'contender':40s} {'us':>7s} {'ratio':>6s}  p10-p90")

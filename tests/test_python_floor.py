@@ -8,6 +8,8 @@ import pathlib
 import jax.numpy as jnp
 import numpy as np
 
+from nbjit import _scenarios
+
 _PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "python_floor.py"
 
 
@@ -36,3 +38,19 @@ def test_each_variant_removes_its_check():
     floor = _load()
     for old, _ in floor._WITHOUT.values():
         assert old in floor._EVERY_CHECK  # a renamed line would leave a variant unchanged
+
+
+def test_every_host_contender_returns_a_plus_b():
+    floor = _load()
+    pool = _scenarios._numpy_2_new().arg_pool
+    contenders = floor.host_contenders(pool)
+    names = [name for name, _ in contenders]
+    assert names[:2] == ["jax.jit", "nbjit.jit"] and names[-1] == "floor: execute only"
+    first = pool[0][0] + pool[0][1]
+    for name, fn in contenders:
+        for a, b in pool[:3]:
+            out = fn(a, b)
+            assert out.dtype == jnp.float32, name
+            # execute only reuses the first pair's inputs: its floor has no puts
+            expected = first if name == "floor: execute only" else a + b
+            np.testing.assert_array_equal(np.asarray(out), expected, err_msg=name)
