@@ -129,7 +129,7 @@ def host_contenders(pool: Sequence[tuple[Any, Any]]) -> list[tuple[str, Callable
     execute, handlers = record.execute, record.out_handlers
     consume = _jax.ExecuteResults.consume_with_handlers
     binder = f_nb._binders[2]
-    on_device = record.prepare(list(pool[0]))
+    floor = nbjit.dispatch.floor_call(f_nb, *pool[0])  # inputs put once, here
 
     def nbjit_binder(a, b):
         return binder(f_nb, (a, b), {})
@@ -143,7 +143,7 @@ def host_contenders(pool: Sequence[tuple[Any, Any]]) -> list[tuple[str, Callable
         return consume(execute([x, y]), handlers)[0]
 
     def execute_only(a, b):  # always the first pair's sum: the floor of a hit with no puts
-        return consume(execute(on_device), handlers)[0]
+        return floor()[0]
 
     return [("jax.jit", f_jax), ("nbjit.jit", f_nb), ("nbjit binder", nbjit_binder),
             ("prepare + execute", prepare_execute), ("floor: 2 puts + execute", puts_execute),
