@@ -164,7 +164,8 @@ def test_big_numpy_inputs_to_one_device_are_copied_on_hits():
     (on two threads: faster than the runtime's single-threaded copy of a
     misaligned buffer), so mutating it right after the call never changes the
     result. Upstream's C++ path may use an aligned buffer in place. Smaller
-    one-device inputs go to the runtime as upstream's do."""
+    one-device inputs are copied by the runtime while the transfer call runs
+    (tests/test_host_inputs.py)."""
     n = sharding.SINGLE_DEVICE_PLAN_MIN_BYTES // 4 + 4096
     nb = nbjit.jit(lambda x: jnp.sin(x) * 2 + x)
     x = _aligned(n)
@@ -175,3 +176,27 @@ def test_big_numpy_inputs_to_one_device_are_copied_on_hits():
         x[:] = -1.0
         np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6)
         x[:] = np.arange(n, dtype=np.float32)
+
+
+def _made_by(jit):
+    f = jit(lambda x: x + 1)
+    x = jnp.arange(3.0)
+    f(x)
+    return f(x)  # a hit: nbjit's own dispatch
+
+
+def test_outputs_record_two_nbjit_frames_in_their_creation_traceback():
+    """jaxlib records, in every array it creates, the Python stack at that moment
+    (``y.traceback``; `jax.profiler.save_device_memory_profile` attributes each
+    live buffer to it). jaxlib's C++ dispatch adds no frame; nbjit's outputs are
+    created inside its ``PjitFunction.__call__`` and the generated binder, so
+    those two frames sit innermost, above the caller's, which are all there.
+    jaxlib gives no way to leave out innermost frames (its ``TracebackScope``
+    cuts outer ones), and none to set an array's traceback."""
+    upstream = [(f.function_name, f.file_name) for f in _made_by(jax.jit).traceback.frames]
+    ours = [(f.function_name, f.file_name) for f in _made_by(nbjit.jit).traceback.frames]
+    assert upstream[0][0] == "_made_by"
+    (bind, binder_file), (call, dispatch_file), *rest = ours
+    assert bind == "bind" and binder_file.endswith(">") and "<binder" in binder_file
+    assert call == "PjitFunction.__call__" and dispatch_file.endswith("dispatch.py")
+    assert rest == upstream
