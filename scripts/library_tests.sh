@@ -33,6 +33,13 @@ if [[ -z $PYTHON ]]; then
   if [[ -x $ROOT/.venv/bin/python ]]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
 fi
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-3600}
+case $MODE in  # the modes to run, in order (summary: none, only read OUTDIR)
+  jax | nbjit) MODES=$MODE ;;
+  both) MODES="jax nbjit" ;;
+  summary) MODES="" ;;
+  *) echo "usage: $0 optax|equinox [jax|nbjit|both|summary] [OUTDIR]" >&2; exit 2 ;;
+esac
+if [[ -z $MODES ]]; then exec "$PYTHON" "$ROOT/scripts/jax_tests_summary.py" "$OUT"; fi
 
 VERSION=$("$PYTHON" -c "import importlib.metadata as m; print(m.version('$LIB'))" 2>/dev/null) || {
   echo "$LIB is not installed for $PYTHON (see the header of $0)" >&2; exit 2; }
@@ -89,11 +96,5 @@ run_mode() {
   tail -n 1 "$OUT/$mode/$LIB.log" >&2
 }
 
-case $MODE in
-  jax) run_mode jax ;;
-  nbjit) run_mode nbjit ;;
-  both) run_mode jax; run_mode nbjit ;;
-  summary) ;;
-  *) echo "usage: $0 optax|equinox [jax|nbjit|both|summary] [OUTDIR]" >&2; exit 2 ;;
-esac
+for mode in $MODES; do run_mode "$mode"; done
 "$PYTHON" "$ROOT/scripts/jax_tests_summary.py" "$OUT"
