@@ -193,8 +193,11 @@ def test_outputs_record_two_nbjit_frames_in_their_creation_traceback():
     those two frames sit innermost, above the caller's, which are all there.
     jaxlib gives no way to leave out innermost frames (its ``TracebackScope``
     cuts outer ones), and none to set an array's traceback."""
-    upstream = [(f.function_name, f.file_name) for f in _made_by(jax.jit).traceback.frames]
-    ours = [(f.function_name, f.file_name) for f in _made_by(nbjit.jit).traceback.frames]
+    upstream_out, our_out = _made_by(jax.jit), _made_by(nbjit.jit)
+    if upstream_out.traceback is None:
+        pytest.skip("jaxlib records no tracebacks in this process")
+    upstream = [(f.function_name, f.file_name) for f in upstream_out.traceback.frames]
+    ours = [(f.function_name, f.file_name) for f in our_out.traceback.frames]
     assert upstream[0][0] == "_made_by"
     (bind, binder_file), (call, dispatch_file), *rest = ours
     assert bind == "bind" and binder_file.endswith(">") and "<binder" in binder_file
