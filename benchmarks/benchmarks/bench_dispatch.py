@@ -10,8 +10,11 @@ Timing settings (`_Timed`): a case is built by the first timed call
 (`common.Prepared`: asv_runner >= 0.3 would rerun a `setup` before every
 call), in 1 s of unsampled warm-up; then 20-40 samples of a fixed `number`
 of calls per process, two processes (four for `Workloads`); asv takes the
-median. Two full runs of one commit on a quiet 2-core machine agree within
-+-10% on 41 of 44 jax-side combinations (README, "Benchmarks over time").
+median. Two full runs of one commit agreed within +-10% on 41 of 44
+jax-side combinations on a quiet 2-core machine, and on 27 of 44 on a VM
+whose CPU alternated between two speeds (README, "Benchmarks over time";
+``benchmarks/machine_speed.py`` tells which kind of machine you have, and
+``bench_machine``'s control row shows the machine's speed beside these).
 `--quick` takes one sample of one call, the first: it checks that the suite
 runs, its numbers mean nothing.
 """
