@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import subprocess
 import sys
 
 import pytest
+from _scripts import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def speed():
-    spec = importlib.util.spec_from_file_location("machine_speed",
-                                                  ROOT / "benchmarks" / "machine_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("machine_speed")
 
 
 def _steady(seconds=40.0, us=10.0, step=0.01):

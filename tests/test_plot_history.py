@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 
 import pytest
+from _scripts import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RATIO = "bench_ratio.DispatchRatio.track_ratio"
@@ -14,11 +14,7 @@ RATIO = "bench_ratio.DispatchRatio.track_ratio"
 
 @pytest.fixture(scope="module")
 def plot():
-    spec = importlib.util.spec_from_file_location("plot_history",
-                                                  ROOT / "benchmarks" / "plot_history.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("plot_history")
 
 
 def _results(tmp_path, control=True):

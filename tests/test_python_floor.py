@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import jax.numpy as jnp
 import numpy as np
+from _scripts import load_script
 
 from nbjit import _scenarios
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "python_floor.py"
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location("python_floor", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("python_floor")
 
 
 def test_every_contender_returns_x_plus_one():
