@@ -24,6 +24,7 @@ in the slow stretches, so the agreement printed is, if anything, optimistic.
 from __future__ import annotations
 
 import argparse
+import bisect
 import pathlib
 import random
 import statistics
@@ -84,24 +85,13 @@ def agreement(rows: Trace, processes: int, window_s: float, pairs: int = 400,
         values: list[float] = []
         for _ in range(processes):
             a = rng.uniform(0.0, end - window_s)
-            lo = _bisect(times, a)
-            hi = _bisect(times, a + window_s)
+            lo = bisect.bisect_left(times, a)
+            hi = bisect.bisect_left(times, a + window_s)
             values.extend(us for _, us in rows[lo:hi])
         return statistics.median(values)
 
     agree = sum(abs(run() / run() - 1.0) <= band for _ in range(pairs))
     return agree / pairs
-
-
-def _bisect(times: Sequence[float], x: float) -> int:
-    lo, hi = 0, len(times)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if times[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def report(rows: Trace, designs: Sequence[tuple[int, float]] = DESIGNS) -> str:
