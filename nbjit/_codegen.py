@@ -8,28 +8,39 @@ the scope supplies, so the source depends only on a call's structure.
 
 from __future__ import annotations
 
+import hashlib
 import linecache
 import os
 from typing import Any
 
-__all__ = ["run_source"]
+__all__ = ["run_source", "source_filename"]
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
-_code_objects: dict[tuple[str, str], Any] = {}  # (source, name) -> compiled module code
+_code_objects: dict[str, Any] = {}  # file name (names the source's text) -> compiled code
 _MAX_CODE_OBJECTS = 1024
+
+
+def source_filename(source: str, name: str) -> str:
+    """The file name generated `source` is compiled under: `name` and a hash of
+    the text, so two different sources never share a name (tracebacks and
+    `inspect.getsource` show the code that ran) and the same source always
+    gets the same one (its compiled code is shared). Under nbjit's directory:
+    JAX's error messages skip its frames (source_info_util)."""
+    digest = hashlib.blake2b(source.encode(), digest_size=6).hexdigest()
+    return f"{_DIR}/<{name} {digest}>"
 
 
 def run_source(source: str, name: str, scope: dict[str, Any]) -> dict[str, Any]:
     """Runs `source` (module-level definitions) in `scope` and returns `scope`."""
-    code = _code_objects.get((source, name))
+    filename = source_filename(source, name)
+    code = _code_objects.get(filename)
     if code is None:
-        # A file name under nbjit's directory: JAX's error messages skip its
-        # frames (source_info_util), and linecache shows the source in tracebacks.
-        filename = f"{_DIR}/<{name}>"
+        if len(_code_objects) >= _MAX_CODE_OBJECTS:  # linecache keeps what it holds
+            for old in _code_objects:
+                linecache.cache.pop(old, None)
+            _code_objects.clear()
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         code = compile(source, filename, "exec")
-        if len(_code_objects) >= _MAX_CODE_OBJECTS:
-            _code_objects.clear()
-        _code_objects[(source, name)] = code
+        _code_objects[filename] = code
     exec(code, scope)
     return scope

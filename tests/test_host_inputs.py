@@ -263,7 +263,7 @@ def test_generated_and_looped_preparers_give_jax_outputs(extra):
     for _ in range(3):  # the same values again
         assert_same_outputs(f(*args), g(*args))
     node, _ = f._entry_for(args, {})
-    generated = node.record.prepare.__code__.co_filename.endswith("<prepare>")
+    generated = "<prepare " in node.record.prepare.__code__.co_filename
     assert generated == (extra + 5 <= _record.PREPARE_UNROLL_MAX)
     assert node.record.kept is not None  # `unused` is pruned
     hosts = _host_inputs(f, *args)
@@ -292,8 +292,8 @@ def test_preparer_applies_steps_to_consts_and_kept_leaves(monkeypatch):
     generated = _record._make_preparer(consts, kept, len(leaves), steps, None)
     monkeypatch.setattr(_record, "PREPARE_UNROLL_MAX", 0)
     looped = _record._make_preparer(consts, kept, len(leaves), steps, None)
-    assert generated.__code__.co_filename.endswith("<prepare>")
-    assert not looped.__code__.co_filename.endswith("<prepare>")
+    assert "<prepare " in generated.__code__.co_filename
+    assert "<prepare " not in looped.__code__.co_filename
     for prepare in (generated, looped):
         for _ in range(_HostInput.MEMO_PATIENCE + 2):  # the memo awake, then resting
             inputs = prepare(leaves)
