@@ -13,7 +13,8 @@ Invariants:
     identity (`jax.device_put` hands out equal but distinct sharding objects,
     whose ``==`` costs ~0.25 us each).
   * A node whose `record` is None sends its signature to JAX's own path for
-    good (no fast-path data, or its compile failed).
+    good (no fast-path data), except one left by a failed compile (reason
+    "compile_failed"): the next call compiles again and replaces it.
   * Every structural change (link, unlink, eviction, clear) happens under
     the cache's lock; lookups read without it (dict reads are atomic).
 """
@@ -30,6 +31,8 @@ from typing import Any
 from nbjit import _jax
 
 __all__ = ["PjitFunctionCache", "Namespace", "Node", "Counters", "cache_from_config"]
+
+_ABSENT = object()
 
 
 class Counters:
@@ -146,6 +149,11 @@ class Namespace:
             head = head.next
         if head is not None:
             head.next = node.next
+
+    def drop(self, node: Node) -> None:
+        """Unlinks `node` and takes it out of the LRU (called with the cache lock held)."""
+        if self.cache._lru.pop(node, _ABSENT) is not _ABSENT:
+            self.unlink(node)
 
     def drop_all(self) -> None:
         for node in self.nodes():

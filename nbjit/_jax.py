@@ -81,6 +81,7 @@ canonicalize_value = _dtypes.canonicalize_value
 canonicalize_dtype = _dtypes.canonicalize_dtype
 ShapedArray = _core.ShapedArray
 Tracer = _core.Tracer
+Ref = _core.Ref  # jax.new_ref's mutable array (also flax nnx ref-mode variables)
 block_until_ready = jax.block_until_ready
 batched_device_put = _jaxlib_ext.batched_device_put
 batched_copy_array_to_devices_with_sharding = (

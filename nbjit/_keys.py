@@ -262,8 +262,8 @@ _READ_SEQUENCE = """\
             if (keyer := sequence_keyers_get(len(leaves))) is not None:
                 signatures, shardings = keyer(leaves)
             else:
-                signatures = tuple([(x.aval, x._committed) for x in leaves])
-                shardings = [x._sharding for x in leaves]
+                signatures, shardings = (tuple([(x.aval, x._committed) for x in leaves]),
+                                         [x._sharding for x in leaves])
             key = (SEQUENCE, KEY_SHAPE, {static_key}, container, signatures)
         except (AttributeError, ValueError):  # not all jax.Arrays; resized meanwhile
 {flattened}"""
@@ -295,8 +295,8 @@ _SEQUENCE_KEYERS = {n: run_source(_sequence_keyer_source(n), f"sequence keyer {n
 _READ_LOOP = """\
     dynamic = {dynamic}
     try:
-        pairs = tuple([(x.aval, x._committed) for x in dynamic])
-        shardings = [x._sharding for x in dynamic]
+        pairs, shardings = (tuple([(x.aval, x._committed) for x in dynamic]),
+                            [x._sharding for x in dynamic])
         key = {key}
         leaves = dynamic
     except AttributeError:
@@ -313,9 +313,9 @@ _READ_FLATTENED = """\
             tid = treedef_id(treedef)
         signatures = None
         if not leaves or type(leaves[-1]) is ArrayImpl:  # else host values: no array attempt
-            try:
-                signatures = tuple([(x.aval, x._committed) for x in leaves])
-                shardings = [x._sharding for x in leaves]
+            try:  # one assignment: a leaf with .aval but no ._sharding (a jax.Ref) sets neither
+                signatures, shardings = (tuple([(x.aval, x._committed) for x in leaves]),
+                                         [x._sharding for x in leaves])
             except AttributeError:
                 pass
         if signatures is None:

@@ -34,6 +34,7 @@ __all__ = ["DispatchStats", "SLOW_REASONS", "StatsTable", "snapshot", "stats"]
 # Why a call took JAX's own path instead of nbjit's (the keys of
 # `DispatchStats.slow_reasons`). One per place the dispatcher gives up.
 SLOW_REASONS: dict[str, str] = {
+    "ref": "a jax.Ref argument (jax.new_ref, flax nnx ref mode): JAX's own path, as jax.jit",
     "tracer": "called under a JAX transformation (jit, grad, vmap, scan): staged, never cached",
     "effects": "the function has side effects (jax.debug.print, callbacks): no fast path",
     "debug_nans": "jax_debug_nans is on",

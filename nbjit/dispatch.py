@@ -192,12 +192,13 @@ class PjitFunction:
 
     def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
                       node: Node | None) -> Any:
-        if node is not None:  # a slow node, or NaN/Inf checks are on
+        if node is not None:  # a slow node, a failed compile, or NaN/Inf checks are on
             if node.record is not None:
                 return self._slow(args, kwargs,
                                   "debug_nans" if _jax.debug_nans.value else "debug_infs")
-            self._count_slow(node.reason or "no_fastpath")
-            return self._jax_cache_miss(*args, **kwargs)[0]
+            if node.reason != "compile_failed":
+                self._count_slow(node.reason or "no_fastpath")
+                return self._jax_cache_miss(*args, **kwargs)[0]
         if _jax.disable_jit.value:
             self._count_slow("disable_jit")
             return self._fun(*args, **kwargs)
@@ -208,7 +209,9 @@ class PjitFunction:
     def _miss(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple) -> Any:
         """Compiles once per signature across threads; only writer of the cache.
 
-        `signature` is ``(key, shardings, trace context)``.
+        `signature` is ``(key, shardings, trace context)``. A node left by a
+        failed compile stands for its signature in the cache (its size is
+        upstream's) but is compiled again by the next call, which replaces it.
         """
         namespace = self._namespace
         lock = namespace.cache._lock
@@ -216,6 +219,9 @@ class PjitFunction:
         pending_key = (key, tuple(shardings), context)
         with lock:
             node = namespace.find(*signature)
+            failed = node if node is not None and node.reason == "compile_failed" else None
+            if failed is not None:
+                node = None
             pending = namespace.pending.get(pending_key) if node is None else None
             owner = node is None and pending is None
             if owner:
@@ -227,38 +233,45 @@ class PjitFunction:
                     "while compiling the same signature")
             pending.done.wait()
             node = namespace.find(*signature)
-        if not owner:  # another thread compiled it (or failed: JAX's path)
-            if node is None:
+        if not owner:  # another thread compiled it (or failed: JAX's path, as jaxlib's waiters)
+            if node is None or node.record is None:
                 return self._slow(args, kwargs, "compile_failed")
             now = time.perf_counter_ns()  # the timed flavour records the hit from here
             return self._binders.hit(self, args, kwargs, leaves, key, shardings, now, now)
         try:
-            return self._compile(args, kwargs, leaves, signature)
+            return self._compile(args, kwargs, leaves, signature, failed)
         finally:
             with lock:
                 namespace.pending.pop(pending_key, None)
             pending.done.set()
 
-    def _compile(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple) -> Any:
-        """JAX's trace/lower/compile for one signature; links the node it gives."""
+    def _compile(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
+                 failed: Node | None) -> Any:
+        """JAX's trace/lower/compile for one signature; links the node it gives
+        (in place of `failed`, the node an earlier failed compile left)."""
         namespace = self._namespace
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
         counters = self._counters
-        counters.misses += 1
-        self.miss_count += 1
         description, explaining = self._describe_miss(args, kwargs, signature[2])
         start = time.perf_counter()
         try:
             outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
         except BaseException:
-            node = Node(*signature, namespace, None, "compile_failed")
-            node.description = description
-            with namespace.cache._lock:  # as jaxlib: this signature now takes JAX's path
-                namespace.link(node)
+            # The signature keeps a node, as jaxlib's cache does, but not for good
+            # (jaxlib's `fall_back_to_python`): its next call compiles again and
+            # gets the fast path if that succeeds. The call counts as slow.
+            self._count_slow("compile_failed")
+            if failed is None:
+                node = Node(*signature, namespace, None, "compile_failed")
+                node.description = description
+                with namespace.cache._lock:
+                    namespace.link(node)
             raise
         finally:
             counters.miss_seconds += time.perf_counter() - start
+        counters.misses += 1
+        self.miss_count += 1
         try:
             record, reason = build_record(fastpath, leaves, self._donates), None
         except Unsupported as why:
@@ -273,7 +286,12 @@ class PjitFunction:
             node = Node(*signature, namespace, record, reason)
             node.description = description
             with namespace.cache._lock:
+                if failed is not None:
+                    namespace.drop(failed)
                 namespace.link(node)
+        elif failed is not None:
+            with namespace.cache._lock:
+                namespace.drop(failed)
         return outs  # JAX's own outputs: required when arguments were donated
 
     # -- observability (nbjit/_stats.py, _explain.py, _profile.py) -------------
@@ -400,6 +418,8 @@ def _unkeyable_reason(leaves: Sequence, canonical: dict) -> str:
         if leaf_signature(x, canonical) is None:
             if isinstance(x, _jax.Tracer):
                 return "tracer"
+            if isinstance(x, _jax.Ref):
+                return "ref"  # as jax.jit: Refs always take JAX's own path
             if type(x) is ArrayImpl or host_dtype(x, canonical) is not None:
                 continue
             return "unknown_leaf_type"

@@ -53,7 +53,7 @@ STATICS = [None, 0, 1, True, False, 1.0, -2.5, "a", (1, 2), frozenset({3})]
 
 @dataclasses.dataclass(frozen=True)
 class Leaf:
-    kind: str  # numpy | jax | committed | sharded | key | py_scalar | np_scalar
+    kind: str  # numpy | jax | committed | sharded | key | ref | py_scalar | np_scalar
     dtype: Any = None
     shape: tuple = ()
     seed: int = 0
@@ -93,6 +93,8 @@ class Leaf:
             keys = keys[0] if self.shape == () else keys[: int(np.prod(self.shape))].reshape(
                 self.shape)
             return jax.device_put(keys, jax.devices()[self.device]) if self.nan else keys
+        if self.kind == "ref":  # jax.new_ref (flax nnx ref mode): always JAX's own path
+            return jax.new_ref(jnp.asarray(self.host()))
         if self.kind == "py_scalar":
             return self.value
         return np.dtype(self.dtype).type(self.value)  # np_scalar
@@ -100,7 +102,7 @@ class Leaf:
 
 @st.composite
 def array_leaves(draw) -> Leaf:
-    kind = draw(st.sampled_from(["numpy", "jax", "committed", "sharded", "key"]))
+    kind = draw(st.sampled_from(["numpy", "jax", "committed", "sharded", "key", "ref"]))
     return Leaf(kind, dtype=draw(st.sampled_from(DTYPES)), shape=draw(st.sampled_from(SHAPES)),
                 seed=draw(st.integers(0, 1000)), nan=draw(st.booleans()),
                 device=draw(st.integers(0, 7)))
