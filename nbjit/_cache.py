@@ -1,7 +1,7 @@
 """The executable cache: an LRU shared by many functions, namespaces, chain nodes.
 
 A call's signature is ``(key, shardings, trace context)``. The key is hashed
-(`nbjit._keys` builds it); the shardings list and the trace context are
+(`nbjit._binders` builds it); the shardings list and the trace context are
 compared per node, identity first, because their hashes are not cheap while
 the result handlers hand back the same sharding objects on every call.
 Nodes with the same key form a chain from `Namespace.entries[key]`.

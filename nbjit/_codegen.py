@@ -1,4 +1,4 @@
-"""Running generated source: the binders (`nbjit._keys`) and input preparers
+"""Running generated source: the binders (`nbjit._binders`) and input preparers
 (`nbjit._record`) are small functions compiled from templates.
 
 Compiled code is shared by every scope that runs the same source (compiling

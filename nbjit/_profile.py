@@ -100,7 +100,7 @@ class _OverheadProbe:
 def _measure_overhead(n: int = 1000) -> float:
     """Nanoseconds per call of a probe shaped like a timed hit that does no work.
 
-    The probe mirrors the dispatcher's timed flavour (nbjit/_keys.py
+    The probe mirrors the dispatcher's timed flavour (nbjit/_binders.py
     `_HIT_TEMPLATE`, timed): a ``__call__(*args, **kwargs)`` that looks up
     and calls a binder, which stamps t0, its key, and four more phases and
     records. It bounds both what profiling adds to a call and the part of a

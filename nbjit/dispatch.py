@@ -1,20 +1,19 @@
-"""The dispatcher: `jit` and `PjitFunction`, its hit path and its slow paths.
+"""The dispatcher: `jit` and `PjitFunction`, its miss path and its slow paths.
 
 `jit(fun)` returns a `PjitFunction`. Tracing, lowering and compiling stay
-JAX's own (`jax.jit(fun)._cache_miss`); what lives here is the per-call fast
-path that jaxlib writes in C++: key the call, find the executable, put the
-inputs on the right devices, run, wrap the outputs.
+JAX's own (`jax.jit(fun)._cache_miss`); what nbjit replaces is the per-call
+fast path that jaxlib writes in C++: key the call, find the executable, put
+the inputs on the right devices, run, wrap the outputs.
 
-A call goes: `__call__` -> the binder of its call shape (`nbjit._keys`: one
-generated function per positional count and keyword names, which keys the
-call, from the arrays themselves or from flattened leaves, and runs the hit
-path: lookup -> inputs -> execute -> outputs). A leaf no key can hold goes
-to `_unkeyable` (JAX's own path). A miss or a signature that cannot take the
-fast path goes to `_miss_or_slow`.
+A call goes: `__call__` -> the binder of its call shape (`nbjit._binders`:
+one generated function per positional count and keyword names, which keys
+the call and runs the hit path: lookup -> inputs -> execute -> outputs). A
+leaf no key can hold goes to `_unkeyable` (JAX's own path). A miss, or a
+signature that cannot take the fast path, goes to `_miss_or_slow`.
 
 Invariants:
-  * Only `_miss` links nodes into the cache (`nbjit._cache`); a node's
-    record (`nbjit._record.FastPath`) never changes.
+  * Only the miss path links nodes into the cache (`nbjit._cache`); a
+    node's record (`nbjit._record.FastPath`) never changes.
   * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
   * JAX's own path answers everything else, so JAX raises what it raises.
 """
@@ -29,79 +28,18 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nbjit import _explain, _jax, _profile, _stats
+from nbjit import _explain, _jax, _stats
+from nbjit._binders import BinderTable, call_shape
 from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache, cache_from_config
-from nbjit._keys import Split, leaf_signature, make_binder, make_hit
+from nbjit._keys import leaf_signature
 from nbjit._record import Unsupported, build_record, canonical_dtypes, host_dtype
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
 
 ArrayImpl = _jax.ArrayImpl
-_consume = _jax.ExecuteResults.consume_with_handlers
 _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
-_post_hook = _jax.post_hook_state
 _NOT_SET = object()  # marks jit options the caller did not pass
-_MAX_CALL_SHAPES = 256  # binders kept per function; the table starts afresh when full
-
-
-def _whole(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
-    """A slow or miss call from the hit path (the timed flavour times it whole)."""
-    return fn(*args)
-
-
-class _Binders(dict):
-    """call shape -> binder of one function, built on first use (see `nbjit._keys`).
-
-    Looked up with a plain subscript (a `__missing__` hook would make every
-    lookup slower): `build` makes and stores a missing binder.
-
-    Also holds what the generated code reads (`env`: the namespace's lookup,
-    the LRU's touch, ...) and `hit`, the hit path alone (see `make_hit`).
-    """
-
-    def __init__(self, namespace: Namespace, static_argnums: tuple[int, ...],
-                 static_argnames: frozenset[str]) -> None:
-        super().__init__()
-        self.static_argnums = static_argnums
-        self.static_argnames = static_argnames
-        self.splits: dict[Any, Split] = {}
-        self.env = {
-            "lookup": namespace.entries.get,  # the dict is never replaced
-            "touch": namespace.cache._lru.move_to_end,
-            "trace_context": _trace_context, "post_hook": _post_hook, "consume": _consume,
-            "whole": _whole, "clock": time.perf_counter_ns, "record_hit": None,
-        }
-        self.flavour = "plain"
-        self.hit = make_hit(self.env)
-
-    def split(self, shape: Any) -> Split:
-        split = self.splits.get(shape)
-        if split is None:
-            split = Split(shape, self.static_argnums, self.static_argnames)
-            if len(self.splits) >= _MAX_CALL_SHAPES:
-                self.splits.clear()
-            self.splits[shape] = split
-        return split
-
-    def set_flavour(self, flavour: str) -> None:
-        """"plain" or "timed" (profiling): binders are rebuilt in that flavour on next use."""
-        timed = flavour == "timed"
-        self.env.update(whole=_whole_timed if timed else _whole,
-                        record_hit=_profile.record if timed else None)
-        self.flavour = flavour
-        self.hit = make_hit(self.env, timed)
-        self.clear()
-
-    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
-        binder = make_binder(self.split(shape), self.env, self.flavour)
-        if len(self) >= _MAX_CALL_SHAPES:
-            self.clear()
-        self[shape] = binder
-        return binder
-
-    def probe(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
-        return make_binder(self.split(shape), self.env, "probe")
 
 
 _default_cache = PjitFunctionCache(8192)  # jit(f) with no explicit options
@@ -131,15 +69,13 @@ class PjitFunction:
         self._counters = self._namespace.counters
         self._static_argnums = tuple(info.static_argnums)
         self._static_argnames = frozenset(info.static_argnames)
-        self._binders = _Binders(self._namespace, self._static_argnums, self._static_argnames)
-        self._has_static = bool(self._static_argnums or self._static_argnames)
+        self._binders = BinderTable(self._namespace, self._static_argnums,
+                                    self._static_argnames)
         self._fun_signature = info.fun_signature
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
         _stats.register(self)  # observability hooks: nbjit/_stats.py, _profile.py
-        if _profile.active():
-            self._binders.set_flavour("timed")
 
     # -- the hit path: the binder of the call shape keys the call and runs it
 
@@ -156,13 +92,10 @@ class PjitFunction:
             _jax.filter_dispatch_frames(error)
             raise
 
-    def _unkeyable(self, args: tuple, kwargs: dict, leaves: Sequence, t0: int = 0) -> Any:
-        """A call with a leaf no key can hold (a tracer, an object): JAX's own path.
-
-        `t0`: when the call began, from a timed binder (0 otherwise).
-        """
-        reason = _unkeyable_reason(leaves, canonical_dtypes[_jax.enable_x64.value])
-        return self._binders.env["whole"](self, t0, self._slow, args, kwargs, reason)
+    def _unkeyable(self, args: tuple, kwargs: dict, leaves: Sequence) -> Any:
+        """A call with a leaf no key can hold (a tracer, a jax.Ref, an object): JAX's own path."""
+        return self._slow(args, kwargs,
+                          _unkeyable_reason(leaves, canonical_dtypes[_jax.enable_x64.value]))
 
     # -- slow paths -------------------------------------------------------------
 
@@ -315,7 +248,7 @@ class PjitFunction:
     def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
         """(this call's description, and when misses are explained, a function
         (JAX's cache misses now) -> `_explain.MissContext`, else None)."""
-        split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
+        split = self._binders.split(call_shape(args, kwargs))
         try:
             description = _explain.describe_call(args, kwargs, split.static_positions,
                                                  split.static_names, context)
@@ -390,8 +323,7 @@ class PjitFunction:
 
     def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence]:
         """The node a call would hit, and its dynamic leaves (no side effects)."""
-        shape = (len(args), *kwargs) if kwargs else len(args)
-        signature = self._binders.probe(shape)(self, args, kwargs)
+        signature = self._binders.probe(call_shape(args, kwargs))(self, args, kwargs)
         if type(signature) is str:
             return None, []
         leaves, key, shardings = signature
@@ -432,33 +364,6 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
         return "effects" if _jax.jaxpr_has_effects(jitted, args, kwargs) else "no_fastpath"
     except Exception:
         return "no_fastpath"
-
-
-# ---------------------------------------------------------------------------
-# The timed flavour (while a `nbjit.profile()` is active; nbjit/_profile.py)
-
-
-def _whole_timed(jitted: PjitFunction, t0: int, fn: Callable, /, *args: Any) -> Any:
-    """A slow or miss call under a profile: run it, record it whole."""
-    misses = jitted._counters.misses
-    try:
-        return fn(*args)
-    finally:
-        kind = "miss" if jitted._counters.misses != misses else "slow"
-        _profile.record_whole(jitted, kind, time.perf_counter_ns() - t0)
-
-
-def _set_timed(on: bool) -> None:
-    """Every live function's binders become the timed flavour (on) or plain again (off).
-
-    Called when the first profile starts and the last ends: outside a
-    profile the hit path has no clock reads.
-    """
-    for jitted in _stats.live_functions():
-        jitted._binders.set_flavour("timed" if on else "plain")
-
-
-_profile.on_switch(_set_timed)
 
 
 def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:

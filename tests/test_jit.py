@@ -215,10 +215,10 @@ def test_static_args_exact_type():
 def test_static_and_dynamic_keywords_in_every_call_shape(monkeypatch):
     """Which arguments are static is worked out once per call shape (number of
     positional arguments, keyword names in order) and remembered, at most
-    _MAX_CALL_SHAPES of them: every shape must split as jax.jit does."""
-    from nbjit import dispatch
+    MAX_CALL_SHAPES of them: every shape must split as jax.jit does."""
+    from nbjit import _binders
 
-    monkeypatch.setattr(dispatch, "_MAX_CALL_SHAPES", 4)
+    monkeypatch.setattr(_binders, "MAX_CALL_SHAPES", 4)
 
     def f(x, n, *, scale=1.0, mode="mul", y=None):
         out = x * scale if mode == "mul" else x + scale

@@ -1,0 +1,435 @@
+"""The hit path: one generated *binder* per call shape of a function.
+
+A call goes ``PjitFunction.__call__`` -> the binder of its call shape. A
+*call shape* is the count of positional arguments and the keyword names in
+order: ``n`` for a positional call, ``(n, *names)`` with keywords. Each
+function builds, once per call shape, a binder (as Triton's `JITFunction`
+does): a small generated function that reads exactly the attributes that
+shape needs, keys the call (`nbjit._keys`), finds the node and runs it:
+
+    key -> lookup -> inputs -> execute -> outputs
+
+A binder keys a call one of four ways, chosen by the dynamic arguments'
+types on each call: all `jax.Array`s (the common case): read one by one;
+all leaves with host values among them (numpy arrays and scalars, Python
+scalars): keyed as they are; one list or tuple of `jax.Array`s (``f(xs)``):
+its elements read one by one; anything else (pytrees): flattened as JAX
+does, then the leaves keyed. A leaf nothing can key (a tracer, a jax.Ref,
+an object) sends the call to the function's `_unkeyable` (JAX's own path); a
+miss or a signature without a fast path to its `_miss_or_slow`.
+
+Flavours: "plain" is the hit path; "timed" (while a `nbjit.profile()` is
+active) adds clock stamps between the phases and times slow calls whole;
+"probe" keys a call and returns ``(leaves, key, shardings)``, running
+nothing. `binder_source(f, *args, **kwargs)` shows the source a call runs.
+
+`BinderTable` is a function's shape -> binder dict: the dispatcher reads it
+with a plain subscript (a `__missing__` hook would make every lookup slower).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nbjit import _jax, _profile, _stats
+from nbjit._codegen import run_source
+from nbjit._keys import (
+    LEAF_TYPES,
+    LEAVES,
+    SEQUENCE,
+    SEQUENCE_KEYERS,
+    SIGNATURE,
+    SIGNATURE_SCOPE,
+    UNROLL_MAX,
+    flat_reads,
+    mixed_signatures,
+    treedef_id,
+    tuple_source,
+)
+from nbjit._keys import _treedef_ids as treedef_ids
+
+__all__ = ["BinderTable", "Split", "binder_source", "call_shape", "make_binder"]
+
+MAX_CALL_SHAPES = 256  # binders kept per function; the table starts afresh when full
+
+
+# ---------------------------------------------------------------------------
+# Static / dynamic split per call shape
+
+
+class Split:
+    """Which arguments of one call shape are static, worked out once.
+
+    `static_positions` and `dynamic_positions` index the positional
+    arguments; `static_names` and `dynamic_names` (both sorted, the order in
+    which JAX flattens keyword arguments) the keywords. `key_shape` is the
+    shape with sorted names: keyword order never changes a signature.
+    """
+
+    __slots__ = ("shape", "key_shape", "nargs", "names", "static_positions",
+                 "dynamic_positions", "static_names", "dynamic_names")
+
+    def __init__(self, shape: Any, static_argnums: tuple[int, ...],
+                 static_argnames: frozenset[str]) -> None:
+        nargs, names = (shape, ()) if type(shape) is int else (shape[0], shape[1:])
+        static = sorted({i if i >= 0 else i + nargs for i in static_argnums})
+        self.shape = shape
+        self.key_shape = (nargs, *sorted(names)) if names else nargs
+        self.nargs = nargs
+        self.names = names
+        self.static_positions = tuple(i for i in static if 0 <= i < nargs)
+        self.dynamic_positions = tuple(i for i in range(nargs) if i not in self.static_positions)
+        self.static_names = tuple(sorted(static_argnames.intersection(names)))
+        self.dynamic_names = tuple(sorted(k for k in names if k not in static_argnames))
+
+    def leaves_treedef_id(self) -> int:
+        """The treedef id of this shape's dynamic arguments when each is a leaf."""
+        tree: Any = (0,) * len(self.dynamic_positions)
+        if self.dynamic_names:
+            tree = (tree, dict.fromkeys(self.dynamic_names, 0))
+        return treedef_id(_jax.flatten_for_dispatch(tree)[1])
+
+
+def call_shape(args: tuple, kwargs: dict) -> Any:
+    return (len(args), *kwargs) if kwargs else len(args)
+
+
+# ---------------------------------------------------------------------------
+# Templates
+#
+# `{via_slow}` and the like call a slow path: directly in the plain flavour,
+# through `whole(self, t0, fn, ...)` in the timed one (which times it whole).
+
+_HIT_TEMPLATE = """\
+    context = trace_context()
+    try:  # a static argument's __hash__ or __eq__ may raise: JAX reports it
+        node = lookup(key)
+    except Exception:
+        return {via_slow}args, kwargs, "static_arg_error")
+    while node is not None and (node.shardings != shardings or node.context != context):
+        node = node.next
+    if node is None or (record := node.record) is None or post_hook.value is not None:
+        return {via_miss}args, kwargs, leaves, (key, shardings, context), node)
+    node.shardings = shardings  # equal; keeping the newest makes identity checks hit
+{stamp_lookup}    try:
+        touch(node)  # KeyError if another thread evicted it meanwhile
+        inputs = leaves if record.leaves_are_inputs else record.prepare(leaves)
+    except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
+        return {via_slow}args, kwargs, "input_refused")
+{stamp_inputs}    try:
+        results = record.execute(inputs)
+    except Exception as error:
+        return {via_failed}error, args, kwargs, inputs)
+{stamp_execute}    outs = consume(results, record.out_handlers)
+    node.hits += 1
+{finish}"""
+
+_PLAIN_FINISH = "    return outs[0] if record.single_output else record.out_tree.unflatten(outs)\n"
+_TIMED_FINISH = """\
+    out = outs[0] if record.single_output else record.out_tree.unflatten(outs)
+    record_hit(self, t0, t_key, t_lookup, t_inputs, t_execute, clock())
+    return out
+"""
+
+_BINDER_TEMPLATE = """\
+def bind(self, args, kwargs):
+{start}{unpack}{read}
+{stamp_key}{tail}"""
+
+# Up to UNROLL_MAX dynamic arguments, each in a local.
+_READ_UNROLLED = """\
+    if {checks}:
+        key = {key}
+        shardings = {shardings}
+        leaves = {leaves}
+    elif {leaf_checks}:  # leaves already (host values among them): no flatten
+        leaves = [{dynamic}]
+        get = canonical_dtypes[x64.value].get
+        try:
+            signatures = ({signatures})
+        except NoSignature:
+            return {via_unkeyable}args, kwargs, leaves)
+        shardings = [x._sharding for x in leaves if type(x) is ArrayImpl]
+        key = (LEAVES, KEY_SHAPE, {static_key}, LEAVES_TREEDEF_ID, signatures)
+    else:
+        signatures = None
+{sequence_read}{flattened}"""
+
+# One dynamic argument that is a list or tuple (JAX's many-args case,
+# ``f(xs)``; a tuple carry): its elements are the leaves when they are all
+# jax.Arrays, and such a container of n leaves has one treedef per type and
+# n, so the key needs no flatten. Otherwise `signatures` stays None and the
+# call is flattened.
+_READ_SEQUENCE = """\
+        if (container := type({arg})) is list or container is tuple:
+            leaves = {arg}
+            try:  # one assignment each: a leaf that is not a jax.Array sets nothing
+                if (keyer := sequence_keyers_get(len(leaves))) is not None:
+                    signatures, shardings = keyer(leaves)
+                else:
+                    signatures, shardings = (tuple([(x.aval, x._committed) for x in leaves]),
+                                             [x._sharding for x in leaves])
+                key = (SEQUENCE, KEY_SHAPE, {static_key}, container, signatures)
+            except (AttributeError, ValueError):  # not all jax.Arrays; resized meanwhile
+                pass
+"""
+
+# More dynamic arguments than UNROLL_MAX: a loop over them.
+_READ_LOOP = """\
+    dynamic = {dynamic}
+    signatures = None
+    try:
+        pairs, shardings = (tuple([(x.aval, x._committed) for x in dynamic]),
+                            [x._sharding for x in dynamic])
+        key = {key}
+        leaves = dynamic
+    except AttributeError:
+{flattened}"""
+
+# Dynamic arguments that are not all jax.Arrays (pytrees, host values), with
+# `signatures` None: flatten them as JAX does and key the leaves. Leaves that
+# are not all jax.Arrays are keyed one by one (`mixed_signatures`); a leaf
+# nothing can key sends the call to `_unkeyable`: JAX's own path.
+_READ_FLATTENED = """\
+        if signatures is None:
+            leaves, treedef = flatten({tree})
+            tid = treedef_ids_get(treedef)
+            if tid is None:
+                tid = treedef_id(treedef)
+            if not leaves or type(leaves[-1]) is ArrayImpl:  # else host values: no array attempt
+                try:  # one assignment: a leaf with .aval but no ._sharding (a jax.Ref) sets neither
+                    signatures, shardings = (tuple([(x.aval, x._committed) for x in leaves]),
+                                             [x._sharding for x in leaves])
+                except AttributeError:
+                    pass
+            if signatures is None:
+                mixed = mixed_signatures(leaves)
+                if mixed is None:
+                    return {via_unkeyable}args, kwargs, leaves)
+                signatures, shardings = mixed
+            key = (LEAVES, KEY_SHAPE, {static_key}, tid, signatures)
+"""
+
+_PROBE_READ_FINISH = "    return (leaves, key, shardings)\n"
+
+
+def _via(fn: str, flavour: str) -> str:
+    """How generated code calls slow path `fn` (the prefix, up to its first argument)."""
+    if flavour == "probe":
+        return "refuse(" if fn == "self._unkeyable" else f"{fn}("
+    return f"whole(self, t0, {fn}, " if flavour == "timed" else f"{fn}("
+
+
+def _hit_source(timed: bool) -> str:
+    flavour = "timed" if timed else "plain"
+    stamp = "    {} = clock()\n".format
+    return _HIT_TEMPLATE.format(
+        via_slow=_via("self._slow", flavour), via_miss=_via("self._miss_or_slow", flavour),
+        via_failed=_via("self._execute_failed", flavour),
+        stamp_lookup=stamp("t_lookup") if timed else "",
+        stamp_inputs=stamp("t_inputs") if timed else "",
+        stamp_execute=stamp("t_execute") if timed else "",
+        finish=_TIMED_FINISH if timed else _PLAIN_FINISH)
+
+
+def _argument_names(split: Split, unroll: bool) -> tuple[list[str], dict[str, str], str]:
+    """How a binder's source names each argument, and the lines that unpack them."""
+    if not unroll:  # many arguments: index the few static ones, loop over the rest
+        return ([f"args[{i}]" for i in range(split.nargs)],
+                {k: f"kwargs[{k!r}]" for k in split.names}, "")
+    arg_names = [f"a{i}" for i in range(split.nargs)]  # every argument in a local of its own
+    kw_names = {k: f"k{j}" for j, k in enumerate(split.names)}
+    unpack = f"    {tuple_source(arg_names)[1:-1]} = args\n" if arg_names else ""
+    if kw_names:
+        unpack += f"    {tuple_source(list(kw_names.values()))[1:-1]} = kwargs.values()\n"
+    return arg_names, kw_names, unpack
+
+
+def _dynamic_tree(split: Split, unroll: bool, arg_names: list[str],
+                  kw_names: dict[str, str]) -> str:
+    """The expression of the dynamic arguments as JAX flattens them:
+    ``(positional, {name: value})``, or the positional tuple alone."""
+    if unroll:
+        positional = tuple_source([arg_names[i] for i in split.dynamic_positions])
+        named = ", ".join(f"{k!r}: {kw_names[k]}" for k in split.dynamic_names)
+    else:
+        positional = ("tuple([args[i] for i in DYNAMIC_POSITIONS])" if split.static_positions
+                      else "args")
+        named = "k: kwargs[k] for k in DYNAMIC_NAMES"
+    return f"({positional}, {{{named}}})" if split.dynamic_names else positional
+
+
+def _source(split: Split, flavour: str = "plain") -> str:
+    """The source of the binder for one call shape, in one flavour (see the
+    module docstring)."""
+    timed = flavour == "timed"
+    unroll = len(split.dynamic_positions) + len(split.dynamic_names) <= UNROLL_MAX
+    arg_names, kw_names, unpack = _argument_names(split, unroll)
+    dynamic = ([arg_names[i] for i in split.dynamic_positions]
+               + [kw_names[k] for k in split.dynamic_names])
+    statics = ([f"type({arg_names[i]}), {arg_names[i]}" for i in split.static_positions]
+               + [f"{k!r}, type({kw_names[k]}), {kw_names[k]}" for k in split.static_names])
+    marked = bool(split.names or statics)  # a plain positional call keys as bare pairs
+    prefix = ["shape", *statics] if marked else []
+    if not (marked or not dynamic):
+        leaves = "args"
+    elif unroll:
+        leaves = f"[{', '.join(dynamic)}]"
+    else:  # built once, from the static split
+        leaves = ("[args[i] for i in DYNAMIC_POSITIONS]"
+                  + (" + [kwargs[k] for k in DYNAMIC_NAMES]" if split.dynamic_names else ""))
+    static_key = tuple_source([f"({s})" for s in statics])
+    via_unkeyable = _via("self._unkeyable", flavour)
+    flattened = _READ_FLATTENED.format(tree=_dynamic_tree(split, unroll, arg_names, kw_names),
+                                       static_key=static_key, via_unkeyable=via_unkeyable)
+    if not dynamic:  # nothing to key but the static arguments
+        read = f"    key = {tuple_source(prefix)}\n    shardings = []\n    leaves = {leaves}\n"
+    elif unroll:
+        items, shardings = flat_reads(dynamic)
+        sequence_read = "" if len(dynamic) != 1 else _READ_SEQUENCE.format(
+            arg=dynamic[0], static_key=static_key)
+        read = _READ_UNROLLED.format(
+            checks=" and ".join(f"type({d}) is ArrayImpl" for d in dynamic),
+            key=tuple_source(prefix + items), leaves=leaves, shardings=shardings,
+            leaf_checks=" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic),
+            dynamic=", ".join(dynamic), static_key=static_key, via_unkeyable=via_unkeyable,
+            signatures="".join(f"\n                {SIGNATURE.format(x=d)}," for d in dynamic),
+            sequence_read=sequence_read, flattened=flattened)
+    else:
+        read = _READ_LOOP.format(dynamic=leaves, flattened=flattened,
+                                 key=f"({', '.join(prefix)}, *pairs)" if marked else "pairs")
+    tail = _PROBE_READ_FINISH if flavour == "probe" else _hit_source(timed)
+    return _BINDER_TEMPLATE.format(
+        start="    t0 = clock()\n" if timed else "", unpack=unpack, read=read.rstrip("\n"),
+        stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
+
+
+def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
+                ) -> Callable[[Any, tuple, dict], Any]:
+    """Compiles the binder of `split`: ``bind(pjit_function, args, kwargs)``.
+
+    `env` holds the names the source reads (`BinderTable.env`); the binder
+    holds no reference to the function itself.
+    """
+    scope = {**env, **SIGNATURE_SCOPE, "shape": (LEAVES, split.key_shape),
+             "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names,
+             "LEAVES": LEAVES, "SEQUENCE": SEQUENCE, "KEY_SHAPE": split.key_shape,
+             "flatten": _jax.flatten_for_dispatch,
+             "treedef_ids_get": treedef_ids.get, "treedef_id": treedef_id,
+             "mixed_signatures": mixed_signatures, "LEAF_TYPES": LEAF_TYPES,
+             "sequence_keyers_get": SEQUENCE_KEYERS.get,
+             "LEAVES_TREEDEF_ID": split.leaves_treedef_id(), "refuse": _refuse}
+    name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
+    return run_source(_source(split, flavour), name, scope)["bind"]
+
+
+def _refuse(*_: Any) -> str:
+    """What a probe binder returns for a call it cannot key."""
+    return "unkeyable"
+
+
+def _make_hit(env: dict[str, Any], timed: bool) -> Callable[..., Any]:
+    """The hit path alone, ``hit(self, args, kwargs, leaves, key, shardings, t0, t_key)``:
+    for a call keyed elsewhere (a miss another thread compiled meanwhile)."""
+    source = ("def hit(self, args, kwargs, leaves, key, shardings, t0, t_key):\n"
+              + _hit_source(timed))
+    return run_source(source, f"hit{' timed' if timed else ''}", dict(env))["hit"]
+
+
+# ---------------------------------------------------------------------------
+# One function's binders
+
+
+class BinderTable(dict):
+    """call shape -> binder of one function, built on first use (`build`).
+
+    `env` is what the generated code reads besides its own constants (the
+    namespace's lookup, the LRU's touch, ...); `flavour` is "plain" or
+    "timed"; `hit` is the hit path alone (see `_make_hit`).
+    """
+
+    def __init__(self, namespace: Any, static_argnums: tuple[int, ...],
+                 static_argnames: frozenset[str]) -> None:
+        super().__init__()
+        self.static_argnums = static_argnums
+        self.static_argnames = static_argnames
+        self.splits: dict[Any, Split] = {}
+        self.env = {
+            "lookup": namespace.entries.get,  # the dict is never replaced
+            "touch": namespace.cache._lru.move_to_end,
+            "trace_context": _jax.trace_context, "post_hook": _jax.post_hook_state,
+            "consume": _jax.ExecuteResults.consume_with_handlers,
+            "whole": _whole_timed, "clock": time.perf_counter_ns, "record_hit": _profile.record,
+        }
+        self.flavour = "plain"
+        self.hit = _make_hit(self.env, False)
+        if _profile.active():
+            self.set_flavour("timed")
+
+    def split(self, shape: Any) -> Split:
+        split = self.splits.get(shape)
+        if split is None:
+            split = Split(shape, self.static_argnums, self.static_argnames)
+            if len(self.splits) >= MAX_CALL_SHAPES:
+                self.splits.clear()
+            self.splits[shape] = split
+        return split
+
+    def set_flavour(self, flavour: str) -> None:
+        """"plain" or "timed" (profiling): binders are rebuilt in that flavour on next use."""
+        self.flavour = flavour
+        self.hit = _make_hit(self.env, flavour == "timed")
+        self.clear()
+
+    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        binder = make_binder(self.split(shape), self.env, self.flavour)
+        if len(self) >= MAX_CALL_SHAPES:
+            self.clear()
+        self[shape] = binder
+        return binder
+
+    def probe(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        """A binder that keys a call and returns ``(leaves, key, shardings)``."""
+        return make_binder(self.split(shape), self.env, "probe")
+
+    def source(self, shape: Any, flavour: str | None = None) -> str:
+        return _source(self.split(shape), flavour or self.flavour)
+
+
+def binder_source(jitted: Any, /, *args: Any, **kwargs: Any) -> str:
+    """The source of the binder a call ``jitted(*args, **kwargs)`` runs: the
+    hit path of that call shape (timed while a profile is active). Calls nothing.
+
+        f = nbjit.jit(lambda x, y: x + y)
+        print(nbjit.binder_source(f, x, y))
+    """
+    return jitted._binders.source(call_shape(args, kwargs))
+
+
+# ---------------------------------------------------------------------------
+# The timed flavour (while a `nbjit.profile()` is active; nbjit/_profile.py)
+
+
+def _whole_timed(jitted: Any, t0: int, fn: Callable, /, *args: Any) -> Any:
+    """A slow or miss call under a profile: run it, record it whole."""
+    misses = jitted._counters.misses
+    try:
+        return fn(*args)
+    finally:
+        kind = "miss" if jitted._counters.misses != misses else "slow"
+        _profile.record_whole(jitted, kind, time.perf_counter_ns() - t0)
+
+
+def _set_timed(on: bool) -> None:
+    """Every live function's binders become the timed flavour (on) or plain again (off).
+
+    Called when the first profile starts and the last ends: outside a
+    profile the hit path has no clock reads.
+    """
+    for jitted in _stats.live_functions():
+        jitted._binders.set_flavour("timed" if on else "plain")
+
+
+_profile.on_switch(_set_timed)
