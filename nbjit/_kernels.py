@@ -192,17 +192,41 @@ def signature_key(leaves: Sequence[Leaf]) -> int:
 # A call description packs into one int64 row (nbjit/_explain.py builds it):
 #   header: [n_leaves, structure_id, keyword_names_id, statics_id, context_id]
 #   then per leaf, fixed width:
-#   [kind_id, dtype_id, weak_type, committed, sharding_id, ndim, shape_id]
+#   [path_id, kind_id, dtype_id, weak_type, committed, sharding_id, ndim, shape_id]
 # Words are the fields' hashes, so equal fields pack to equal words. The
-# distance of two rows is the number of differing words; rows whose leaf
-# counts differ count every leaf word of the longer one as different.
+# distance of two rows counts the fields `_explain.differences` would name:
+# each differing header word (not the leaf count), and per leaf of the new
+# row the fields of the cached leaf with the same path (a kind change is
+# one field, as are ndim and shape together). A leaf whose path the other
+# row lacks adds nothing: the structure, keyword or argument-count word
+# that differs already counts it. Leaves are matched by path, first at the
+# same position (the common case), else by a scan.
 DESCRIPTION_HEADER_WORDS = 5
-DESCRIPTION_LEAF_WORDS = 7
+DESCRIPTION_LEAF_WORDS = 8
+
+
+@njit(cache=True, nogil=True)
+def _leaf_distance(row, i, rows, j):
+    """Differing fields of the leaf at word `i` of `row` and at word `j` of `rows`."""
+    if row[i + 1] != rows[j + 1]:
+        return 1  # another kind: its other fields say nothing more
+    d = 0
+    if row[i + 2] != rows[j + 2]:
+        d += 1
+    if row[i + 3] != rows[j + 3]:
+        d += 1
+    if row[i + 4] != rows[j + 4]:
+        d += 1
+    if row[i + 5] != rows[j + 5]:
+        d += 1
+    if row[i + 6] != rows[j + 6] or row[i + 7] != rows[j + 7]:
+        d += 1
+    return d
 
 
 @njit(cache=True, nogil=True)
 def description_distances(row, rows, offsets):
-    """Field-by-field distance of `row` to every row packed in `rows`.
+    """Fields of `row` that differ from every row packed in `rows` (see above).
 
     rows: int64[sum of lengths], the cached rows concatenated; offsets:
     int64[m + 1], row i is rows[offsets[i]:offsets[i + 1]]. Returns int64[m].
@@ -212,38 +236,57 @@ def description_distances(row, rows, offsets):
     n = row.shape[0]
     for r in range(m):
         start = offsets[r]
-        length = offsets[r + 1] - start
+        stop = offsets[r + 1]
         d = 0
-        for i in range(DESCRIPTION_HEADER_WORDS):
+        for i in range(1, DESCRIPTION_HEADER_WORDS):
             if row[i] != rows[start + i]:
                 d += 1
-        if length != n:
-            d += max(length, n) - DESCRIPTION_HEADER_WORDS
-        else:
-            for i in range(DESCRIPTION_HEADER_WORDS, n):
-                if row[i] != rows[start + i]:
-                    d += 1
+        for i in range(DESCRIPTION_HEADER_WORDS, n, DESCRIPTION_LEAF_WORDS):
+            j = start + i
+            if j >= stop or rows[j] != row[i]:
+                j = -1
+                for k in range(start + DESCRIPTION_HEADER_WORDS, stop, DESCRIPTION_LEAF_WORDS):
+                    if rows[k] == row[i]:
+                        j = k
+                        break
+            if j >= 0:
+                d += _leaf_distance(row, i, rows, j)
         out[r] = d
     return out
 
 
+def _leaf_distance_python(a: Sequence[int], i: int, b: Sequence[int], j: int) -> int:
+    if a[i + 1] != b[j + 1]:
+        return 1
+    return ((a[i + 2] != b[j + 2]) + (a[i + 3] != b[j + 3]) + (a[i + 4] != b[j + 4])
+            + (a[i + 5] != b[j + 5]) + (a[i + 6] != b[j + 6] or a[i + 7] != b[j + 7]))
+
+
 def description_distance_python(a: Sequence[int], b: Sequence[int]) -> int:
-    """Plain-Python twin of one `description_distances` element."""
+    """Plain-Python twin of one `description_distances` element (`a` the new row)."""
     d = 0
-    for i in range(DESCRIPTION_HEADER_WORDS):
+    for i in range(1, DESCRIPTION_HEADER_WORDS):
         d += a[i] != b[i]
-    if len(a) != len(b):
-        return d + max(len(a), len(b)) - DESCRIPTION_HEADER_WORDS
-    for i in range(DESCRIPTION_HEADER_WORDS, len(a)):
-        d += a[i] != b[i]
+    paths = None
+    for i in range(DESCRIPTION_HEADER_WORDS, len(a), DESCRIPTION_LEAF_WORDS):
+        j = i
+        if j >= len(b) or b[j] != a[i]:
+            if paths is None:  # first occurrence of each path, as the kernel's scan
+                paths = {}
+                for k in range(DESCRIPTION_HEADER_WORDS, len(b), DESCRIPTION_LEAF_WORDS):
+                    paths.setdefault(b[k], k)
+            j = paths.get(a[i], -1)
+        if j >= 0:
+            d += _leaf_distance_python(a, i, b, j)
     return d
 
 
 def closest_python(row: Sequence[int], rows: Sequence[Sequence[int]]) -> tuple[int, int]:
-    """(index, distance) of the row in `rows` closest to `row` (first on ties)."""
+    """(index, distance) of the row in `rows` closest to `row`; on ties the last
+    (rows come oldest first: the most recent wins)."""
     best, best_d = -1, -1
-    for i, other in enumerate(rows):
-        d = description_distance_python(row, other)
+    for i in range(len(rows) - 1, -1, -1):
+        d = description_distance_python(row, rows[i])
         if best < 0 or d < best_d:
             best, best_d = i, d
             if d == 0:
@@ -261,7 +304,7 @@ def closest_numba(row: np.ndarray, rows: Sequence[np.ndarray]) -> tuple[int, int
     offsets = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     distances = description_distances(row, np.concatenate(rows), offsets)
-    best = int(np.argmin(distances))
+    best = len(rows) - 1 - int(np.argmin(distances[::-1]))  # the last of the closest
     return best, int(distances[best])
 
 

@@ -241,24 +241,50 @@ def test_closest_of_many_entries(records):
 
 # -- the closest-entry search: Numba kernel and Python loop agree ---------------
 
-_rows = st.integers(0, 3).flatmap(lambda n: st.lists(
-    st.lists(st.integers(-1, 3), min_size=5 + 7 * n, max_size=5 + 7 * n)
-    .map(lambda r, n=n: [n, *r[1:]]), min_size=1, max_size=12))
+_HEADER, _LEAF = _kernels.DESCRIPTION_HEADER_WORDS, _kernels.DESCRIPTION_LEAF_WORDS
 
 
-@settings(max_examples=60, deadline=None)
-@given(_rows, st.integers(0, 3), st.data())
-def test_kernel_and_python_distances_agree(rows, n_new, data):
-    new = data.draw(st.lists(st.integers(-1, 3), min_size=5 + 7 * n_new, max_size=5 + 7 * n_new))
-    new[0] = n_new
+def _row(n_leaves):
+    """A packed row of `n_leaves` leaves whose paths come from a few (some repeat,
+    some are missing, some are out of order), fields from a few values."""
+    leaf = st.tuples(st.integers(0, 4), *[st.integers(-1, 2)] * (_LEAF - 1))
+    return st.tuples(st.lists(st.integers(-1, 2), min_size=_HEADER - 1, max_size=_HEADER - 1),
+                     st.lists(leaf, min_size=n_leaves, max_size=n_leaves)).map(
+        lambda t: [n_leaves, *t[0], *[w for lf in t[1] for w in lf]])
+
+
+_rows = st.lists(st.integers(0, 4).flatmap(_row), min_size=1, max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_rows, st.integers(0, 4).flatmap(_row))
+def test_kernel_and_python_distances_agree(rows, new):
     arrays = [np.array(r, np.int64) for r in rows]
     python = [_kernels.description_distance_python(new, r) for r in rows]
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
     numba = _kernels.description_distances(np.array(new, np.int64), np.concatenate(arrays),
                                            offsets)
     assert list(numba) == python
-    assert _kernels.closest_numba(np.array(new, np.int64), arrays)[1] == min(python)
-    assert _kernels.closest_python(new, rows)[1] == min(python)
+    last_closest = max(i for i, d in enumerate(python) if d == min(python))  # ties: newest
+    assert _kernels.closest_numba(np.array(new, np.int64), arrays) == (last_closest,
+                                                                        min(python))
+    assert _kernels.closest_python(new, rows) == (last_closest, min(python))
+
+
+def test_distance_matches_leaves_by_path():
+    """A leaf moved to another position still compares with its own path's leaf."""
+    a_leaf, b_leaf = [11, 1, 2, 3, 4, 5, 1, 6], [22, 1, 2, 3, 4, 5, 1, 7]
+    old = [2, 0, 0, 0, 0, *a_leaf, *b_leaf]
+    new = [2, 0, 0, 0, 0, *b_leaf, *a_leaf]
+    assert _kernels.description_distance_python(new, old) == 0
+    new_shape = [2, 0, 0, 0, 0, *b_leaf[:-1], 8, *a_leaf]  # b's shape differs
+    assert _kernels.description_distance_python(new_shape, old) == 1
+    only_a = [1, 9, 0, 0, 0, *a_leaf]  # b missing: the structure word counts it, once
+    assert _kernels.description_distance_python(only_a, old) == 1
+    arrays = [np.array(old, np.int64)]
+    for row in (new, new_shape, only_a):
+        assert _kernels.closest_numba(np.array(row, np.int64), arrays)[1] == \
+            _kernels.description_distance_python(row, old)
 
 
 def test_closest_uses_the_kernel_past_the_crossover():

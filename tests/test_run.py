@@ -167,7 +167,7 @@ def test_report_at_exit_counts_and_times_each_function(tmp_path):
     assert "nbjit cache miss of step" in out.stderr and "args[1]" in out.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     rows = {row["name"]: row for row in report["functions"]}
-    step, loss = rows["step"], rows["loss"]
+    step, loss = rows["step (train.py:3)"], rows["loss (train.py:7)"]
     assert (step["calls"], step["hits"], step["misses"], step["slow"]) == (7, 5, 2, 0)
     assert (loss["calls"], loss["misses"], loss["slow"]) == (2, 1, 1)
     assert loss["slow_reasons"] == {"disable_jit": 1}
@@ -183,5 +183,5 @@ def test_report_without_profile(tmp_path):
 
     report = json.loads((tmp_path / "report.json").read_text())
     assert not report["profiled"]
-    assert {row["name"]: row["hits"] for row in report["functions"]}["step"] == 5
+    assert {row["name"]: row["hits"] for row in report["functions"]}["step (train.py:3)"] == 5
     assert "dispatch ms" not in out.stderr
