@@ -6,16 +6,23 @@ names; pytree structure; trace context) and the new entry keeps the
 description: the cost is paid on misses only, never on hits. While
 `jax.config.jax_explain_cache_misses` is on, or inside
 ``with nbjit.explain_misses():``, a miss of a function that already holds
-entries logs one WARNING on the ``nbjit`` logger (`explain_miss`) naming
+(or held) entries logs one WARNING on the ``nbjit`` logger (`explain_miss`) naming
 the function, the call site, and what differs from the closest cached
 signature, whether the signature had been evicted by the LRU, and whether
 JAX compiled anything new for it.
 
-The closest entry among many (shape churn leaves thousands) is found over
-packed int64 rows: by a Python loop for small caches, by one Numba kernel
-call over all rows (`_kernels.description_distances`) from
-`NUMBA_CLOSEST_MIN_WORDS` packed words on (the measured crossover,
-benchmarks/benchmarks/bench_observe.py `ClosestEntry`).
+Every miss is explained and timed, logged or not: `ranked_misses()` groups
+them by function, call site and differing fields, costliest first, and
+``with nbjit.assert_max_misses(n):`` fails a block with more than `n`,
+naming them.
+
+The closest entry among many (shape churn leaves thousands) is the one
+with the fewest differing fields (leaves matched by path; ties: the newest),
+found over packed int64 rows: by a Python loop for small caches
+(`nbjit._distance`, which loads no numba), by one Numba kernel call over
+all rows (`_kernels.description_distances`) from `NUMBA_CLOSEST_MIN_WORDS`
+packed words on (the measured crossover, benchmarks/benchmarks/
+bench_observe.py `ClosestEntry`) once numba is loaded.
 """
 
 from __future__ import annotations
@@ -50,8 +57,10 @@ __all__ = ["CallDescription", "LeafDescription", "describe_call", "explain",
 # 8.8 vs 9.9, 10 entries (750) 30.6 vs 12.5; 100 leaves: 1 entry (705) 35.6
 # vs 9.7; 1000 x 100 leaves 42.8 ms vs 1.2 ms. Numba from this many words on.
 NUMBA_CLOSEST_MIN_WORDS = 400
+# Past this many words the Python loop takes milliseconds per miss (~0.05 us
+# a word): Numba then, even if it must be loaded first.
+PYTHON_CLOSEST_MAX_WORDS = 100_000
 
-_HEADER = 5  # _kernels.DESCRIPTION_HEADER_WORDS (not imported: numba loads lazily)
 _MAX_DIFFERENCES = 4  # differences named per message
 
 
@@ -195,16 +204,21 @@ def _flag(value: bool | None) -> int:
 def closest(new: CallDescription, cached: Sequence[CallDescription]) -> tuple[int, int]:
     """(index, distance) of the cached description closest to `new`: the fewest
     differing fields, leaves matched by path; on ties the last (pass `cached`
-    oldest first, as `by_age` orders it, and the most recent wins)."""
+    oldest first, as `by_age` orders it, and the most recent wins).
+
+    The Numba kernel past the crossover, once numba is loaded (or the Python
+    loop would take milliseconds): every miss is explained for
+    `ranked_misses`, and loading numba costs ~0.5 s once.
+    """
+    words = len(cached) * len(new.row)
+    if words < NUMBA_CLOSEST_MIN_WORDS or (
+            words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
+        from nbjit import _distance
+
+        return _distance.closest_python(new.row, [d.row for d in cached])
     from nbjit import _kernels
 
-    if len(cached) * len(new.row) < NUMBA_CLOSEST_MIN_WORDS:
-        return _kernels.closest_python(new.row, [d.row for d in cached])
     return _kernels.closest_numba(new.array, [d.array for d in cached])
-
-
-# ---------------------------------------------------------------------------
-# What differs
 
 
 def by_age(descriptions: Sequence[CallDescription]) -> list[CallDescription]:

@@ -287,9 +287,78 @@ def test_distance_matches_leaves_by_path():
             _kernels.description_distance_python(row, old)
 
 
+def test_the_twins_share_the_layout():
+    from nbjit import _distance
+
+    assert (_kernels.DESCRIPTION_HEADER_WORDS, _kernels.DESCRIPTION_LEAF_WORDS) == (
+        _distance.DESCRIPTION_HEADER_WORDS, _distance.DESCRIPTION_LEAF_WORDS)
+    row = _explain.describe_call((jnp.ones(2), {"a": 1.0}), {"k": np.ones(1)}, (), (), ()).row
+    assert len(row) == _kernels.DESCRIPTION_HEADER_WORDS + 3 * _kernels.DESCRIPTION_LEAF_WORDS
+
+
+def test_explaining_a_few_entries_loads_no_numba():
+    """Every miss is explained (for ranked_misses): with few entries that must not
+    import numba (~0.5 s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nbjit, jax.numpy as jnp\n"
+            "f = nbjit.jit(lambda x: x + 1)\n"
+            "for n in range(1, 6): f(jnp.ones(n))\n"
+            "assert nbjit.ranked_misses()[0].count >= 1\n"
+            "print('numba' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "XLA_FLAGS": ""})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
 def test_closest_uses_the_kernel_past_the_crossover():
     descriptions = [_explain.describe_call((jnp.ones(n),), {}, (), (), ()) for n in range(1, 400)]
     new = _explain.describe_call((jnp.ones(123),), {}, (), (), ())
     assert len(descriptions) * len(new.row) >= _explain.NUMBA_CLOSEST_MIN_WORDS
     index, distance = _explain.closest(new, descriptions)
     assert (index, distance) == (122, 0)
+
+
+# -- the closest entry: fewest differing fields, leaves matched by path ---------
+
+
+def test_adding_a_keyword_names_one_field(records):
+    """Two entries, {'a'} and {'a', 'b'}; the call adds a keyword to {'a'}: the
+    closest entry is {'a'} (one field differs), though {'a', 'b'} has as many
+    leaves as the call."""
+    f = nbjit.jit(lambda p, k=None: p["a"])
+    a = jnp.ones(3)
+    f({"a": a})
+    f({"a": a, "b": a})
+    message = _explained(records, lambda: f({"a": a}, k=a))
+    assert "cached signatures: keyword names () -> ('k',); JAX traced" in message
+
+
+def test_every_differing_field_is_listed_up_to_the_limit(records):
+    f = nbjit.jit(lambda *xs: xs[0])
+    n = _explain._MAX_DIFFERENCES + 2
+    f(*[jnp.ones(1)] * n)
+    message = _explained(records, lambda: f(*[jnp.ones(2)] * n))
+    for i in range(_explain._MAX_DIFFERENCES):
+        assert f"args[{i}]: shape float32[1] -> float32[2]" in message
+    assert f"args[{_explain._MAX_DIFFERENCES}]" not in message
+    assert "and 2 more" in message
+
+
+def test_ties_name_the_most_recent_entry(records):
+    f = nbjit.jit(lambda x: x)
+    f(jnp.ones(1))
+    f(jnp.ones(2))
+    message = _explained(records, lambda: f(jnp.ones(3)))
+    assert "shape float32[2] -> float32[3]" in message
+
+
+def test_python_float_then_numpy_float32_names_the_weak_type(records):
+    f = nbjit.jit(lambda x: x * 2)
+    f(1.5)
+    message = _explained(records, lambda: f(np.float32(1.5)))
+    assert "args[0]: kind float -> numpy" in message
+    assert "the weak type changed: weak -> strong" in message
+    assert "np.float32(x)" in message  # what to do
