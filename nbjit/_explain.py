@@ -6,7 +6,7 @@ names; pytree structure; trace context) and the new entry keeps the
 description: the cost is paid on misses only, never on hits. While
 `jax.config.jax_explain_cache_misses` is on, or inside
 ``with nbjit.explain_misses():``, a miss of a function that already holds
-(or held) entries logs one WARNING on the ``nbjit`` logger (`explain_miss`) naming
+(or held) entries logs one WARNING on the ``nbjit`` logger (`miss_done`) naming
 the function, the call site, and what differs from the closest cached
 signature, whether the signature had been evicted by the LRU, and whether
 JAX compiled anything new for it.
@@ -57,8 +57,8 @@ __all__ = ["CallDescription", "LeafDescription", "describe_call", "explain",
 # 8.8 vs 9.9, 10 entries (750) 30.6 vs 12.5; 100 leaves: 1 entry (705) 35.6
 # vs 9.7; 1000 x 100 leaves 42.8 ms vs 1.2 ms. Numba from this many words on.
 NUMBA_CLOSEST_MIN_WORDS = 400
-# Past this many words the Python loop takes milliseconds per miss (~0.05 us
-# a word): Numba then, even if it must be loaded first.
+# Past this many words the Python loop takes milliseconds per miss: Numba
+# then, even if it must be loaded first.
 PYTHON_CLOSEST_MAX_WORDS = 100_000
 
 _MAX_DIFFERENCES = 4  # differences named per message
@@ -208,7 +208,7 @@ def closest(new: CallDescription, cached: Sequence[CallDescription]) -> tuple[in
 
     The Numba kernel past the crossover, once numba is loaded (or the Python
     loop would take milliseconds): every miss is explained for
-    `ranked_misses`, and loading numba costs ~0.5 s once.
+    `ranked_misses`, and loading numba takes a fraction of a second.
     """
     words = len(cached) * len(new.row)
     if words < NUMBA_CLOSEST_MIN_WORDS or (
@@ -425,14 +425,6 @@ def _message(name: str, site: str, why: str, miss: MissContext) -> str:
 def explain(new: CallDescription, miss: MissContext) -> str:
     """One message saying why `new` missed."""
     return _message(miss.name, call_site(), _why(new, miss)[1], miss)
-
-
-def log_miss(new: CallDescription, miss: MissContext) -> None:
-    try:
-        message = explain(new, miss)
-    except Exception as error:  # explaining must never break a call
-        message = f"nbjit cache miss of {miss.name} (not explained: {error!r})"
-    logger.warning(message)
 
 
 # ---------------------------------------------------------------------------
