@@ -6,22 +6,32 @@ names; pytree structure; trace context) and the new entry keeps the
 description: the cost is paid on misses only, never on hits. While
 `jax.config.jax_explain_cache_misses` is on, or inside
 ``with nbjit.explain_misses():``, a miss of a function that already holds
-entries logs one WARNING on the ``nbjit`` logger (`explain_miss`) naming
+(or held) entries logs one WARNING on the ``nbjit`` logger (`miss_done`) naming
 the function, the call site, and what differs from the closest cached
 signature, whether the signature had been evicted by the LRU, and whether
 JAX compiled anything new for it.
 
-The closest entry among many (shape churn leaves thousands) is found over
-packed int64 rows: by a Python loop for small caches, by one Numba kernel
-call over all rows (`_kernels.description_distances`) from
-`NUMBA_CLOSEST_MIN_WORDS` packed words on (the measured crossover,
-benchmarks/benchmarks/bench_observe.py `ClosestEntry`).
+Every miss is explained and timed, logged or not: `ranked_misses()` groups
+them by function, call site and differing fields, costliest first, and
+``with nbjit.assert_max_misses(n):`` fails a block with more than `n`,
+naming them.
+
+The closest entry among many (shape churn leaves thousands) is the one
+with the fewest differing fields (leaves matched by path; ties: the newest),
+found over packed int64 rows: by a Python loop for small caches
+(`nbjit._distance`, which loads no numba), by one Numba kernel call over
+all rows (`_kernels.description_distances`) from `NUMBA_CLOSEST_MIN_WORDS`
+packed words on (the measured crossover, benchmarks/benchmarks/
+bench_observe.py `ClosestEntry`) once numba is loaded.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import html
+import itertools
 import logging
 import os
 import sys
@@ -47,8 +57,10 @@ __all__ = ["CallDescription", "LeafDescription", "describe_call", "explain",
 # 8.8 vs 9.9, 10 entries (750) 30.6 vs 12.5; 100 leaves: 1 entry (705) 35.6
 # vs 9.7; 1000 x 100 leaves 42.8 ms vs 1.2 ms. Numba from this many words on.
 NUMBA_CLOSEST_MIN_WORDS = 400
+# Past this many words the Python loop takes milliseconds per miss: Numba
+# then, even if it must be loaded first.
+PYTHON_CLOSEST_MAX_WORDS = 100_000
 
-_HEADER = 5  # _kernels.DESCRIPTION_HEADER_WORDS (not imported: numba loads lazily)
 _MAX_DIFFERENCES = 4  # differences named per message
 
 
@@ -104,6 +116,8 @@ class CallDescription:
     context: tuple
     row: tuple[int, ...]  # packed (see _kernels: DESCRIPTION_*)
     array: np.ndarray  # the same row as int64, for the kernel
+    serial: int = 0  # creation order: of two equally close entries the newer is named
+    positional: int = 0  # how many positional arguments (statics included)
 
 
 def _word(value: Any) -> int:
@@ -168,11 +182,15 @@ def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
     row = [len(leaves), _word((len(args), tuple(structure))), _word(names),
            _word(tuple(statics)), _word(context)]
     for leaf in leaves:
-        row += (_word(leaf.kind), _word(leaf.dtype), _flag(leaf.weak_type),
+        row += (_word(leaf.path), _word(leaf.kind), _word(leaf.dtype), _flag(leaf.weak_type),
                 _flag(leaf.committed), _word(leaf.sharding),
                 -1 if leaf.shape is None else len(leaf.shape), _word(leaf.shape))
     return CallDescription(tuple(leaves), tuple(statics), names, tuple(structure), context,
-                           tuple(row), np.array(row, dtype=np.int64))
+                           tuple(row), np.array(row, dtype=np.int64), next(_serials),
+                           len(args))
+
+
+_serials = itertools.count(1)  # next() is atomic under the GIL
 
 
 def _flag(value: bool | None) -> int:
@@ -184,16 +202,28 @@ def _flag(value: bool | None) -> int:
 
 
 def closest(new: CallDescription, cached: Sequence[CallDescription]) -> tuple[int, int]:
-    """(index, distance) of the cached description closest to `new`."""
+    """(index, distance) of the cached description closest to `new`: the fewest
+    differing fields, leaves matched by path; on ties the last (pass `cached`
+    oldest first, as `by_age` orders it, and the most recent wins).
+
+    The Numba kernel past the crossover, once numba is loaded (or the Python
+    loop would take milliseconds): every miss is explained for
+    `ranked_misses`, and loading numba takes a fraction of a second.
+    """
+    words = len(cached) * len(new.row)
+    if words < NUMBA_CLOSEST_MIN_WORDS or (
+            words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
+        from nbjit import _distance
+
+        return _distance.closest_python(new.row, [d.row for d in cached])
     from nbjit import _kernels
 
-    if len(cached) * len(new.row) < NUMBA_CLOSEST_MIN_WORDS:
-        return _kernels.closest_python(new.row, [d.row for d in cached])
     return _kernels.closest_numba(new.array, [d.array for d in cached])
 
 
-# ---------------------------------------------------------------------------
-# What differs
+def by_age(descriptions: Sequence[CallDescription]) -> list[CallDescription]:
+    """`descriptions` oldest first (the order `closest` breaks ties by)."""
+    return sorted(descriptions, key=lambda d: d.serial)
 
 
 def _show(value: Any) -> str:
@@ -208,25 +238,41 @@ def _aval_text(leaf: LeafDescription) -> str:
     return f"{np.dtype(leaf.dtype).name}[{shape}]"
 
 
-def _leaf_differences(old: LeafDescription, new: LeafDescription) -> list[str]:
+_WEAK_TYPE_FIX = ("a Python scalar (and what JAX computes from one alone) is weakly typed, "
+                  "a numpy or typed jax value is not: pass the same kind every call, e.g. "
+                  "jnp.float32(x) or np.float32(x) instead of a bare Python float")
+
+
+def _weak_text(weak: bool | None) -> str:
+    return {True: "weak", False: "strong"}.get(weak, "none")
+
+
+def _leaf_differences(old: LeafDescription, new: LeafDescription) -> list[tuple[str, str]]:
     p = new.path
     if old.kind != new.kind:
-        return [f"{p}: kind {old.kind} -> {new.kind}"]
+        text = f"{p}: kind {old.kind} -> {new.kind}"
+        if old.weak_type is not None and new.weak_type is not None \
+                and old.weak_type != new.weak_type:
+            text += (f" (the weak type changed: {_weak_text(old.weak_type)} -> "
+                     f"{_weak_text(new.weak_type)}; {_WEAK_TYPE_FIX})")
+        return [(f"{p}: kind", text)]
     out = []
     if old.dtype != new.dtype:
-        out.append(f"{p}: dtype {_aval_text(old)} -> {_aval_text(new)}")
+        out.append((f"{p}: dtype", f"{p}: dtype {_aval_text(old)} -> {_aval_text(new)}"))
     if old.shape != new.shape:
-        out.append(f"{p}: shape {_aval_text(old)} -> {_aval_text(new)}")
+        out.append((f"{p}: shape", f"{p}: shape {_aval_text(old)} -> {_aval_text(new)}"))
     if old.weak_type != new.weak_type:
-        out.append(f"{p}: weak type {old.weak_type} -> {new.weak_type}")
+        out.append((f"{p}: weak type", f"{p}: weak type {old.weak_type} -> {new.weak_type} "
+                                       f"({_WEAK_TYPE_FIX})"))
     if old.committed != new.committed:
-        out.append(f"{p}: committed {old.committed} -> {new.committed}")
+        out.append((f"{p}: committed", f"{p}: committed {old.committed} -> {new.committed}"))
     if old.sharding is not new.sharding and old.sharding != new.sharding:
-        out.append(f"{p}: sharding {_show(old.sharding)} -> {_show(new.sharding)}")
+        out.append((f"{p}: sharding",
+                    f"{p}: sharding {_show(old.sharding)} -> {_show(new.sharding)}"))
     return out
 
 
-def _context_differences(old: tuple, new: tuple) -> list[str]:
+def _context_differences(old: tuple, new: tuple) -> list[tuple[str, str]]:
     try:
         names = _jax.trace_context_names()
     except Exception:  # a jax without names: positions only
@@ -235,29 +281,44 @@ def _context_differences(old: tuple, new: tuple) -> list[str]:
     for i, (a, b) in enumerate(zip(old, new, strict=False)):
         if a is not b and a != b:
             name = names[i] if i < len(names) else f"trace context position {i}"
-            out.append(f"trace context {name}: {_show(a)} -> {_show(b)}")
+            out.append((f"trace context {name}",
+                        f"trace context {name}: {_show(a)} -> {_show(b)}"))
     return out
 
 
 def differences(old: CallDescription, new: CallDescription) -> list[str]:
     """Every field of `new` that differs from `old`, each naming its argument path."""
-    out: list[str] = []
+    return [text for _, text in field_differences(old, new)]
+
+
+def field_differences(old: CallDescription, new: CallDescription) -> list[tuple[str, str]]:
+    """(field, message) of every field of `new` that differs from `old`; the field
+    (``"args[0]: shape"``) is what `ranked_misses` groups by."""
+    out: list[tuple[str, str]] = []
     if old.keyword_names != new.keyword_names:
-        out.append(f"keyword names {old.keyword_names} -> {new.keyword_names}")
+        out.append(("keyword names",
+                    f"keyword names {old.keyword_names} -> {new.keyword_names}"))
+    old_args, new_args = old.positional, new.positional
+    if old_args != new_args:
+        out.append(("positional argument count",
+                    f"positional argument count {old_args} -> {new_args}"))
     old_structure, new_structure = dict(old.structure), dict(new.structure)
     for path in dict.fromkeys([*old_structure, *new_structure]):
         if old_structure.get(path) != new_structure.get(path):
-            out.append(f"{path}: pytree structure {old_structure.get(path, '(a leaf)')} -> "
-                       f"{new_structure.get(path, '(a leaf)')}")
+            out.append((f"{path}: pytree structure",
+                        f"{path}: pytree structure {old_structure.get(path, '(a leaf)')} -> "
+                        f"{new_structure.get(path, '(a leaf)')}"))
     old_statics = {p: (t, v) for p, t, v in old.statics}
     for path, kind, value in new.statics:
         if path not in old_statics:
             continue
         old_kind, old_value = old_statics[path]
         if old_kind is not kind:
-            out.append(f"{path}: static argument type {old_kind.__name__} -> {kind.__name__}")
+            out.append((f"{path}: static argument type",
+                        f"{path}: static argument type {old_kind.__name__} -> {kind.__name__}"))
         elif not _equal(old_value, value):
-            out.append(f"{path}: static argument value {_show(old_value)} -> {_show(value)}")
+            out.append((f"{path}: static argument value",
+                        f"{path}: static argument value {_show(old_value)} -> {_show(value)}"))
     old_leaves = {leaf.path: leaf for leaf in old.leaves}
     for leaf in new.leaves:
         before = old_leaves.get(leaf.path)
@@ -311,7 +372,7 @@ def call_site() -> str:
 class MissContext:
     """What the dispatcher knows about a miss beyond the call's description."""
 
-    name: str  # qualified name of the function
+    name: str  # the function's name (`nbjit._names.function_name`, with its options)
     cached: Sequence[CallDescription]  # descriptions of its entries now
     evicted: Sequence[CallDescription] = ()  # of its recently evicted entries
     twin_options: Sequence[tuple[Any, Any]] = ()  # (other global key, own) with entries
@@ -319,25 +380,37 @@ class MissContext:
     jax_misses: tuple[tuple[int, int], tuple[int, int]] | None = None  # before, after
 
 
-def explain(new: CallDescription, miss: MissContext) -> str:
-    """One message saying why `new` missed."""
-    parts = [f"nbjit cache miss of {miss.name} at {call_site()}"]
-    evicted = [d for d in miss.evicted if d.row == new.row and not differences(d, new)]
-    if evicted:
-        parts.append("this signature was compiled before; the LRU evicted its entry "
-                     f"(cache capacity {miss.capacity})")
-    elif miss.cached:
-        index, distance = closest(new, miss.cached)
-        found = differences(miss.cached[index], new)
-        shown = "; ".join(found[:_MAX_DIFFERENCES])
+FIRST_CALL = "first call"  # the field of a miss with nothing to compare against
+EVICTED = "evicted by the LRU"
+OPTIONS = "jit options"
+
+
+def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...], str]:
+    """(the fields the miss is grouped by, the sentence that explains it)."""
+    if new is None:
+        return ("not described",), "the call could not be described"
+    if any(d.row == new.row and not differences(d, new) for d in miss.evicted):
+        return (EVICTED,), ("this signature was compiled before; the LRU evicted its entry "
+                            f"(cache capacity {miss.capacity})")
+    if miss.cached:
+        cached = by_age(miss.cached)
+        index, _ = closest(new, cached)
+        found = field_differences(cached[index], new)
+        shown = "; ".join(text for _, text in found[:_MAX_DIFFERENCES])
         if len(found) > _MAX_DIFFERENCES:
             shown += f"; and {len(found) - _MAX_DIFFERENCES} more"
-        parts.append(f"against the closest of {len(miss.cached)} cached signatures: "
-                     + (shown or "no described field differs"))
-    elif miss.twin_options:
+        fields = tuple(field for field, _ in found) or ("no described field",)
+        return fields, (f"against the closest of {len(cached)} cached signatures: "
+                        + (shown or "no described field differs"))
+    if miss.twin_options:
         other, own = miss.twin_options[0]
-        parts.append("no entries with these options; another jit of the same function "
-                     "has entries: " + "; ".join(options_differences(other, own)))
+        return (OPTIONS,), ("no entries with these options; another jit of the same "
+                            "function has entries: " + "; ".join(options_differences(other, own)))
+    return (FIRST_CALL,), "no entry to compare with (the first compile of this function)"
+
+
+def _message(name: str, site: str, why: str, miss: MissContext) -> str:
+    parts = [f"nbjit cache miss of {name} at {site}", why]
     if miss.jax_misses is not None:
         (trace0, compile0), (trace1, compile1) = miss.jax_misses
         if trace1 == trace0 and compile1 == compile0:
@@ -349,9 +422,200 @@ def explain(new: CallDescription, miss: MissContext) -> str:
     return ": ".join(parts[:2]) + "".join(f"; {p}" for p in parts[2:])
 
 
-def log_miss(new: CallDescription, miss: MissContext) -> None:
+def explain(new: CallDescription, miss: MissContext) -> str:
+    """One message saying why `new` missed."""
+    return _message(miss.name, call_site(), _why(new, miss)[1], miss)
+
+
+# ---------------------------------------------------------------------------
+# Every miss, explained and timed: `ranked_misses()` and `assert_max_misses`
+
+
+@dataclass(frozen=True)
+class MissRecord:
+    """One miss: which function, where it was called, why, what its compile cost."""
+
+    serial: int
+    name: str
+    site: str
+    fields: tuple[str, ...]
+    message: str
+    seconds: float
+
+
+RECENT_MISSES = 1024  # records kept for `assert_max_misses`' message
+_recent: collections.deque[MissRecord] = collections.deque(maxlen=RECENT_MISSES)
+_groups: dict[tuple[str, str, tuple[str, ...]], list] = {}  # -> [count, seconds, message]
+_record_lock = threading.Lock()
+_miss_serials = itertools.count(1)
+_last_serial = 0
+
+
+def miss_done(new: CallDescription | None, miss: MissContext, seconds: float) -> None:
+    """Called by the dispatcher after every compile it caches: groups the miss
+    for `ranked_misses`, keeps it for `assert_max_misses`, and logs it when
+    explaining is on (and the function had something to compare against)."""
+    global _last_serial
+    site = call_site()
     try:
-        message = explain(new, miss)
+        fields, why = _why(new, miss)
     except Exception as error:  # explaining must never break a call
-        message = f"nbjit cache miss of {miss.name} (not explained: {error!r})"
-    logger.warning(message)
+        fields, why = ("not explained",), f"not explained: {error!r}"
+    message = _message(miss.name, site, why, miss)
+    with _record_lock:
+        serial = _last_serial = next(_miss_serials)
+        _recent.append(MissRecord(serial, miss.name, site, fields, message, seconds))
+        group = _groups.get((miss.name, site, fields))
+        if group is None:
+            _groups[(miss.name, site, fields)] = [1, seconds, message]
+        else:
+            group[0] += 1
+            group[1] += seconds
+            group[2] = message  # the latest example
+    if enabled() and fields != (FIRST_CALL,):
+        logger.warning(message)
+
+
+def misses_since(serial: int) -> list[MissRecord]:
+    """The kept records of misses after `serial` (`last_serial()` read earlier)."""
+    with _record_lock:
+        return [r for r in _recent if r.serial > serial]
+
+
+def last_serial() -> int:
+    return _last_serial
+
+
+@dataclass(frozen=True)
+class RankedMiss:
+    """Misses of one function at one call site for the same reason."""
+
+    function: str
+    site: str
+    fields: tuple[str, ...]  # what differed from the closest entry (or FIRST_CALL, ...)
+    count: int
+    seconds: float  # wall time of their traces, lowerings and compiles
+    example: str  # the latest one's explanation
+
+
+class RankedMisses(Sequence[RankedMiss]):
+    """Misses grouped by function, call site and differing fields, costliest
+    first; prints as a table (text and notebook HTML)."""
+
+    def __init__(self, rows: Sequence[RankedMiss]) -> None:
+        self._rows = list(rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._rows[i]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [{"function": r.function, "site": r.site, "fields": list(r.fields),
+                 "count": r.count, "seconds": r.seconds, "example": r.example}
+                for r in self._rows]
+
+    def _cells(self) -> tuple[list[str], list[list[str]]]:
+        header = ["compile s", "misses", "function", "call site", "differs"]
+        body = [[f"{r.seconds:.3f}", str(r.count), r.function, r.site, ", ".join(r.fields)]
+                for r in self._rows]
+        return header, body
+
+    def __str__(self) -> str:
+        if not self._rows:
+            return "no nbjit misses"
+        header, body = self._cells()
+        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+        return "\n".join("  ".join(c.rjust(w) if i < 2 else c.ljust(w)
+                                   for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+                         .rstrip() for row in [header, *body])
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        header, body = self._cells()
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" if i < 2 else
+                             f"<td style='text-align:left'><code>{html.escape(c)}</code></td>"
+                             for i, c in enumerate(row)) + "</tr>" for row in body)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def ranked_misses(top: int | None = None) -> RankedMisses:
+    """Every nbjit miss of this process so far, grouped by function, call site and
+    the fields that differed from the closest cached entry, with how many and
+    the compile time they cost, costliest first (`top`: only the first rows).
+
+    Misses of functions that already had entries say which field to fix;
+    ``first call`` rows are each function's unavoidable first compile.
+    """
+    with _record_lock:
+        rows = [RankedMiss(name, site, fields, count, seconds, message)
+                for (name, site, fields), (count, seconds, message) in _groups.items()]
+    rows.sort(key=lambda r: (-r.seconds, -r.count))
+    return RankedMisses(rows[:top] if top is not None else rows)
+
+
+def reset_ranked_misses() -> None:
+    """Forgets the misses `ranked_misses` groups (the records for
+    `assert_max_misses` stay)."""
+    with _record_lock:
+        _groups.clear()
+
+
+class _MissBudget:
+    def __init__(self, misses: int, slow: int | None) -> None:
+        self.misses, self.slow = misses, slow
+
+    def __enter__(self) -> _MissBudget:
+        from nbjit import _stats
+
+        self._serial = last_serial()
+        self._slow_before = {name: s.slow_reasons for name, s in _stats.stats().items()} \
+            if self.slow is not None else {}
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        if kind is not None:
+            return  # the block's own exception goes first
+        from nbjit import _stats
+
+        problems = []
+        records = misses_since(self._serial)
+        count = last_serial() - self._serial
+        if count > self.misses:
+            lines = [f"  {r.message}" for r in records[:20]]
+            if len(records) > 20:
+                lines.append(f"  ... and {len(records) - 20} more")
+            problems.append(f"{count} nbjit cache misses, at most {self.misses} allowed:\n"
+                            + "\n".join(lines))
+        if self.slow is not None:
+            slow_lines, slow = [], 0
+            for name, s in _stats.stats().items():
+                before = self._slow_before.get(name, {})
+                new = {r: n - before.get(r, 0) for r, n in s.slow_reasons.items()
+                       if n > before.get(r, 0)}
+                if new:
+                    slow += sum(new.values())
+                    slow_lines.append(f"  {name}: " + ", ".join(
+                        f"{reason} {n} ({_stats.SLOW_REASONS.get(reason, reason)})"
+                        for reason, n in sorted(new.items())))
+            if slow > self.slow:
+                problems.append(f"{slow} nbjit slow calls (JAX's own path), at most "
+                                f"{self.slow} allowed:\n" + "\n".join(slow_lines))
+        if problems:
+            raise AssertionError("\n".join(problems))
+
+
+def assert_max_misses(misses: int = 0, slow: int | None = None) -> _MissBudget:
+    """``with nbjit.assert_max_misses(n, slow=0):`` fails the block with an
+    AssertionError, naming each explained miss, when nbjit compiled more than
+    `misses` signatures inside it, or (with `slow`) when more than `slow`
+    calls took JAX's own path, with their reasons.
+
+    Counts are process-wide (every thread's calls count), as JAX's own
+    compile caches are; a block that raises keeps its own exception.
+    """
+    return _MissBudget(misses, slow)

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from nbjit._distance import closest_python, description_distance_python  # noqa: F401
+
 # ---------------------------------------------------------------------------
 # Signature keys
 # ---------------------------------------------------------------------------
@@ -189,20 +191,37 @@ def signature_key(leaves: Sequence[Leaf]) -> int:
 # Call descriptions: the closest cached signature (explained misses)
 # ---------------------------------------------------------------------------
 
-# A call description packs into one int64 row (nbjit/_explain.py builds it):
-#   header: [n_leaves, structure_id, keyword_names_id, statics_id, context_id]
-#   then per leaf, fixed width:
-#   [kind_id, dtype_id, weak_type, committed, sharding_id, ndim, shape_id]
-# Words are the fields' hashes, so equal fields pack to equal words. The
-# distance of two rows is the number of differing words; rows whose leaf
-# counts differ count every leaf word of the longer one as different.
+# The packed layout of a call description and the distance counted over it
+# are described in nbjit/_distance.py, which holds the plain-Python twin
+# (numba-free, so that small caches never load numba; re-exported here).
+# The widths are literals here: a cached kernel is recompiled when this file
+# changes, not when that one does (tests/test_explain.py checks they agree).
 DESCRIPTION_HEADER_WORDS = 5
-DESCRIPTION_LEAF_WORDS = 7
+DESCRIPTION_LEAF_WORDS = 8
+
+
+@njit(cache=True, nogil=True)
+def _leaf_distance(row, i, rows, j):
+    """Differing fields of the leaf at word `i` of `row` and at word `j` of `rows`."""
+    if row[i + 1] != rows[j + 1]:
+        return 1  # another kind: its other fields say nothing more
+    d = 0
+    if row[i + 2] != rows[j + 2]:
+        d += 1
+    if row[i + 3] != rows[j + 3]:
+        d += 1
+    if row[i + 4] != rows[j + 4]:
+        d += 1
+    if row[i + 5] != rows[j + 5]:
+        d += 1
+    if row[i + 6] != rows[j + 6] or row[i + 7] != rows[j + 7]:
+        d += 1
+    return d
 
 
 @njit(cache=True, nogil=True)
 def description_distances(row, rows, offsets):
-    """Field-by-field distance of `row` to every row packed in `rows`.
+    """Fields of `row` that differ from every row packed in `rows` (see above).
 
     rows: int64[sum of lengths], the cached rows concatenated; offsets:
     int64[m + 1], row i is rows[offsets[i]:offsets[i + 1]]. Returns int64[m].
@@ -212,43 +231,23 @@ def description_distances(row, rows, offsets):
     n = row.shape[0]
     for r in range(m):
         start = offsets[r]
-        length = offsets[r + 1] - start
+        stop = offsets[r + 1]
         d = 0
-        for i in range(DESCRIPTION_HEADER_WORDS):
+        for i in range(1, DESCRIPTION_HEADER_WORDS):
             if row[i] != rows[start + i]:
                 d += 1
-        if length != n:
-            d += max(length, n) - DESCRIPTION_HEADER_WORDS
-        else:
-            for i in range(DESCRIPTION_HEADER_WORDS, n):
-                if row[i] != rows[start + i]:
-                    d += 1
+        for i in range(DESCRIPTION_HEADER_WORDS, n, DESCRIPTION_LEAF_WORDS):
+            j = start + i
+            if j >= stop or rows[j] != row[i]:
+                j = -1
+                for k in range(start + DESCRIPTION_HEADER_WORDS, stop, DESCRIPTION_LEAF_WORDS):
+                    if rows[k] == row[i]:
+                        j = k
+                        break
+            if j >= 0:
+                d += _leaf_distance(row, i, rows, j)
         out[r] = d
     return out
-
-
-def description_distance_python(a: Sequence[int], b: Sequence[int]) -> int:
-    """Plain-Python twin of one `description_distances` element."""
-    d = 0
-    for i in range(DESCRIPTION_HEADER_WORDS):
-        d += a[i] != b[i]
-    if len(a) != len(b):
-        return d + max(len(a), len(b)) - DESCRIPTION_HEADER_WORDS
-    for i in range(DESCRIPTION_HEADER_WORDS, len(a)):
-        d += a[i] != b[i]
-    return d
-
-
-def closest_python(row: Sequence[int], rows: Sequence[Sequence[int]]) -> tuple[int, int]:
-    """(index, distance) of the row in `rows` closest to `row` (first on ties)."""
-    best, best_d = -1, -1
-    for i, other in enumerate(rows):
-        d = description_distance_python(row, other)
-        if best < 0 or d < best_d:
-            best, best_d = i, d
-            if d == 0:
-                break
-    return best, best_d
 
 
 def closest_numba(row: np.ndarray, rows: Sequence[np.ndarray]) -> tuple[int, int]:
@@ -261,7 +260,7 @@ def closest_numba(row: np.ndarray, rows: Sequence[np.ndarray]) -> tuple[int, int
     offsets = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     distances = description_distances(row, np.concatenate(rows), offsets)
-    best = int(np.argmin(distances))
+    best = len(rows) - 1 - int(np.argmin(distances[::-1]))  # the last of the closest
     return best, int(distances[best])
 
 

@@ -174,26 +174,42 @@ class Profile:
         """(kind, nanoseconds) of every miss ('miss') and slow call ('slow') of `jitted`."""
         return list(self._whole.get(jitted, []))
 
-    def summary(self) -> list[dict[str, Any]]:
-        """One dict per function: name, hits, misses, slow, per-phase mean/p90 (us), total ms."""
-        from nbjit._stats import qualified_name
+    def by_name(self) -> dict[str, tuple[np.ndarray, list[tuple[str, int]]]]:
+        """name -> (phases_ns, whole_ns) of every function, in first-call order; twins
+        (two jits of one function with the same options) share their name and row,
+        as in `nbjit.stats()`."""
+        from nbjit._stats import function_label
 
-        rows = []
+        grouped: dict[str, tuple[list[np.ndarray], list[tuple[str, int]]]] = {}
         for jitted in self.functions():
-            phases = self.phases_ns(jitted) / 1e3
-            whole = self.whole_ns(jitted)
+            name = function_label(jitted) if hasattr(jitted, "_fun") else repr(jitted)
+            phases, whole = grouped.setdefault(name, ([], []))
+            phases.append(self.phases_ns(jitted))
+            whole += self.whole_ns(jitted)
+        return {name: (np.concatenate(phases), whole) for name, (phases, whole) in grouped.items()}
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One dict per function: name, hits, misses, slow, per-phase median/p90/mean (us),
+        total ms. Hits have heavy tails (a collection, a preemption): the median
+        says what a typical hit costs, the p90 how far the tail reaches."""
+        rows = []
+        for name, (phases_ns, whole) in self.by_name().items():
+            phases = phases_ns / 1e3
             miss_us = [ns / 1e3 for kind, ns in whole if kind == "miss"]
             slow_us = [ns / 1e3 for kind, ns in whole if kind == "slow"]
             row: dict[str, Any] = {
-                "name": qualified_name(getattr(jitted, "_fun", jitted)),
-                "calls": len(phases) + len(whole), "hits": len(phases),
+                "name": name, "calls": len(phases) + len(whole), "hits": len(phases),
                 "misses": len(miss_us), "slow": len(slow_us),
             }
             for i, phase in enumerate(PHASES):
                 column = phases[:, i] if len(phases) else np.zeros(1)
-                row[f"{phase}_mean_us"] = float(column.mean())
+                row[f"{phase}_median_us"] = float(np.median(column))
                 row[f"{phase}_p90_us"] = float(np.percentile(column, 90))
-            row["hit_mean_us"] = float(phases.sum(axis=1).mean()) if len(phases) else 0.0
+                row[f"{phase}_mean_us"] = float(column.mean())
+            hit_us = phases.sum(axis=1) if len(phases) else np.zeros(1)
+            row["hit_median_us"] = float(np.median(hit_us))
+            row["hit_p90_us"] = float(np.percentile(hit_us, 90))
+            row["hit_mean_us"] = float(hit_us.mean())
             row["miss_mean_us"] = float(np.mean(miss_us)) if miss_us else 0.0
             row["slow_mean_us"] = float(np.mean(slow_us)) if slow_us else 0.0
             row["total_ms"] = (float(phases.sum()) + sum(miss_us) + sum(slow_us)) / 1e3
@@ -206,9 +222,10 @@ class Profile:
         body = []
         for r in self.summary():
             cells = [r["name"], str(r["calls"]), str(r["hits"]), str(r["misses"]), str(r["slow"])]
-            cells += [f"{r[f'{p}_mean_us']:.2f} ({r[f'{p}_p90_us']:.2f})" for p in PHASES]
+            cells += [f"{r[f'{p}_median_us']:.2f} ({r[f'{p}_p90_us']:.2f})"
+                      for p in (*PHASES, "hit")]
             whole = [v for v in (r["miss_mean_us"], r["slow_mean_us"]) if v]
-            cells += [f"{r['hit_mean_us']:.2f}",
+            cells += [
                       "/".join(f"{v:.0f}" for v in whole) or "-", f"{r['total_ms']:.2f}"]
             body.append(cells)
         return header, body
@@ -219,21 +236,25 @@ class Profile:
         lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                            for i, (c, w) in enumerate(zip(row, widths, strict=True)))
                  for row in [header, *body]]
-        lines.append(f"phase cells: mean (p90) us per hit; profiler overhead "
-                     f"~{self.overhead_ns / 1e3:.2f} us per call, not subtracted")
+        lines.append(self._note())
         return "\n".join(lines)
+
+    __repr__ = __str__  # the table, as pandas shows a DataFrame
+
+    def _note(self) -> str:
+        return (f"phase and hit cells: median (p90) us per hit; miss/slow: mean us; "
+                f"profiler overhead ~{self.overhead_ns / 1e3:.2f} us per call, not subtracted")
 
     def _repr_html_(self) -> str:
         header, body = self._table()
         head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
         rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
                        for row in body)
-        note = (f"<p>phase cells: mean (p90) us per hit; profiler overhead "
-                f"~{self.overhead_ns / 1e3:.2f} us per call, not subtracted</p>")
+        note = f"<p>{html.escape(self._note())}</p>"
         return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{note}"
 
     def plot(self, path: str | None = None) -> Any:
-        """A stacked bar per function: mean us per phase of its hits. Saves to `path` if given.
+        """A stacked bar per function: median us per phase of its hits. Saves to `path` if given.
 
         Returns the matplotlib Figure (imported here, not at nbjit's import).
         """
@@ -245,20 +266,28 @@ class Profile:
         import matplotlib.pyplot as plt
 
         rows = [r for r in self.summary() if r["hits"]]
-        fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(rows) + 2), 3.5))
-        names = [r["name"].rsplit(".", 1)[-1] for r in rows]
+        # Wide enough for the two-line title whatever the number of bars.
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(rows) + 2), 4.0))
+        names = [_short_name(r["name"]) for r in rows]
         bottom = np.zeros(len(rows))
         for phase in PHASES:
-            values = np.array([r[f"{phase}_mean_us"] for r in rows])
+            values = np.array([r[f"{phase}_median_us"] for r in rows])
             ax.bar(names, values, bottom=bottom, label=phase)
             bottom += values
-        ax.set_ylabel("mean us per hit")
-        ax.set_title(f"nbjit per-phase time (profiler overhead ~{self.overhead_ns / 1e3:.2f} us)")
+        ax.set_ylabel("median us per hit")
+        ax.set_title(f"nbjit per-phase time of hits\n"
+                     f"(profiler overhead ~{self.overhead_ns / 1e3:.2f} us per call)")
         ax.legend(fontsize="small")
         fig.tight_layout()
         if path is not None:
             fig.savefig(path, dpi=100)
         return fig
+
+
+def _short_name(name: str) -> str:
+    """A bar's label: the qualified name without its module, the site below it."""
+    base, _, rest = name.partition(" (")
+    return base.rsplit(".", 1)[-1] + (f"\n({rest}" if rest else "")
 
 
 def profile() -> Profile:

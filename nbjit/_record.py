@@ -419,6 +419,27 @@ def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,
     return prepare
 
 
+class DeletedInput(Exception):
+    """An input array was deleted (donated) before the call: JAX's path raises."""
+
+
+def _checking_deleted(execute: Callable[[Sequence[Any]], Any]) -> Callable[[Sequence[Any]], Any]:
+    """`execute` for a donating function: a deleted input raises `DeletedInput`
+    before the runtime sees it (the runtime logs an error line to stderr for a
+    deleted buffer; jaxlib finds it earlier, while it computes the signature).
+    Donating functions are where donated arrays are reused (``step(params)``
+    twice); other functions skip the check, which costs a call per leaf. An
+    input that is no jax.Array raises TypeError here, as `execute` would."""
+    is_deleted = ArrayImpl.is_deleted
+
+    def execute_checked(inputs: Sequence[Any]) -> Any:
+        if any(map(is_deleted, inputs)):
+            raise DeletedInput
+        return execute(inputs)
+
+    return execute_checked
+
+
 def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool) -> FastPath:
     """Turns JAX's fast-path data into a `FastPath`; raises `Unsupported` when it cannot.
 
@@ -453,7 +474,8 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool) -> FastPat
     all_kept = len(kept) == len(leaves)
     return FastPath(
         executable=fastpath.xla_executable,
-        execute=fastpath.xla_executable.execute_sharded,
+        execute=(_checking_deleted(fastpath.xla_executable.execute_sharded) if donated
+                 else fastpath.xla_executable.execute_sharded),
         out_handlers=[
             _jax.result_handler(aval, sharding, committed)
             for aval, sharding, committed in zip(

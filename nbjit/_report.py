@@ -4,7 +4,9 @@ Per live nbjit function (the script's, routed from `jax.jit`): calls, hits,
 misses, slow calls with their reasons (`nbjit.stats()`), and, when the run
 was profiled (the default), where the time of its calls went: in nbjit's
 dispatch (keying, lookup, inputs, outputs of hits), in `execute_sharded`,
-and in misses and slow calls, timed whole (`nbjit.profile()`).
+and in misses and slow calls, timed whole (`nbjit.profile()`); then the
+misses ranked by the compile time they cost (`nbjit.ranked_misses()`).
+Every row is one function, named as `nbjit.stats()` names it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from nbjit import _profile, _stats
+from nbjit import _explain, _profile, _stats
 
 __all__ = ["build", "format_text", "write_json"]
 
@@ -26,27 +28,24 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
     """The report as plain data (what ``--json`` writes)."""
     timing: dict[str, dict[str, float]] = {}
     if profile is not None:
-        for jitted in profile.functions():
-            phases = profile.phases_ns(jitted)
-            whole = profile.whole_ns(jitted)
-            name = _stats.qualified_name(getattr(jitted, "_fun", jitted))
-            row = timing.setdefault(name, {"dispatch_ms": 0.0, "execute_ms": 0.0,
-                                           "miss_ms": 0.0, "slow_ms": 0.0})
-            row["dispatch_ms"] += float(phases[:, _DISPATCH_PHASES].sum()) / 1e6
-            row["execute_ms"] += float(phases[:, _EXECUTE].sum()) / 1e6
+        for name, (phases, whole) in profile.by_name().items():
+            row = timing[name] = {"dispatch_ms": float(phases[:, _DISPATCH_PHASES].sum()) / 1e6,
+                                  "execute_ms": float(phases[:, _EXECUTE].sum()) / 1e6,
+                                  "miss_ms": 0.0, "slow_ms": 0.0}
             for kind, ns in whole:
                 row[f"{kind}_ms"] += ns / 1e6
     functions = []
-    for name, s in _stats.stats().items():
+    for name, s in _stats.stats().items():  # the names profile.by_name() gives (function_label)
         row = {"name": name, "calls": s.calls, "hits": s.hits, "misses": s.misses,
                "slow": s.slow, "slow_reasons": dict(s.slow_reasons),
                "evictions": s.evictions, "miss_seconds": s.miss_seconds}
-        row.update(timing.get(name.split("#")[0], {}))
+        row.update(timing.get(name, {}))
         functions.append(row)
     functions.sort(key=lambda r: -r["calls"])
     return {"profiled": profile is not None,
             "profile_overhead_us": profile.overhead_ns / 1e3 if profile is not None else None,
-            "functions": functions}
+            "functions": functions,
+            "ranked_misses": _explain.ranked_misses().to_dicts()}
 
 
 def format_text(report: dict[str, Any]) -> str:
@@ -76,7 +75,24 @@ def format_text(report: dict[str, Any]) -> str:
             "dispatch = key + lookup + inputs + outputs of hits; execute = execute_sharded of "
             f"hits; misses and slow calls timed whole; profiling adds "
             f"~{report['profile_overhead_us']:.2f} us per call (--no-profile to skip timing)")
+    lines += _ranked_text(report.get("ranked_misses", []))
     return "\n".join(lines)
+
+
+RANKED_SHOWN = 10  # rows of the ranked misses the text report prints (--json has all)
+
+
+def _ranked_text(ranked: list[dict[str, Any]]) -> list[str]:
+    if not ranked:
+        return []
+    shown = _explain.RankedMisses([_explain.RankedMiss(
+        r["function"], r["site"], tuple(r["fields"]), r["count"], r["seconds"], r["example"])
+        for r in ranked[:RANKED_SHOWN]])
+    lines = ["", "nbjit run: misses by compile time (grouped by function, call site and the "
+             "fields that differed from the closest cached entry)", str(shown)]
+    if len(ranked) > RANKED_SHOWN:
+        lines.append(f"... and {len(ranked) - RANKED_SHOWN} more groups (--json has them all)")
+    return lines
 
 
 def write_json(path: str, report: dict[str, Any]) -> None:

@@ -22,7 +22,9 @@ function.
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import itertools
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
@@ -88,6 +90,8 @@ class DispatchStats:
     def __str__(self) -> str:
         return str(StatsTable({self.name: self}))
 
+    __repr__ = __str__
+
     def _repr_html_(self) -> str:
         return StatsTable({self.name: self})._repr_html_()
 
@@ -119,8 +123,8 @@ class StatsTable(Mapping[str, DispatchStats]):
     def __len__(self) -> int:
         return len(self._rows)
 
-    def __repr__(self) -> str:
-        return f"StatsTable({self._rows!r})"
+    def __repr__(self) -> str:  # the table, as pandas shows a DataFrame
+        return str(self)
 
     def __str__(self) -> str:
         header = ("function", *_COLUMNS, "slow reasons")
@@ -150,44 +154,80 @@ class StatsTable(Mapping[str, DispatchStats]):
 # ---------------------------------------------------------------------------
 # The registry of live functions (weak: registering keeps nothing alive)
 
-_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_live: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # -> creation order
 _live_lock = threading.Lock()
+_registered = itertools.count()
 
 
 def register(jitted: Any) -> None:
     """Called once per jitted function, at construction."""
     with _live_lock:
-        _live.add(jitted)
+        _live[jitted] = next(_registered)
 
 
 def live_functions() -> list[Any]:
+    """The live jitted functions, oldest first."""
     with _live_lock:
-        return list(_live)
+        return sorted(_live, key=_live.__getitem__)
 
 
-def qualified_name(fun: Any) -> str:
-    module = getattr(fun, "__module__", None) or ""
-    name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
-    return f"{module}.{name}" if module and module != "__main__" else name
+def function_label(jitted: Any) -> str:
+    """How every report names a jitted function: `nbjit._names.function_name` of
+    its Python function, plus the jit options that key its executables
+    (JAX's global cache key: donation, shardings, device, ...) where they are
+    not the defaults. Twins, which share one cache namespace, share the
+    label; two jits of one function with other such options are two rows."""
+    from nbjit._names import function_name
+
+    name = function_name(jitted._fun)
+    options = _keyed_options(getattr(jitted, "_global_key", None))
+    return f"{name} [{options}]" if options else name
+
+
+_default_key: Any = None
+
+
+def _keyed_options(key: Any) -> str:
+    """``"donate_argnums=(0,)"``: the fields of a global cache key that differ from
+    a plain jit's ("" for none)."""
+    global _default_key
+    if key is None or not dataclasses.is_dataclass(key):
+        return ""
+    if _default_key is None:
+        from nbjit import _jax
+
+        _default_key = _jax.jit_global_cache_key(_jax.jit_info(_jax.jax_jit(lambda x: x)))
+    differing = {f.name: getattr(key, f.name) for f in dataclasses.fields(key)
+                 if not f.name.endswith("_treedef")
+                 and getattr(key, f.name) != getattr(_default_key, f.name)}
+    if "donate_argnums" in differing:
+        differing.pop("donate_argnames", None)  # derived from the numbers
+    return ", ".join(f"{k}={_short(v)}" for k, v in differing.items())
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 30 else text[:27] + "..."
 
 
 def stats() -> StatsTable:
-    """The `DispatchStats` of every live nbjit function, keyed by qualified name.
+    """The `DispatchStats` of every live nbjit function, keyed by its name
+    (`function_label`: ``"qualname (file.py:LINE)"``, ``#N`` for the N-th
+    function of that name and site, its jit options if any), oldest first.
 
-    Twins (same function, same options) share one row. Two different
-    functions with one qualified name get ``name``, ``name#2``, ...
+    Twins (same function, same options) share one row.
     """
     rows: dict[str, DispatchStats] = {}
     seen: set[int] = set()
-    for jitted in sorted(live_functions(), key=lambda f: qualified_name(f._fun)):
+    for jitted in live_functions():
         namespace = jitted._namespace
         if id(namespace) in seen:
             continue
         seen.add(id(namespace))
-        base = name = qualified_name(jitted._fun)
-        n = 1
-        while name in rows:
+        s = jitted.stats()
+        name, n = s.name, 1
+        while name in rows:  # same function and options in another PjitFunctionCache
             n += 1
-            name = f"{base}#{n}"
-        rows[name] = jitted.stats()
+            name = f"{s.name} [cache {n}]"
+        rows[name] = s if name == s.name else dataclasses.replace(s, name=name)
     return StatsTable(rows)

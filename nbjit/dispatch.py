@@ -202,7 +202,7 @@ class PjitFunction:
                     namespace.link(node)
             raise
         finally:
-            counters.miss_seconds += time.perf_counter() - start
+            counters.miss_seconds += (seconds := time.perf_counter() - start)
         counters.misses += 1
         self.miss_count += 1
         try:
@@ -213,8 +213,7 @@ class PjitFunction:
             record, reason = None, "no_fastpath"
         if fastpath is None:  # effects, or something else JAX keeps on its own path
             reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
-        if explaining is not None:
-            _explain.log_miss(description, explaining(_jax.jax_cache_misses()))
+        _explain.miss_done(description, explaining(_jax.jax_cache_misses()), seconds)
         if not rebuild:
             node = Node(*signature, namespace, record, reason)
             node.description = description
@@ -235,7 +234,7 @@ class PjitFunction:
         with self._cache._lock:
             nodes = self._namespace.nodes()
             live_hits = sum(node.hits for node in nodes)
-        return _stats.snapshot(self._counters, _stats.qualified_name(self._fun), len(nodes),
+        return _stats.snapshot(self._counters, _stats.function_label(self), len(nodes),
                                live_hits)
 
     def reset_stats(self) -> None:
@@ -246,26 +245,23 @@ class PjitFunction:
             self._counters.reset()
 
     def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
-        """(this call's description, and when misses are explained, a function
-        (JAX's cache misses now) -> `_explain.MissContext`, else None)."""
+        """(this call's description or None, and a function (JAX's cache misses
+        after the compile) -> `_explain.MissContext`: every miss is explained,
+        logged only while explaining is on)."""
         split = self._binders.split(call_shape(args, kwargs))
         try:
             description = _explain.describe_call(args, kwargs, split.static_positions,
                                                  split.static_names, context)
         except Exception:  # describing must never break a call
-            return None, None
-        if not _explain.enabled():
-            return description, None
+            description = None
         namespace = self._namespace
         with namespace.cache._lock:
             cached = [n.description for n in namespace.nodes() if n.description is not None]
         evicted = list(self._counters.evicted)
         twins = [] if cached or evicted else self._other_options_with_entries()
-        if not (cached or evicted or twins):
-            return description, None
         before = _jax.jax_cache_misses()
         return description, lambda after: _explain.MissContext(
-            _stats.qualified_name(self._fun), cached, evicted, twins,
+            _stats.function_label(self), cached, evicted, twins,
             namespace.cache.capacity(), (before, after))
 
     def _other_options_with_entries(self) -> list[tuple[Any, Any]]:

@@ -241,24 +241,76 @@ def test_closest_of_many_entries(records):
 
 # -- the closest-entry search: Numba kernel and Python loop agree ---------------
 
-_rows = st.integers(0, 3).flatmap(lambda n: st.lists(
-    st.lists(st.integers(-1, 3), min_size=5 + 7 * n, max_size=5 + 7 * n)
-    .map(lambda r, n=n: [n, *r[1:]]), min_size=1, max_size=12))
+_HEADER, _LEAF = _kernels.DESCRIPTION_HEADER_WORDS, _kernels.DESCRIPTION_LEAF_WORDS
 
 
-@settings(max_examples=60, deadline=None)
-@given(_rows, st.integers(0, 3), st.data())
-def test_kernel_and_python_distances_agree(rows, n_new, data):
-    new = data.draw(st.lists(st.integers(-1, 3), min_size=5 + 7 * n_new, max_size=5 + 7 * n_new))
-    new[0] = n_new
+def _row(n_leaves):
+    """A packed row of `n_leaves` leaves whose paths come from a few (some repeat,
+    some are missing, some are out of order), fields from a few values."""
+    leaf = st.tuples(st.integers(0, 4), *[st.integers(-1, 2)] * (_LEAF - 1))
+    return st.tuples(st.lists(st.integers(-1, 2), min_size=_HEADER - 1, max_size=_HEADER - 1),
+                     st.lists(leaf, min_size=n_leaves, max_size=n_leaves)).map(
+        lambda t: [n_leaves, *t[0], *[w for lf in t[1] for w in lf]])
+
+
+_rows = st.lists(st.integers(0, 4).flatmap(_row), min_size=1, max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_rows, st.integers(0, 4).flatmap(_row))
+def test_kernel_and_python_distances_agree(rows, new):
     arrays = [np.array(r, np.int64) for r in rows]
     python = [_kernels.description_distance_python(new, r) for r in rows]
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
     numba = _kernels.description_distances(np.array(new, np.int64), np.concatenate(arrays),
                                            offsets)
     assert list(numba) == python
-    assert _kernels.closest_numba(np.array(new, np.int64), arrays)[1] == min(python)
-    assert _kernels.closest_python(new, rows)[1] == min(python)
+    last_closest = max(i for i, d in enumerate(python) if d == min(python))  # ties: newest
+    assert _kernels.closest_numba(np.array(new, np.int64), arrays) == (last_closest,
+                                                                        min(python))
+    assert _kernels.closest_python(new, rows) == (last_closest, min(python))
+
+
+def test_distance_matches_leaves_by_path():
+    """A leaf moved to another position still compares with its own path's leaf."""
+    a_leaf, b_leaf = [11, 1, 2, 3, 4, 5, 1, 6], [22, 1, 2, 3, 4, 5, 1, 7]
+    old = [2, 0, 0, 0, 0, *a_leaf, *b_leaf]
+    new = [2, 0, 0, 0, 0, *b_leaf, *a_leaf]
+    assert _kernels.description_distance_python(new, old) == 0
+    new_shape = [2, 0, 0, 0, 0, *b_leaf[:-1], 8, *a_leaf]  # b's shape differs
+    assert _kernels.description_distance_python(new_shape, old) == 1
+    only_a = [1, 9, 0, 0, 0, *a_leaf]  # b missing: the structure word counts it, once
+    assert _kernels.description_distance_python(only_a, old) == 1
+    arrays = [np.array(old, np.int64)]
+    for row in (new, new_shape, only_a):
+        assert _kernels.closest_numba(np.array(row, np.int64), arrays)[1] == \
+            _kernels.description_distance_python(row, old)
+
+
+def test_the_twins_share_the_layout():
+    from nbjit import _distance
+
+    assert (_kernels.DESCRIPTION_HEADER_WORDS, _kernels.DESCRIPTION_LEAF_WORDS) == (
+        _distance.DESCRIPTION_HEADER_WORDS, _distance.DESCRIPTION_LEAF_WORDS)
+    row = _explain.describe_call((jnp.ones(2), {"a": 1.0}), {"k": np.ones(1)}, (), (), ()).row
+    assert len(row) == _kernels.DESCRIPTION_HEADER_WORDS + 3 * _kernels.DESCRIPTION_LEAF_WORDS
+
+
+def test_explaining_a_few_entries_loads_no_numba():
+    """Every miss is explained (for ranked_misses): with few entries that must not
+    import numba (~0.5 s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nbjit, jax.numpy as jnp\n"
+            "f = nbjit.jit(lambda x: x + 1)\n"
+            "for n in range(1, 6): f(jnp.ones(n))\n"
+            "assert nbjit.ranked_misses()[0].count >= 1\n"
+            "print('numba' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "XLA_FLAGS": ""})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
 
 
 def test_closest_uses_the_kernel_past_the_crossover():
@@ -267,3 +319,46 @@ def test_closest_uses_the_kernel_past_the_crossover():
     assert len(descriptions) * len(new.row) >= _explain.NUMBA_CLOSEST_MIN_WORDS
     index, distance = _explain.closest(new, descriptions)
     assert (index, distance) == (122, 0)
+
+
+# -- the closest entry: fewest differing fields, leaves matched by path ---------
+
+
+def test_adding_a_keyword_names_one_field(records):
+    """Two entries, {'a'} and {'a', 'b'}; the call adds a keyword to {'a'}: the
+    closest entry is {'a'} (one field differs), though {'a', 'b'} has as many
+    leaves as the call."""
+    f = nbjit.jit(lambda p, k=None: p["a"])
+    a = jnp.ones(3)
+    f({"a": a})
+    f({"a": a, "b": a})
+    message = _explained(records, lambda: f({"a": a}, k=a))
+    assert "cached signatures: keyword names () -> ('k',); JAX traced" in message
+
+
+def test_every_differing_field_is_listed_up_to_the_limit(records):
+    f = nbjit.jit(lambda *xs: xs[0])
+    n = _explain._MAX_DIFFERENCES + 2
+    f(*[jnp.ones(1)] * n)
+    message = _explained(records, lambda: f(*[jnp.ones(2)] * n))
+    for i in range(_explain._MAX_DIFFERENCES):
+        assert f"args[{i}]: shape float32[1] -> float32[2]" in message
+    assert f"args[{_explain._MAX_DIFFERENCES}]" not in message
+    assert "and 2 more" in message
+
+
+def test_ties_name_the_most_recent_entry(records):
+    f = nbjit.jit(lambda x: x)
+    f(jnp.ones(1))
+    f(jnp.ones(2))
+    message = _explained(records, lambda: f(jnp.ones(3)))
+    assert "shape float32[2] -> float32[3]" in message
+
+
+def test_python_float_then_numpy_float32_names_the_weak_type(records):
+    f = nbjit.jit(lambda x: x * 2)
+    f(1.5)
+    message = _explained(records, lambda: f(np.float32(1.5)))
+    assert "args[0]: kind float -> numpy" in message
+    assert "the weak type changed: weak -> strong" in message
+    assert "np.float32(x)" in message  # what to do

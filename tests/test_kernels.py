@@ -22,13 +22,19 @@ needs_8_devices = pytest.mark.skipif(
 
 
 def test_kernels_module_does_not_import_jax(tmp_path):
-    # A copy outside the package: importing it must not pull in jax, and
-    # neither may compiling and running its kernels.
-    (tmp_path / "kernels_copy.py").write_text(Path(_kernels.__file__).read_text())
+    # A copy outside the package (with the numba-free module it imports, in a
+    # package of their own): importing it must not pull in jax, and neither
+    # may compiling and running its kernels.
+    package = tmp_path / "nbjit"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for module in ("_kernels.py", "_distance.py"):
+        (package / module).write_text((Path(_kernels.__file__).parent / module).read_text())
     code = (
         "import sys\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
-        "import kernels_copy as k\n"
+        "import nbjit._kernels as k\n"
+        "assert k.__file__.startswith(sys.path[0])\n"
         "k.numba_signature_key([(1, True, False, 2, 0, (3, 4))])\n"
         "print(sorted(n for n in sys.modules if n == 'jax' or n.startswith('jax.')))\n"
     )

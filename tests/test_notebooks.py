@@ -22,9 +22,13 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError naming the failing cell
-    text = "\n".join(output.get("text", "") for cell in notebook.cells
-                     for output in cell.get("outputs", []))
+    text = "\n".join(output.get("text", "") or output.get("data", {}).get("text/plain", "")
+                     for cell in notebook.cells for output in cell.get("outputs", []))
     if path.name == "observability.ipynb":
-        assert "nbjit cache miss of train_step" in text
+        assert "nbjit cache miss of train_step (" in text  # named with its definition site
         assert "static argument value 0.05 -> 0.01" in text
-        assert "profiler overhead" in text
+        assert "profiler overhead" in text and "median (p90)" in text
+        assert "compile s  misses  function" in text  # the ranked misses
+        assert "args[1]: shape, args[2]: shape" in text
+        assert "AssertionError: 2 nbjit cache misses, at most 1 allowed" in text
+        assert "self-check (jax.jit against itself): ratio" in text

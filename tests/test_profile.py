@@ -40,8 +40,13 @@ def test_hits_in_five_phases_misses_and_slow_calls_whole():
     assert phases.shape == (20, 5) and (phases >= 0).all() and phases[:, 3].sum() > 0
     (row,) = prof.summary()
     assert (row["calls"], row["hits"], row["misses"], row["slow"]) == (22, 20, 1, 1)
-    assert row["name"].endswith("step")
+    assert row["name"] == f.stats().name and "._fresh.<locals>.step (test_profile.py:" in \
+        row["name"]
     assert row["miss_mean_us"] > row["hit_mean_us"] > 0
+    hits_us = phases.sum(axis=1) / 1e3
+    assert row["hit_median_us"] == pytest.approx(float(np.median(hits_us)))
+    assert row["execute_median_us"] == pytest.approx(float(np.median(phases[:, 3])) / 1e3)
+    assert row["hit_p90_us"] >= row["hit_median_us"]
     assert f.stats().calls == 23
 
 
@@ -132,12 +137,18 @@ def test_table_text_html_and_plot(tmp_path):
             f(a)
     text = str(prof)
     assert "execute us" in text.splitlines()[0] and "step" in text
-    assert "profiler overhead" in text
+    assert "profiler overhead" in text and "median (p90)" in text and "mean (p90)" not in text
+    assert repr(prof) == text
     page = prof._repr_html_()
     assert "<table>" in page and html.escape("step") in page
     path = tmp_path / "profile.png"
     fig = prof.plot(str(path))
     assert path.stat().st_size > 1000 and fig is not None
+    # One function: the title fits inside the figure (it was cut at the sides).
+    fig.canvas.draw()
+    title = fig.axes[0].title.get_window_extent()
+    width, height = fig.canvas.get_width_height()
+    assert title.x0 >= 0 and title.x1 <= width and title.y1 <= height
 
 
 def _keys_source(jitted) -> list[str]:

@@ -167,7 +167,7 @@ def test_report_at_exit_counts_and_times_each_function(tmp_path):
     assert "nbjit cache miss of step" in out.stderr and "args[1]" in out.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     rows = {row["name"]: row for row in report["functions"]}
-    step, loss = rows["step"], rows["loss"]
+    step, loss = rows["step (train.py:3)"], rows["loss (train.py:7)"]
     assert (step["calls"], step["hits"], step["misses"], step["slow"]) == (7, 5, 2, 0)
     assert (loss["calls"], loss["misses"], loss["slow"]) == (2, 1, 1)
     assert loss["slow_reasons"] == {"disable_jit": 1}
@@ -183,5 +183,52 @@ def test_report_without_profile(tmp_path):
 
     report = json.loads((tmp_path / "report.json").read_text())
     assert not report["profiled"]
-    assert {row["name"]: row["hits"] for row in report["functions"]}["step"] == 5
+    assert {row["name"]: row["hits"] for row in report["functions"]}["step (train.py:3)"] == 5
     assert "dispatch ms" not in out.stderr
+
+
+LAMBDAS_SCRIPT = textwrap.dedent("""\
+    import json, sys, jax, jax.numpy as jnp, nbjit
+    x = jnp.ones(3)
+    with nbjit.profile() as prof:
+        f = jax.jit(lambda x: x + 1)
+        g, h = jax.jit(lambda x: x * 2), jax.jit(lambda x: x - 3)
+        for _ in range(10):
+            f(x)
+        g(x)
+        h(x), h(x), h(jnp.ones(4))  # a shape change
+    counts = lambda c, h, m: [c, h, m]
+    json.dump({"stats": {n: counts(s.calls, s.hits, s.misses) for n, s in nbjit.stats().items()},
+               "profile": {r["name"]: counts(r["calls"], r["hits"], r["misses"])
+                           for r in prof.summary()}}, open(sys.argv[1], "w"))
+    """)
+
+
+def test_same_named_lambdas_are_named_alike_and_timed_apart(tmp_path):
+    """Three `jax.jit(lambda ...)`, two on one line, one with a shape change: the
+    run report, `stats()` and `profile()` give each its own name and numbers."""
+    import json
+
+    (tmp_path / "lambdas.py").write_text(LAMBDAS_SCRIPT)
+    out = _nbjit_run("--json", "report.json", "lambdas.py", "mine.json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    f, g, h = "<lambda> (lambdas.py:4)", "<lambda> (lambdas.py:5)", "<lambda> (lambdas.py:5)#2"
+    expected = {f: [10, 9, 1], g: [1, 0, 1], h: [3, 1, 2]}
+    mine = json.loads((tmp_path / "mine.json").read_text())
+    assert mine["stats"] == expected
+    assert mine["profile"] == expected
+    report = {row["name"]: row for row in json.loads(
+        (tmp_path / "report.json").read_text())["functions"]}
+    assert {n: [r["calls"], r["hits"], r["misses"]] for n, r in report.items()} == expected
+    assert report[g]["dispatch_ms"] == report[g]["execute_ms"] == 0.0  # no hits of its own
+    assert report[f]["dispatch_ms"] > 0 and report[h]["dispatch_ms"] > 0
+    assert report[f]["dispatch_ms"] != report[h]["dispatch_ms"]
+    misses = {n: report[n]["miss_ms"] for n in expected}
+    assert all(ms > 0 for ms in misses.values()) and len(set(misses.values())) == 3
+    for name in expected:  # the text report's rows, one per function
+        assert sum(line.startswith(name + " ") for line in out.stderr.splitlines()) == 1
+    assert "nbjit run: misses by compile time" in out.stderr
+    ranked = json.loads((tmp_path / "report.json").read_text())["ranked_misses"]
+    shape = [r for r in ranked if r["function"] == h and r["fields"] == ["args[0]: shape"]]
+    assert len(shape) == 1 and shape[0]["count"] == 1
+    assert shape[0]["site"].endswith("lambdas.py:9") and shape[0]["seconds"] > 0

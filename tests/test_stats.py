@@ -11,6 +11,7 @@ import pytest
 
 import nbjit
 from nbjit import _stats
+from nbjit._names import function_name
 from nbjit.dispatch import PjitFunction
 
 
@@ -81,8 +82,8 @@ def test_twins_share_counters():
     assert f1.stats() == f2.stats()
     assert _counts(f1.stats()) == (3, 2, 1, 0)
     assert other.stats().calls in (0, 3)  # a twin or not, as jaxlib keys its options
-    row = nbjit.stats()[_stats.qualified_name(g)]
-    assert row.calls == 3
+    row = nbjit.stats()[function_name(g)]
+    assert row.calls == 3 and row.name == f1.stats().name == function_name(g)
 
 
 def test_evictions_at_capacity():
@@ -255,7 +256,9 @@ def test_stats_table_lists_live_functions_and_forgets_dead_ones():
 
     f = nbjit.jit(churn_me)
     f(jnp.ones(2)), f(jnp.ones(2))
-    name = _stats.qualified_name(churn_me)
+    name = function_name(churn_me)
+    assert name.startswith("test_stats.test_stats_table_lists_live_functions_and_forgets_"
+                           "dead_ones.<locals>.churn_me (test_stats.py:")
     table = nbjit.stats()
     assert table[name].hits == 1 and table[name].name == name
     text, page = str(table), table._repr_html_()
@@ -276,5 +279,31 @@ def test_same_qualified_name_twice_gets_two_rows():
         fs.append(nbjit.jit(same))
     for f in fs:
         f(jnp.ones(2))
-    names = [n for n in nbjit.stats() if n.endswith("same") or "same#" in n]
-    assert len(names) == 2
+    names = [n for n in nbjit.stats() if ".<locals>.same (" in n]
+    assert len(names) == 2 and names[0] + "#2" == names[1]
+    assert [f.stats().name for f in fs] == names
+
+
+def test_each_option_set_is_its_own_row():
+    """Options that key executables (donation here) make another row; options
+    that only shape the call key (static_argnums) share the function's row, as
+    they share its cache namespace."""
+    def g(x, n):
+        return x * n
+
+    plain, static = nbjit.jit(g), nbjit.jit(g, static_argnums=1)
+    donating = nbjit.jit(g, donate_argnums=0)
+    plain(jnp.ones(2), 2), static(jnp.ones(2), 2), static(jnp.ones(2), 3)
+    donating(jnp.ones(2), jnp.ones(2))
+    table = nbjit.stats()
+    assert table[function_name(g)].misses == 3
+    assert table[function_name(g) + " [donate_argnums=(0,)]"].misses == 1
+    assert donating.stats().name == function_name(g) + " [donate_argnums=(0,)]"
+
+
+def test_reprs_are_tables():
+    f = nbjit.jit(lambda x: x + 1)
+    f(jnp.ones(2))
+    assert repr(f.stats()) == str(f.stats())
+    assert repr(f.stats()).splitlines()[0].startswith("function")
+    assert repr(nbjit.stats()) == str(nbjit.stats())

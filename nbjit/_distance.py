@@ -1,0 +1,69 @@
+"""The distance between call descriptions, in plain Python (explained misses).
+
+The Python twin of `nbjit._kernels.description_distances` (tested to agree,
+tests/test_explain.py), in a module that imports neither numba nor jax: a
+miss with few cached entries finds its closest entry without loading numba
+(a fraction of a second at its first import).
+
+A call description packs into one int64 row (nbjit/_explain.py builds it):
+  header: [n_leaves, structure_id, keyword_names_id, statics_id, context_id]
+  then per leaf, fixed width:
+  [path_id, kind_id, dtype_id, weak_type, committed, sharding_id, ndim, shape_id]
+Words are the fields' hashes, so equal fields pack to equal words. The
+distance of two rows counts the fields `_explain.differences` would name:
+each differing header word (not the leaf count), and per leaf of the new
+row the fields of the cached leaf with the same path (a kind change is
+one field, as are ndim and shape together). A leaf whose path the other
+row lacks adds nothing: the structure, keyword or argument-count word
+that differs already counts it. Leaves are matched by path, first at the
+same position (the common case), else by a scan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["DESCRIPTION_HEADER_WORDS", "DESCRIPTION_LEAF_WORDS", "closest_python",
+           "description_distance_python"]
+
+DESCRIPTION_HEADER_WORDS = 5
+DESCRIPTION_LEAF_WORDS = 8
+
+
+def _leaf_distance_python(a: Sequence[int], i: int, b: Sequence[int], j: int) -> int:
+    if a[i + 1] != b[j + 1]:
+        return 1
+    return ((a[i + 2] != b[j + 2]) + (a[i + 3] != b[j + 3]) + (a[i + 4] != b[j + 4])
+            + (a[i + 5] != b[j + 5]) + (a[i + 6] != b[j + 6] or a[i + 7] != b[j + 7]))
+
+
+def description_distance_python(a: Sequence[int], b: Sequence[int]) -> int:
+    """Plain-Python twin of one `description_distances` element (`a` the new row)."""
+    d = 0
+    for i in range(1, DESCRIPTION_HEADER_WORDS):
+        d += a[i] != b[i]
+    paths = None
+    for i in range(DESCRIPTION_HEADER_WORDS, len(a), DESCRIPTION_LEAF_WORDS):
+        j = i
+        if j >= len(b) or b[j] != a[i]:
+            if paths is None:  # first occurrence of each path, as the kernel's scan
+                paths = {}
+                for k in range(DESCRIPTION_HEADER_WORDS, len(b), DESCRIPTION_LEAF_WORDS):
+                    paths.setdefault(b[k], k)
+            j = paths.get(a[i], -1)
+        if j >= 0:
+            d += _leaf_distance_python(a, i, b, j)
+    return d
+
+
+def closest_python(row: Sequence[int], rows: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """(index, distance) of the row in `rows` closest to `row`; on ties the last
+    (rows come oldest first: the most recent wins)."""
+    best, best_d = -1, -1
+    for i in range(len(rows) - 1, -1, -1):
+        d = description_distance_python(row, rows[i])
+        if best < 0 or d < best_d:
+            best, best_d = i, d
+            if d == 0:
+                break
+    return best, best_d

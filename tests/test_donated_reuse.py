@@ -1,0 +1,58 @@
+"""Reusing a donated array: the RuntimeError jax.jit raises, and nothing on stderr.
+
+The runtime logs an error line ("ExecutePrepareWithOomRetries failed ...
+Buffer has been deleted or donated") when a deleted buffer reaches execute;
+jaxlib never gets there (its signature computation finds the deleted array
+first). A donating function's hit checks its inputs before executing.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""\
+    import sys, jax, jax.numpy as jnp
+    import nbjit
+    jit = {"jax": jax.jit, "nbjit": nbjit.jit}[sys.argv[1]]
+    f = jit(lambda x, y: (x * 2, y["w"] + 1), donate_argnums=(0, 1))
+    a, tree = jnp.ones(3), {"w": jnp.ones(2)}
+    f(jnp.ones(3), {"w": jnp.ones(2)})
+    f(jnp.ones(3), {"w": jnp.ones(2)})  # a hit
+    f(a, tree)  # donates a and tree["w"]
+    for args in [(a, {"w": jnp.ones(2)}), (jnp.ones(3), tree)]:  # at the top, in a pytree
+        try:
+            f(*args)
+        except Exception as error:
+            print(type(error).__name__, str(error).splitlines()[0])
+        else:
+            print("no error")
+    g = jit(lambda x, y: x + y, donate_argnums=0)  # the deleted array at a kept position
+    g(jnp.ones(3), jnp.ones(3))
+    g(jnp.ones(3), jnp.ones(3))
+    try:
+        g(jnp.ones(3), a)
+    except Exception as error:
+        print(type(error).__name__, str(error).splitlines()[0])
+    print("calls", sum(s.slow for s in nbjit.stats().values()))
+    """)
+
+
+def _run(jit: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", SCRIPT, jit], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("jit", ["jax", "nbjit"])
+def test_reusing_a_donated_array_raises_as_jax_jit_and_prints_nothing(jit):
+    out = _run(jit)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:3] == ["RuntimeError Array has been deleted with shape=float32[3].",
+                         "RuntimeError Array has been deleted with shape=float32[2].",
+                         "RuntimeError Array has been deleted with shape=float32[3]."]
+    if jit == "nbjit":
+        assert lines[3] == "calls 3"  # three slow calls, "deleted_or_donated"
+    assert "deleted or donated" not in out.stderr and "ExecutePrepare" not in out.stderr, \
+        out.stderr
