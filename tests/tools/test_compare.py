@@ -16,21 +16,23 @@ import numpy as np
 import pytest
 
 from nbjit import __main__ as cli
-from nbjit import _compare, _devices, _measure, _scenarios
+from nbjit import _devices, bench
+from nbjit._jax import jax_jit
+from nbjit.bench import matrix, user
 
-TINY = _measure.Settings(rounds=3, min_rounds=2, target_batch_s=0.0005, max_seconds=0.2,
+TINY = bench.Settings(rounds=3, min_rounds=2, target_batch_s=0.0005, max_seconds=0.2,
                          warmup_calls=1)
 
 
-def _tiny_matrix() -> list[_compare.Scenario]:
-    def simple() -> _compare.Case:
-        return _compare.Case(operator.add, (jax.device_put(1), jax.device_put(2)))
+def _tiny_matrix() -> list[bench.Scenario]:
+    def simple() -> bench.Case:
+        return bench.Case(operator.add, (jax.device_put(1), jax.device_put(2)))
 
     return [
-        _compare.Scenario("tiny_dispatch", 2, "jax.Array", simple, block=False, family="tiny"),
-        _compare.Scenario("tiny_call", 2, "jax.Array", simple, block=True),
-        _compare.Scenario("tiny_miss", 1, "new function", _scenarios._cache_miss, block=True),
-        _compare.Scenario("tiny_many_devices", 1, "x", simple, block=False, min_devices=10_000),
+        bench.Scenario("tiny_dispatch", 2, "jax.Array", simple, block=False, family="tiny"),
+        bench.Scenario("tiny_call", 2, "jax.Array", simple, block=True),
+        bench.Scenario("tiny_miss", 1, "new function", matrix._cache_miss, block=True),
+        bench.Scenario("tiny_many_devices", 1, "x", simple, block=False, min_devices=10_000),
     ]
 
 
@@ -38,7 +40,7 @@ def test_interleave_pairs_and_ratios():
     calls = []
     fast = lambda: calls.append("a")
     slow = lambda: (calls.append("b"), time.sleep(0.0002))
-    result = _measure.interleave([("a", fast), ("b", slow)], TINY)
+    result = bench.interleave([("a", fast), ("b", slow)], TINY)
     assert result.per_call_s.shape[1] == 2 and result.per_call_s.shape[0] >= 2
     assert (result.per_call_s > 0).all()
     ratio = result.ratio("a", "b")
@@ -49,19 +51,19 @@ def test_interleave_pairs_and_ratios():
 
 def test_time_batch_sync_each_reports_median():
     synced = []
-    dt, out = _measure.time_batch(lambda: 7, 5, sync_each=synced.append)
+    dt, out = bench.time_batch(lambda: 7, 5, sync_each=synced.append)
     assert out == 7 and synced == [7] * 5 and dt >= 0
 
 
 def test_select_glob_and_substring():
-    names = [s.name for s in _compare.select(_compare.scenarios(), "jit_simple_*_10")]
+    names = [s.name for s in bench.select(bench.scenarios(), "jit_simple_*_10")]
     assert names == ["jit_simple_many_args_10", "jit_simple_pruned_args_10"]
-    assert all("pjit" in s.name for s in _compare.select(_compare.scenarios(), "pjit"))
-    assert _compare.select(_compare.scenarios(), "no-such-scenario") == []
+    assert all("pjit" in s.name for s in bench.select(bench.scenarios(), "pjit"))
+    assert bench.select(bench.scenarios(), "no-such-scenario") == []
 
 
 def test_matrix_covers_the_issue():
-    names = {s.name for s in _compare.scenarios()}
+    names = {s.name for s in bench.scenarios()}
     for n in (1, 2, 10, 100, 1000):
         assert f"args_{n}" in names
     for n in (10, 100, 1000):
@@ -77,7 +79,7 @@ def test_matrix_covers_the_issue():
 @pytest.mark.parametrize("self_check", [False, True])
 def test_run_reports_rows_table_json(tmp_path, self_check):
     err = io.StringIO()
-    rows, meta = _compare.run(_tiny_matrix(), TINY, self_check=self_check, stream=err)
+    rows, meta = bench.run(_tiny_matrix(), TINY, self_check=self_check, stream=err)
     assert "4/4" in err.getvalue()  # the progress bar reached the end
     timed = [r for r in rows if r.ratio is not None]
     assert [r.name for r in timed] == ["tiny_dispatch", "tiny_call", "tiny_miss"]
@@ -88,32 +90,32 @@ def test_run_reports_rows_table_json(tmp_path, self_check):
     skipped = rows[-1]
     assert skipped.ratio is None and "skipped" in skipped.note
 
-    table = _compare.format_table(rows, meta)
+    table = bench.format_table(rows, meta)
     for column in ("scenario", "jax.jit us", "floor us", "ratio", "p10-p90"):
         assert column in table
     assert ("A us" if self_check or meta["a"] != "nbjit" else "nbjit us") in table
     assert meta["versions"]["jax"] == jax.__version__
 
     path = tmp_path / "compare.json"
-    _compare.write_json(str(path), rows, meta)
+    bench.write_json(str(path), rows, meta)
     data = json.loads(path.read_text())
     assert data["meta"]["self_check"] is self_check
-    again, _ = _compare.read_json(str(path))
+    again, _ = bench.read_json(str(path))
     assert again == rows
-    assert isinstance(_compare.self_check_failures(rows), list)
+    assert isinstance(bench.self_check_failures(rows), list)
 
 
 def test_plot_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
-    rows, meta = _compare.run(_tiny_matrix()[:2], TINY, progress=False)
+    rows, meta = bench.run(_tiny_matrix()[:2], TINY, progress=False)
     path = tmp_path / "compare.png"
-    _compare.plot(str(path), rows, meta)
+    bench.plot(str(path), rows, meta)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_self_check_and_list(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(_compare, "scenarios", _tiny_matrix)
-    monkeypatch.setattr(_measure.Settings, "quick", classmethod(lambda cls: TINY))
+    monkeypatch.setattr(bench, "scenarios", _tiny_matrix)
+    monkeypatch.setattr(bench.Settings, "quick", classmethod(lambda cls: TINY))
     out_json = tmp_path / "c.json"
     rc = cli.main(["compare", "--quick", "--self-check", "--only", "tiny_d*", "--no-progress",
                    "--json", str(out_json)])
@@ -126,11 +128,11 @@ def test_cli_self_check_and_list(tmp_path, capsys, monkeypatch):
 
 
 def test_outputs_compared():
-    assert _compare.output_difference({"a": np.ones(2)}, {"a": np.ones(2)}) is None
-    assert "values" in _compare.output_difference((np.ones(2),), (np.zeros(2),))
-    assert "dtype" in _compare.output_difference(np.ones(2), np.ones(2, np.int32))
-    assert "structure" in _compare.output_difference((1,), [1])
-    assert "weak_type" in _compare.output_difference(jax.numpy.asarray(1.0), jax.device_put(
+    assert bench.output_difference({"a": np.ones(2)}, {"a": np.ones(2)}) is None
+    assert "values" in bench.output_difference((np.ones(2),), (np.zeros(2),))
+    assert "dtype" in bench.output_difference(np.ones(2), np.ones(2, np.int32))
+    assert "structure" in bench.output_difference((1,), [1])
+    assert "weak_type" in bench.output_difference(jax.numpy.asarray(1.0), jax.device_put(
         np.float32(1.0)))
 
 
@@ -156,13 +158,13 @@ def test_devices_helper_never_imports_jax():
 
 
 def test_workload_rows_take_new_values_each_call():
-    rows = {s.name: s for s in _compare.scenarios()}
+    rows = {s.name: s for s in bench.scenarios()}
     for name in ("numpy_args_2_new_values", "python_scalars_2_new_values",
                  "workload_train_step", "workload_optimizer_update", "workload_env_step",
                  "workload_static_config", "workload_data_parallel_8_devices"):
         case = rows[name].build()
         pool = case.arg_pool
-        assert len(pool) == _compare.POOL and case.args is pool[0], name
+        assert len(pool) == bench.POOL and case.args is pool[0], name
         # Consecutive calls never pass the same host values (the memo cannot hit).
         host = [[leaf.tobytes() if isinstance(leaf, np.ndarray) else leaf
                  for leaf in jax.tree.leaves(args) if not isinstance(leaf, jax.Array)]
@@ -184,24 +186,24 @@ def test_numpy_inputs_sit_at_one_alignment():
     # jaxlib uses a 64-byte aligned numpy input in place (faster): by-chance
     # alignment made rows bimodal, so every scenario fixes it.
     offsets = set()
-    for scenario in _compare.scenarios():
+    for scenario in bench.scenarios():
         if scenario.name.startswith("jit_dispatch_with"):
             continue  # 25 MB: covered by the helper's own check below
         case = scenario.build()
         for args in case.arg_pool or (case.args,):
             offsets |= {leaf.ctypes.data % 64 for leaf in jax.tree.leaves(args)
                         if isinstance(leaf, np.ndarray)}
-    assert offsets == {_compare.HOST_OFFSET}
+    assert offsets == {bench.HOST_OFFSET}
     x = np.arange(12, dtype=np.int16).reshape(3, 4)
-    y = _scenarios._host(x)
-    assert y.ctypes.data % 64 == _compare.HOST_OFFSET
+    y = matrix._host(x)
+    assert y.ctypes.data % 64 == bench.HOST_OFFSET
     assert y.dtype == x.dtype and y.shape == x.shape and np.array_equal(x, y)
 
 
 def test_new_values_rows_agree_and_time():
-    matrix = _compare.select(_compare.scenarios(), "workload_env_step")
-    matrix += _compare.select(_compare.scenarios(), "workload_data_parallel*")
-    rows, _ = _compare.run(matrix, TINY, progress=False)
+    chosen = bench.select(bench.scenarios(), "workload_env_step")
+    chosen += bench.select(bench.scenarios(), "workload_data_parallel*")
+    rows, _ = bench.run(chosen, TINY, progress=False)
     for row in rows:
         assert row.ratio is not None and "DIFFER" not in row.note, (row.name, row.note)
 
@@ -214,7 +216,7 @@ def _user_step(params, batch, *, scale, mode):
 def test_user_compare_pytree_args_and_static_kwarg(monkeypatch):
     import nbjit
 
-    monkeypatch.setattr(_compare, "USER_SETTINGS", TINY)
+    monkeypatch.setattr(user, "USER_SETTINGS", TINY)
     params = {"w": jax.numpy.ones((3, 4)), "b": jax.numpy.zeros(3)}
     result = nbjit.compare(_user_step, params, np.ones(4, np.float32), scale=2.0,
                            mode="affine", jit_kwargs={"static_argnames": ("mode",)})
@@ -234,7 +236,7 @@ def test_user_compare_plot(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     import nbjit
 
-    monkeypatch.setattr(_compare, "USER_SETTINGS", TINY)
+    monkeypatch.setattr(user, "USER_SETTINGS", TINY)
     result = nbjit.compare(operator.mul, jax.numpy.ones(3), 2.0)
     path = tmp_path / "c.png"
     result.plot(str(path))
@@ -248,13 +250,13 @@ def _plus_two(x):
 def test_user_compare_refuses_different_outputs(monkeypatch):
     import nbjit
 
-    monkeypatch.setattr(_compare, "USER_SETTINGS", TINY)
+    monkeypatch.setattr(user, "USER_SETTINGS", TINY)
 
     def off_by_one_jit(fun, **options):  # a dispatcher bug, simulated
-        return _compare.jax_jit(lambda *a, **k: fun(*a, **k) + 1, **options)
+        return jax_jit(lambda *a, **k: fun(*a, **k) + 1, **options)
 
     monkeypatch.setattr(nbjit, "jit", off_by_one_jit)
-    with pytest.raises(_compare.OutputsDiffer, match="values differ.*nothing was timed"):
+    with pytest.raises(bench.OutputsDiffer, match="values differ.*nothing was timed"):
         nbjit.compare(_plus_two, jax.numpy.ones(2))
 
 
