@@ -183,7 +183,7 @@ def _plot_ratios(ax: Any, timed: Sequence[Row], a: str) -> None:
                  WITHIN_NOISE: "within noise (p10-p90 spans 1)"}
     handles = [Line2D([], [], ls="none", marker="o", color=VERDICT_COLORS[v],
                       label=f"{described[v]}: {verdicts.count(v)}") for v in described]
-    ax.legend(handles=handles, fontsize=7, loc="lower right", framealpha=0.9)
+    ax.legend(handles=handles, fontsize=7, loc="best", framealpha=0.9)
 
 
 # Right panel: colour names the implementation, line style and marker the family.

@@ -272,3 +272,102 @@ def test_python_m_nbjit_gets_8_devices(tmp_path):
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["meta"]["machine"]["devices"] == 8
     assert data["rows"][0]["ratio"] is not None  # not skipped for lack of devices
+
+
+def _row(name: str, ratio: float | None, p10: float | None = None, p90: float | None = None,
+         family: str | None = None, n_args: int = 2) -> bench.Row:
+    timed = ratio is not None
+    return bench.Row(name, n_args, "jax.Array", False, family, "nbjit",
+                     a_us=ratio * 10 if timed else None, b_us=10.0 if timed else None,
+                     floor_us=5.0 if timed else None, ratio=ratio, ratio_p10=p10, ratio_p90=p90,
+                     note="" if timed else "skipped: needs 8 devices, have 1")
+
+
+def test_verdict_is_read_from_each_rows_band():
+    assert bench.verdict(_row("f", 0.8, 0.7, 0.95)) == "faster"
+    assert bench.verdict(_row("s", 1.3, 1.05, 1.5)) == "slower"
+    assert bench.verdict(_row("n1", 0.9, 0.8, 1.02)) == "within noise"
+    assert bench.verdict(_row("n2", 1.1, 0.99, 1.3)) == "within noise"
+    assert bench.verdict(_row("skipped", None)) is None
+
+
+def test_summary_geomean_and_counts():
+    rows = [_row("f", 0.5, 0.4, 0.6), _row("s", 2.0, 1.5, 2.5), _row("n", 1.0, 0.9, 1.1),
+            _row("f2", 0.8, 0.7, 0.9), _row("skipped", None)]
+    summary = bench.Summary.of(rows)
+    assert summary.rows == 4  # the skipped row is not counted
+    assert summary.geomean == pytest.approx((0.5 * 2.0 * 1.0 * 0.8) ** 0.25, rel=1e-12)
+    assert (summary.faster, summary.slower, summary.within_noise) == (2, 1, 1)
+    assert bench.Summary.of([_row("skipped", None)]).geomean is None
+
+
+def test_table_ends_with_the_summary_line(tmp_path):
+    rows = [_row("f", 0.5, 0.4, 0.6), _row("s", 2.0, 1.5, 2.5), _row("n", 1.0, 0.9, 1.1),
+            _row("skipped", None)]
+    meta = {"a": "nbjit", "notes": ["a run note"]}
+    last = bench.format_table(rows, meta).splitlines()[-1]
+    assert last == ("summary: 3 rows, geomean ratio 1.000; nbjit faster in 1 (p90 < 1), "
+                    "slower in 1 (p10 > 1), within noise in 1 (p10-p90 spans 1)")
+    path = tmp_path / "c.json"
+    bench.write_json(str(path), rows, meta)
+    assert json.loads(path.read_text())["summary"] == {
+        "rows": 3, "geomean": pytest.approx(1.0), "faster": 1, "slower": 1, "within_noise": 1}
+    again, _ = bench.read_json(str(path))
+    assert again == rows
+
+
+def test_plot_legends_name_dot_colours_and_families(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.colors
+    import matplotlib.legend
+    import matplotlib.pyplot as plt
+
+    from nbjit.bench import report
+
+    rows = [_row("f", 0.5, 0.4, 0.6), _row("s", 2.0, 1.5, 2.5), _row("n", 1.0, 0.9, 1.1)]
+    families = list(report.FAMILY_STYLES)
+    for fam in families:
+        rows += [_row(f"{fam}_{n}", 1.0, 0.9, 1.1, family=fam, n_args=n) for n in (10, 100)]
+    fig, (ax0, ax1) = plt.subplots(1, 2)
+    report._plot_ratios(ax0, rows, "nbjit")
+    report._plot_families(ax1, rows, "nbjit")
+
+    # Left: one legend entry per dot colour, with its count, in the colour of its dots.
+    legend = ax0.get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts == ["nbjit faster (p90 < 1): 1", "nbjit slower (p10 > 1): 1",
+                     f"within noise (p10-p90 spans 1): {1 + 2 * len(families)}"]
+    dots = ax0.collections[-1].get_facecolors()
+    legend_colours = [matplotlib.colors.to_rgba(h.get_color()) for h in legend.legend_handles]
+    assert {tuple(c) for c in dots} == {tuple(c) for c in legend_colours}
+    assert len(set(map(tuple, legend_colours))) == 3
+
+    # Right: a colour legend (implementations) and a family legend (line style + marker).
+    legends = [a for a in ax1.get_children() if isinstance(a, matplotlib.legend.Legend)]
+    assert len(legends) == 2
+    by_title = {lg.get_title().get_text(): [t.get_text() for t in lg.get_texts()]
+                for lg in legends}
+    assert by_title["colour"] == ["nbjit", "jax.jit", "floor"]
+    assert by_title["line: scenario family"] == [f.removesuffix(" dispatch") for f in families]
+    # Every family's series differ in line style and marker from every other family's.
+    looks = {(line.get_linestyle(), line.get_marker(), line.get_markerfacecolor() == "white")
+             for line in ax1.lines}
+    assert len(looks) == len(families)
+    assert len({(ls, m) for ls, m, _ in looks}) == len(families)
+    assert len({m for _, m, _ in looks}) == len(families)  # markers alone tell them apart
+    fig.savefig(tmp_path / "p.png")
+    plt.close(fig)
+
+
+def test_select_regex_anchors():
+    assert [s.name for s in bench.select(bench.scenarios(), "args_1$")] == ["args_1"]
+    assert [s.name for s in bench.select(bench.scenarios(), "args_2$")] == ["args_2",
+                                                                             "numpy_args_2"]
+    assert [s.name for s in bench.select(bench.scenarios(), "^args_[12]$")] == ["args_1",
+                                                                                "args_2"]
+    assert bench.scenario("args_2").n_args == 2
+    with pytest.raises(KeyError, match="no scenario"):
+        bench.scenario("no_such_scenario")
