@@ -116,11 +116,13 @@ def test_plot_writes_png(tmp_path):
 def test_cli_self_check_and_list(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench, "scenarios", _tiny_matrix)
     monkeypatch.setattr(bench.Settings, "quick", classmethod(lambda cls: TINY))
-    out_json = tmp_path / "c.json"
+    out_json, out_md = tmp_path / "c.json", tmp_path / "c.md"
     rc = cli.main(["compare", "--quick", "--self-check", "--only", "tiny_d*", "--no-progress",
-                   "--json", str(out_json)])
+                   "--json", str(out_json), "--markdown", str(out_md)])
     printed = capsys.readouterr().out
     assert "tiny_dispatch" in printed and "self-check" in printed
+    assert "summary: 1 row, geomean ratio" in printed
+    assert "summary: 1 row, geomean ratio" in out_md.read_text()
     assert rc in (0, 1)  # a speed verdict on a noisy machine is not this test's business
     assert json.loads(out_json.read_text())["rows"][0]["name"] == "tiny_dispatch"
     assert cli.main(["compare", "--list"]) == 0
@@ -371,3 +373,39 @@ def test_select_regex_anchors():
     assert bench.scenario("args_2").n_args == 2
     with pytest.raises(KeyError, match="no scenario"):
         bench.scenario("no_such_scenario")
+
+
+DISPATCHER = ("dispatch", "_keys", "_record", "_cache", "sharding", "_kernels", "_explain",
+              "_profile", "_stats", "_jax", "_binders")
+
+
+def test_the_dispatcher_never_imports_the_bench_package():
+    """bench -> dispatcher only: no dispatcher module names nbjit.bench, and a program that
+    jits, calls, profiles and reads stats never loads it (nbjit.compare loads it on use)."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(bench.__file__).resolve().parents[1]
+    for name in DISPATCHER:
+        path = package / f"{name}.py"
+        if not path.exists():  # a module another change has not made yet
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any(n.startswith("nbjit.bench") for n in names), (name, names)
+    code = ("import sys, jax.numpy as jnp, nbjit\n"
+            "f = nbjit.jit(lambda x: x + 1)\n"
+            "with nbjit.profile(), nbjit.explain_misses():\n"
+            "    f(jnp.ones(3)); f(jnp.ones(4))\n"
+            "nbjit.stats()\n"
+            "assert 'nbjit.bench' not in sys.modules, 'loaded by the dispatcher'\n"
+            "assert 'matplotlib' not in sys.modules\n"
+            "assert nbjit.compare.__module__ == 'nbjit.bench.user'\n"
+            "assert nbjit.CompareResult.__module__ == 'nbjit.bench.user'\n"
+            "assert 'nbjit.bench' in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
