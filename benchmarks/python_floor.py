@@ -2,7 +2,7 @@
 
 Run: python benchmarks/python_floor.py [--quick] [--host]
 
-Times, as every nbjit number is (`nbjit._measure.interleave`, paired rounds,
+Times, as every nbjit number is (`nbjit.bench.interleave`, paired rounds,
 ratio to jax.jit per round), one call ``f(x)`` of a one-argument function
 (the compare matrix's args_1) by:
 
@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 
 import nbjit
-from nbjit import _jax, _measure, _scenarios
+from nbjit import _jax, bench
 
 _EVERY_CHECK = """\
 def hit(x):
@@ -129,7 +129,7 @@ def host_contenders(pool: Sequence[tuple[Any, Any]]) -> list[tuple[str, Callable
     execute, handlers = record.execute, record.out_handlers
     consume = _jax.ExecuteResults.consume_with_handlers
     binder = f_nb._binders[2]
-    floor = nbjit.dispatch.floor_call(f_nb, *pool[0])  # inputs put once, here
+    floor = bench.floor_call(f_nb, *pool[0])  # inputs put once, here
 
     def nbjit_binder(a, b):
         return binder(f_nb, (a, b), {})
@@ -161,16 +161,16 @@ def main() -> None:
     parser.add_argument("--host", action="store_true",
                         help="two numpy inputs new every call instead of one jax.Array")
     options = parser.parse_args()
-    settings = _measure.Settings.quick() if options.quick else _measure.Settings(max_seconds=60.0)
+    settings = bench.Settings.quick() if options.quick else bench.Settings(max_seconds=60.0)
     if options.host:
-        pool = _scenarios._numpy_2_new().arg_pool
-        timed = _measure.interleave([(name, _cycling(pool, fn)) for name, fn
-                                     in host_contenders(pool)], settings,
-                                    sync=jax.block_until_ready)
+        pool = bench.scenario("numpy_args_2_new_values").build().arg_pool
+        timed = bench.interleave([(name, _cycling(pool, fn)) for name, fn
+                                  in host_contenders(pool)], settings,
+                                 sync=jax.block_until_ready)
         what = "two numpy float32[8] inputs new every call (a + b)"
     else:
         x = jnp.ones((8,), jnp.float32)
-        timed = _measure.interleave(contenders(x), settings, sync=jax.block_until_ready)
+        timed = bench.interleave(contenders(x), settings, sync=jax.block_until_ready)
         what = "one jax.Array argument (float32[8], x + 1)"
     print(textwrap.dedent(f"""\
         {what}; jax {jax.__version__}; {len(timed.per_call_s)}

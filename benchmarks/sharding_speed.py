@@ -3,7 +3,7 @@
 Run: python benchmarks/sharding_speed.py [--rounds N] [--quick]
 
 One process, 8 host CPU devices. Each case is timed as every nbjit number is
-(`nbjit._measure.interleave`): paired rounds, the order rotating per round,
+(`nbjit.bench.interleave`): paired rounds, the order rotating per round,
 each round a batch of calls per side; the table reports the median of the
 per-round ratios nbjit/upstream with its spread (p10-p90), next to the
 issue's bar.
@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nbjit  # noqa: E402
-from nbjit import _measure  # noqa: E402
+from nbjit import bench  # noqa: E402
 
 nb_device_put = nbjit.device_put
 
@@ -107,8 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="5 rounds, short batches")
     args = parser.parse_args(argv)
-    settings = _measure.Settings(rounds=args.rounds, min_rounds=args.rounds,
-                                 target_batch_s=0.02, max_seconds=float("inf"), warmup_calls=2)
+    settings = bench.Settings(rounds=args.rounds, min_rounds=args.rounds,
+                              target_batch_s=0.02, max_seconds=float("inf"), warmup_calls=2)
     if args.quick:
         settings = dataclasses.replace(settings, rounds=5, min_rounds=5, target_batch_s=0.005)
     print(f"jax {jax.__version__}, {len(jax.devices())} devices, {settings.rounds} rounds; "
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     failed = False
     for part, name, bar, ours, theirs, floor in cases():
         sides = [("nbjit", ours), ("jax", theirs)] + ([("floor", floor)] if floor else [])
-        timed = _measure.interleave(sides, settings)
+        timed = bench.interleave(sides, settings)
         ratio = timed.ratio("nbjit", "jax")
         verdict = "" if bar is None else ("ok" if ratio.median <= bar else "MISS")
         failed |= verdict == "MISS"

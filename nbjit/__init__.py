@@ -11,7 +11,6 @@ Tracing, lowering and compiling are JAX's own; nbjit owns the cache-hit path.
 
 from nbjit import _jax  # noqa: F401  (checks the jax version at import)
 from nbjit._binders import binder_source
-from nbjit._compare import CompareResult, compare
 from nbjit._explain import RankedMisses, assert_max_misses, explain_misses, ranked_misses
 from nbjit._patch import patch_jax, patched_jax, unpatch_jax
 from nbjit._profile import Profile, profile
@@ -24,3 +23,19 @@ __all__ = ["CompareResult", "DispatchStats", "PjitFunction", "PjitFunctionCache"
            "explain_misses", "jit", "patch_jax", "patched_jax", "profile", "ranked_misses", "stats",
            "unpatch_jax"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # `compare` and `CompareResult` live in the benchmark lab (nbjit.bench),
+    # imported on first use so that `import nbjit` does not load it.
+    if name in ("compare", "CompareResult"):
+        from nbjit.bench import user
+
+        value = getattr(user, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'nbjit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

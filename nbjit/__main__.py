@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--quick", action="store_true", help="fewer, shorter rounds (<= 2 minutes)")
     c.add_argument("--only", metavar="PATTERN",
-                   help="scenarios whose name matches (glob with *?[, else substring)")
+                   help="scenarios whose name matches (a regex with ^ or $, a glob with *?[, "
+                   "else a substring)")
     c.add_argument("--plot", metavar="FILE.png", help="write a PNG plot (needs matplotlib)")
     c.add_argument("--json", metavar="FILE", help="write rows and metadata as JSON")
     c.add_argument("--markdown", metavar="FILE", help="write the table as a Markdown file")
@@ -60,9 +61,9 @@ def compare(args: argparse.Namespace) -> int:
 
     import jax
 
-    from nbjit import _compare, _measure
+    from nbjit import bench
 
-    matrix = _compare.select(_compare.scenarios(), args.only)
+    matrix = bench.select(bench.scenarios(), args.only)
     if args.list:
         for s in matrix:
             print(f"{s.name:36} n={s.n_args:<5} {s.kind}")
@@ -74,29 +75,29 @@ def compare(args: argparse.Namespace) -> int:
     if n_dev < HOST_DEVICES and jax.devices()[0].platform == "cpu":
         print(f"warning: {n_dev} CPU devices (jax's backend started before XLA_FLAGS was set); "
               "multi-device scenarios will be skipped", file=sys.stderr)
-    settings = _measure.Settings.quick() if args.quick else _measure.Settings()
+    settings = bench.Settings.quick() if args.quick else bench.Settings()
     if args.rounds:
         settings = dataclasses.replace(settings, rounds=args.rounds,
                                        min_rounds=min(settings.min_rounds, args.rounds))
-    rows, meta = _compare.run(matrix, settings, self_check=args.self_check,
-                              progress=not args.no_progress)
-    table = _compare.format_table(rows, meta)
+    rows, meta = bench.run(matrix, settings, self_check=args.self_check,
+                           progress=not args.no_progress)
+    table = bench.format_table(rows, meta)
     print(table)
     if args.json:
-        _compare.write_json(args.json, rows, meta)
+        bench.write_json(args.json, rows, meta)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"# nbjit compare ({meta['date']})\n\n```\n{table}\n```\n")
     if args.plot:
         try:
-            _compare.plot(args.plot, rows, meta)
+            bench.plot(args.plot, rows, meta)
         except ImportError:
             print("--plot needs matplotlib: pip install matplotlib", file=sys.stderr)
             return 1
     print(f"({meta['seconds']:.0f} s)", file=sys.stderr)
     if args.self_check:
-        bad = _compare.self_check_failures(rows)
-        lo, hi = _compare.SELF_CHECK_BAND
+        bad = bench.self_check_failures(rows)
+        lo, hi = bench.SELF_CHECK_BAND
         if bad:
             names = ", ".join(f"{r.name} ({r.ratio:.2f})" for r in bad)
             print(f"self-check FAILED: ratios outside {lo}-{hi}: {names}")

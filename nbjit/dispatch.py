@@ -34,7 +34,7 @@ from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache, cache_from
 from nbjit._keys import leaf_signature
 from nbjit._record import Unsupported, build_record, canonical_dtypes, host_dtype
 
-__all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
+__all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
 
 ArrayImpl = _jax.ArrayImpl
 _collect_garbage = _jax.collect_garbage
@@ -414,24 +414,3 @@ def jit(
 
 def _jit_with(options: dict[str, Any], fun: Callable) -> PjitFunction:
     return PjitFunction(fun, options)
-
-
-def floor_call(jitted: PjitFunction, /, *args: Any, **kwargs: Any) -> Callable[[], Any]:
-    """A zero-argument callable running only the executable for this call.
-
-    It does `execute_sharded` + `consume_with_handlers` on inputs prepared
-    once: the floor that no Python dispatcher can beat. Raises ValueError if
-    the call's signature has no fast path.
-    """
-    _jax.block_until_ready(jitted(*args, **kwargs))
-    node, leaves = jitted._entry_for(args, kwargs)
-    if node is None or node.record is None:
-        raise ValueError("this call has no fast-path entry (it takes JAX's own path)")
-    record = node.record
-    inputs = record.inputs(leaves)
-    executable, handlers = record.executable, record.out_handlers
-
-    def run() -> Any:
-        return executable.execute_sharded(inputs).consume_with_handlers(handlers)
-
-    return run

@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# Creates (or reuses) a Python 3.12 virtual environment with nbjit installed.
+# Creates (or reuses) a Python 3.12 or 3.13 virtual environment with nbjit installed.
 #   bash scripts/bootstrap.sh [VENV_DIR] [EXTRA PIP REQUIREMENTS...]
 # VENV_DIR defaults to .venv; extras, e.g. "jax==0.11.2" "jaxlib==0.11.2",
 # are installed on top (used by CI to test the oldest supported jax).
+# NBJIT_PYTHON picks the interpreter: a version (3.12, the default, or 3.13),
+# found as python3.X on the PATH, then under pyenv; or a path to a python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv}
 shift || true
+choice=${NBJIT_PYTHON:-3.12}
+supported="3.12 3.13"  # keep in step with pyproject.toml's classifiers
 
-works() {  # a pyenv shim can exist and still fail, so run each candidate
-  "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1
+version_of() {  # "3.12" for a working interpreter, nothing for a broken one or a stale shim
+  "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
 }
 
-find_python() {
-  local candidate
-  for candidate in "$(command -v python3.12 || true)" \
-                   "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12*/bin/python3 \
-                   "$HOME"/.pyenv/versions/3.12*/bin/python3; do
-    if [ -n "$candidate" ] && [ -x "$candidate" ] && works "$candidate"; then
+find_python() {  # find_python 3.12: the first working interpreter of that version
+  local want=$1 candidate root
+  root=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
+  for candidate in "$(command -v "python$want" || true)" \
+                   "$root"/versions/"$want"*/bin/python3 \
+                   "$HOME"/.pyenv/versions/"$want"*/bin/python3; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ] && [ "$(version_of "$candidate")" = "$want" ]; then
       echo "$candidate"
       return 0
     fi
@@ -26,14 +31,31 @@ find_python() {
 }
 
 if [ ! -x "$venv/bin/python" ]; then
-  python=$(find_python) || {
-    echo "error: nbjit needs Python 3.12 (jax 0.11+ has no wheels for 3.11)." >&2
-    echo "       Install python3.12 on the PATH, or via pyenv: pyenv install 3.12" >&2
-    exit 1
-  }
+  case "$choice" in
+    */*)  # a path: use it if its version is supported
+      python=$choice
+      have=$(version_of "$python")
+      if [ -z "$have" ] || [[ " $supported " != *" $have "* ]]; then
+        echo "error: NBJIT_PYTHON=$choice is Python ${have:-?}; nbjit supports $supported." >&2
+        exit 1
+      fi ;;
+    *)
+      if [[ " $supported " != *" $choice "* ]]; then
+        echo "error: NBJIT_PYTHON=$choice: nbjit supports Python $supported" \
+             "(jax 0.11+ has no wheels for 3.11; newer ones are untested)." >&2
+        exit 1
+      fi
+      python=$(find_python "$choice") || {
+        echo "error: no Python $choice found (python$choice on the PATH, or" \
+             "\$(pyenv root)/versions/$choice*/bin/python3)." >&2
+        echo "       Install it (pyenv install $choice), or point NBJIT_PYTHON at a" \
+             "python of version $supported." >&2
+        exit 1
+      } ;;
+  esac
   echo "bootstrap: creating $venv with $python" >&2
   "$python" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q -e ".[test,bench]" "$@"
-"$venv/bin/python" -c "import jax, numba, nbjit; print('bootstrap: jax', jax.__version__, 'numba', numba.__version__, 'nbjit', nbjit.__version__)" >&2
+"$venv/bin/python" -c "import sys, jax, numba, nbjit; print('bootstrap: Python', sys.version.split()[0], 'jax', jax.__version__, 'numba', numba.__version__, 'nbjit', nbjit.__version__)" >&2

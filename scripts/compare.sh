@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up a Python 3.12 venv (.venv) with nbjit and compares nbjit.jit with
+# Sets up a venv (.venv, Python 3.12; see bootstrap.sh) with nbjit and compares nbjit.jit with
 # jax.jit side by side in one process: a table on stdout, a PNG plot.
 #   bash scripts/compare.sh [compare args...]  (default: --plot compare.png --json compare.json)
 set -euo pipefail

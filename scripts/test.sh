@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up a Python 3.12 venv (.venv) with nbjit and runs the test suite.
+# Sets up a venv (.venv, Python 3.12) with nbjit and runs the test suite.
+# NBJIT_PYTHON=3.13 (with e.g. NBJIT_VENV=.venv-py313) tests on Python 3.13.
 #   bash scripts/test.sh [pytest args...]      (default: -m "not slow")
 # NBJIT_VENV and NBJIT_EXTRA_REQS (space-separated pip requirements) select
 # another venv / jax version, e.g. NBJIT_VENV=.venv-jax0112

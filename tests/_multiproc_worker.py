@@ -31,11 +31,11 @@ jax.distributed.initialize(
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _diff import assert_same_outputs, outcome  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nbjit  # noqa: E402
-from tests._diff import assert_same_outputs, outcome  # noqa: E402
 
 MESH = Mesh(np.array(jax.devices()), ("x",))  # 8 devices, 4 per process
 MESH2 = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))

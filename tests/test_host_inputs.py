@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _diff import assert_same_outputs, steps_of
 from hypothesis import given, settings
 from jax import lax
 
@@ -23,7 +24,6 @@ import nbjit
 from nbjit import _record
 from nbjit import sharding as _sharding
 from nbjit._record import HostInput as _HostInput
-from tests._diff import assert_same_outputs, steps_of
 
 
 def _host_inputs(f, *args):

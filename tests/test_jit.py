@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _diff import assert_same_call, assert_same_exception, assert_same_outputs, steps_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -29,7 +30,6 @@ import nbjit
 from nbjit import _keys
 from nbjit._record import canonical_dtypes
 from nbjit.dispatch import PjitFunction
-from tests._diff import assert_same_call, assert_same_exception, assert_same_outputs, steps_of
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
           np.uint32, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64,

@@ -61,7 +61,7 @@ def test_phases_sum_to_the_call_within_the_stated_overhead():
         # ran at two speeds, 2x apart): the overhead is measured again
         # between the chunks of timed calls, and the largest estimate bounds them.
         overheads = [prof.overhead_ns]
-        gc.disable()  # as in every timing here (nbjit/_measure.py): no collection mid-call
+        gc.disable()  # as in every timing here (nbjit/bench/measure.py): no collection mid-call
         try:
             outs = []  # kept: freeing an output array (~1 us) is no part of the call
             for _ in range(3):

@@ -1,6 +1,6 @@
 """Per-call dispatch: nbjit.jit against jax.jit, one class per scenario family.
 
-Every class times scenarios of `nbjit._compare.scenarios()` (the matrix of
+Every class times scenarios of `nbjit.bench.scenarios()` (the matrix of
 ``python -m nbjit compare``), so the dashboard and the command measure the
 same functions on the same inputs. ``time_dispatch`` returns as soon as the
 call has been dispatched; ``time_call`` waits for the outputs. A scenario
@@ -258,9 +258,9 @@ class CacheMiss:
     repeat = (1, 10, 10.0)
 
     def setup(self, impl):
-        compare = common.compare_module()
+        bench = common.bench_module()
         self.case = common.scenario("cache_miss").build()
-        self.fresh_copy = compare._fresh_copy
+        self.fresh_copy = bench.fresh_copy
         self.jit = common.get_jit(impl)
 
     def time_miss(self, impl):

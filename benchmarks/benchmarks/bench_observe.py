@@ -99,8 +99,7 @@ class StatsCost:
     timeout = 120
 
     def setup(self):
-        from nbjit import _measure
-
+        bench = common.bench_module()
         self.nbjit, counted, x = _args_1()
         uncounted = self.nbjit.jit(counted.__wrapped__)
         _without_hit_counter(uncounted, x)
@@ -109,11 +108,11 @@ class StatsCost:
         if uncounted.stats().hits != before:
             raise NotImplementedError("the binder still counts hits")
         self.contenders = [("stats", lambda: counted(x)), ("no_stats", lambda: uncounted(x))]
-        self.settings = _measure.Settings(rounds=101, min_rounds=5, max_seconds=5.0)
-        self.measure = _measure
+        self.settings = bench.Settings(rounds=101, min_rounds=5, max_seconds=5.0)
+        self.interleave = bench.interleave
 
     def track_ratio(self):
-        result = self.measure.interleave(self.contenders, self.settings)
+        result = self.interleave(self.contenders, self.settings)
         return result.ratio("stats", "no_stats").median
 
     track_ratio.unit = "with/without"
@@ -125,8 +124,7 @@ class ProfileCost:
     timeout = 120
 
     def setup(self):
-        from nbjit import _measure
-
+        bench = common.bench_module()
         self.nbjit, plain, x = _args_1()
         profiled = self.nbjit.jit(plain.__wrapped__)
         profiled(x)
@@ -136,8 +134,8 @@ class ProfileCost:
         plain._binders.set_flavour("plain")  # only `profiled` records
         plain(x), profiled(x)  # build both binders outside the timing
         self.contenders = [("profiled", lambda: profiled(x)), ("plain", lambda: plain(x))]
-        self.settings = _measure.Settings(rounds=101, min_rounds=5, max_seconds=5.0)
-        self.measure = _measure
+        self.settings = bench.Settings(rounds=101, min_rounds=5, max_seconds=5.0)
+        self.interleave = bench.interleave
 
     def teardown(self):
         profile = getattr(self, "profile", None)  # None when setup was skipped
@@ -145,7 +143,7 @@ class ProfileCost:
             profile.__exit__(None, None, None)
 
     def track_ratio(self):
-        result = self.measure.interleave(self.contenders, self.settings)
+        result = self.interleave(self.contenders, self.settings)
         return result.ratio("profiled", "plain").median
 
     track_ratio.unit = "profiled/plain"

@@ -57,9 +57,9 @@ class DispatchRatio:
         import dataclasses
 
         self.jit = common.get_jit("nbjit")
-        self.compare = common.compare_module()
+        self.bench = common.bench_module()
         self.scenario = common.scenario(scenario)
-        self.settings = dataclasses.replace(self.compare._measure.Settings(), rounds=101,
+        self.settings = dataclasses.replace(self.bench.Settings(), rounds=101,
                                             min_rounds=9, target_batch_s=0.002, max_seconds=0.5)
 
     def track_ratio(self, scenario):
@@ -67,7 +67,7 @@ class DispatchRatio:
 
         samples = []
         for _ in range(BLOCKS):
-            row = self.compare.run_scenario(self.scenario, self.jit, jax.jit, self.settings)
+            row = self.bench.run_scenario(self.scenario, self.jit, jax.jit, self.settings)
             if row.ratio is None:
                 raise NotImplementedError(row.note)
             samples.append(three_digits(row.ratio))

@@ -7,8 +7,10 @@ import nbjit at import time either: asv installs each commit's nbjit, and a
 commit whose nbjit is missing something must skip benchmarks, not hide the
 suite (setups raise NotImplementedError, which asv reports as skipped).
 
-The scenarios are `nbjit._compare.scenarios()`, the matrix of
-``python -m nbjit compare``, taken from the commit under test.
+The scenarios are `nbjit.bench.scenarios()`, the matrix of
+``python -m nbjit compare``, taken from the commit under test; `nbjit.bench`
+(the benchmark lab's documented module) also gives the timing harness. A
+commit without `nbjit.bench` skips every benchmark that needs it.
 """
 
 import importlib.util
@@ -48,18 +50,18 @@ def get_jit(impl):
     return jit
 
 
-def compare_module():
-    """This commit's ``nbjit._compare``; NotImplementedError where it is missing."""
+def bench_module():
+    """This commit's ``nbjit.bench``; NotImplementedError (asv: skipped) where it is missing."""
     try:
-        from nbjit import _compare
+        from nbjit import bench
     except ImportError as exc:
-        raise NotImplementedError(f"this commit has no nbjit._compare: {exc}") from exc
-    return _compare
+        raise NotImplementedError(f"this commit has no nbjit.bench: {exc}") from exc
+    return bench
 
 
 def scenario(name):
     """The scenario ``name`` of this commit's compare matrix (skipped where it has none)."""
-    matching = [s for s in compare_module().scenarios() if s.name == name]
+    matching = [s for s in bench_module().scenarios() if s.name == name]
     if not matching:
         raise NotImplementedError(f"this commit has no scenario {name!r}")
     require_devices(getattr(matching[0], "min_devices", 1))
@@ -76,7 +78,7 @@ class Call:
 
     ``dispatch()`` returns once the call is dispatched; ``call()`` waits for
     its outputs. A case with an argument pool passes the next tuple on every
-    call, as `nbjit._compare` does.
+    call, as `nbjit.bench.run` does.
     """
 
     def __init__(self, name, impl):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from _scripts import load_script
 
-from nbjit import _scenarios
+from nbjit import bench
 
 
 def _load():
@@ -35,7 +35,7 @@ def test_each_variant_removes_its_check():
 
 def test_every_host_contender_returns_a_plus_b():
     floor = _load()
-    pool = _scenarios._numpy_2_new().arg_pool
+    pool = bench.scenario("numpy_args_2_new_values").build().arg_pool
     contenders = floor.host_contenders(pool)
     names = [name for name, _ in contenders]
     assert names[:2] == ["jax.jit", "nbjit.jit"] and names[-1] == "floor: execute only"

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "library_tests.sh"
 
 TEST_MODULE = textwrap.dedent("""\

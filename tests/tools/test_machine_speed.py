@@ -9,7 +9,7 @@ import sys
 import pytest
 from _scripts import load_script
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

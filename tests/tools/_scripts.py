@@ -6,7 +6,7 @@ import importlib.util
 import pathlib
 import types
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def load_script(name: str) -> types.ModuleType:

@@ -1,4 +1,4 @@
-"""Paired, interleaved timing: how every speed number in nbjit is made.
+"""Paired, interleaved timing: how every speed number of nbjit's benchmarks is made.
 
 A speed claim here is a ratio against a reference measured in the same
 process, interleaved: each round times ``k`` calls of every contender back to
@@ -19,7 +19,7 @@ import gc
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,20 +65,16 @@ class Interleaved:
 
 @dataclass(frozen=True)
 class Ratio:
+    """Median and p10-p90 of per-round ratios."""
+
     median: float
     p10: float
     p90: float
-    per_round: tuple[float, ...] = field(repr=False, default=())
 
     @classmethod
     def of(cls, per_round: np.ndarray) -> Ratio:
         p10, med, p90 = np.percentile(per_round, [10, 50, 90])
-        return cls(float(med), float(p10), float(p90), tuple(float(r) for r in per_round))
-
-    @property
-    def spread(self) -> float:
-        """Width of the p10-p90 band relative to the median (0.05 = +-2.5%)."""
-        return (self.p90 - self.p10) / self.median if self.median else float("nan")
+        return cls(float(med), float(p10), float(p90))
 
 
 def time_batch(

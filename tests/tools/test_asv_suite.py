@@ -5,7 +5,7 @@ setup that finds something missing must raise NotImplementedError (asv
 marks the benchmark skipped), and asv then still calls ``teardown``, which
 must not raise (a teardown that fails turns a skip into a failure, a gap in
 the graph). These tests call the suite's classes as asv does, against an
-nbjit without ``jit`` and one without ``_compare``.
+nbjit without ``jit`` and one without ``bench``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -95,15 +95,17 @@ def test_no_nbjit_jit_skips_the_nbjit_side(suite, monkeypatch):
     assert checked > 20
 
 
-def test_no_compare_module_skips_every_scenario(suite, monkeypatch):
+def test_no_bench_module_skips_what_needs_it(suite, monkeypatch):
+    """An older commit has no nbjit.bench: every scenario and every paired track skips."""
     import nbjit
 
-    monkeypatch.delattr(nbjit, "_compare")
-    monkeypatch.setitem(sys.modules, "nbjit._compare", None)  # import raises ImportError
+    monkeypatch.delattr(nbjit, "bench", raising=False)
+    monkeypatch.setitem(sys.modules, "nbjit.bench", None)  # import raises ImportError
     checked = 0
     for cls, combo in _benchmark_classes(suite):
-        if cls.__module__.endswith(("bench_dispatch", "bench_ratio")):
-            assert _as_asv(cls, combo), f"{cls.__name__}{combo} ran without nbjit._compare"
+        if (cls.__module__.endswith(("bench_dispatch", "bench_ratio"))
+                or cls.__name__ in ("StatsCost", "ProfileCost")):
+            assert _as_asv(cls, combo), f"{cls.__name__}{combo} ran without nbjit.bench"
             checked += 1
     assert checked > 40
 
@@ -116,9 +118,9 @@ def test_unknown_scenario_skips(suite):
 
 def test_suite_scenarios_exist_in_the_matrix(suite):
     """Every scenario the suite names is in today's compare matrix (none silently skipped)."""
-    from nbjit import _compare
+    from nbjit import bench
 
-    names = {s.name for s in _compare.scenarios()}
+    names = {s.name for s in bench.scenarios()}
     bench_ratio = sys.modules["benchmarks.bench_ratio"]
     assert set(bench_ratio.SCENARIOS) <= names
     dispatch = sys.modules["benchmarks.bench_dispatch"]

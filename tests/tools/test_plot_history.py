@@ -8,7 +8,7 @@ import pathlib
 import pytest
 from _scripts import load_script
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 RATIO = "bench_ratio.DispatchRatio.track_ratio"
 
 

@@ -5,7 +5,7 @@ Each `Scenario` names a case and how to time it; its builder returns a
 has an ``arg_pool`` pass new host values on every call (the loops people
 write: a training step with a fresh batch, an environment step with a fresh
 action). `scenarios()` is the full matrix in table order; `select` picks
-rows by name.
+rows by a name pattern, `scenario` one row by its name.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import fnmatch
 import functools
 import itertools
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Upstream's own jit, captured where JAX defines it (see nbjit._compare).
+# Upstream's own jit, captured where JAX defines it (see nbjit.bench.runner).
 from nbjit._jax import jax_jit
 
 
@@ -399,11 +400,25 @@ def scenarios() -> list[Scenario]:
 
 
 def select(matrix: Sequence[Scenario], pattern: str | None) -> list[Scenario]:
-    """Scenarios whose name matches ``pattern``: a glob if it has ``*?[``, else a substring."""
+    """Scenarios whose name matches ``pattern``.
+
+    A regular expression searched in the name if it has ``^`` or ``$``
+    (``args_1$``, ``^args_[12]$``); else a glob if it has ``*?[`` (the whole
+    name matches: ``args_1*``); else a substring.
+    """
     if not pattern:
         return list(matrix)
+    if "^" in pattern or "$" in pattern:
+        regex = re.compile(pattern)
+        return [s for s in matrix if regex.search(s.name)]
     if any(ch in pattern for ch in "*?["):
         return [s for s in matrix if fnmatch.fnmatchcase(s.name, pattern)]
     return [s for s in matrix if pattern in s.name]
 
 
+def scenario(name: str) -> Scenario:
+    """The scenario of the full matrix called ``name``; KeyError if there is none."""
+    for s in scenarios():
+        if s.name == name:
+            return s
+    raise KeyError(f"no scenario {name!r} (python -m nbjit compare --list shows them)")

@@ -1,0 +1,299 @@
+"""The runner of `python -m nbjit compare`: build, check and time scenarios.
+
+The runner wraps each scenario's function with both dispatchers, checks that
+they agree on the outputs, and times them interleaved (`nbjit.bench.measure`)
+together with the *floor* (`nbjit.bench.floor`): the executable's own execute
++ output handling, called from Python, which no Python dispatcher can beat.
+A `Row` holds one scenario's result; `run` runs a matrix and returns its
+rows with the run's metadata (versions, machine, settings).
+
+Multi-device scenarios need 8 devices: the CLI asks for them
+(`nbjit._devices.request_host_devices`) before JAX's backend starts; where
+fewer devices exist they are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import itertools
+import os
+import platform
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, TextIO
+
+import jax
+import numpy as np
+
+# Upstream's own jit, captured where JAX defines it: users rebind the public
+# name (`jax.jit = nbjit.jit`), and a comparison against that would compare
+# nbjit with itself.
+from nbjit._jax import jax_jit
+from nbjit.bench import measure
+from nbjit.bench.matrix import Case, Scenario
+
+
+@dataclass
+class Row:
+    name: str
+    n_args: int
+    kind: str
+    block: bool
+    family: str | None
+    origin: str
+    a_us: float | None = None  # nbjit (or jax.jit "A" in the self-check)
+    b_us: float | None = None  # jax.jit
+    floor_us: float | None = None
+    ratio: float | None = None  # median of per-round a/b
+    ratio_p10: float | None = None
+    ratio_p90: float | None = None
+    rounds: int = 0
+    calls_per_batch: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+
+Jit = Callable[..., Callable[..., Any]]
+
+
+def fresh_copy(fun: Callable[..., Any]) -> Callable[..., Any]:
+    """A new function object with ``fun``'s code: a cache miss for any jit, every time."""
+    if isinstance(fun, types.FunctionType):
+        return types.FunctionType(
+            fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__, fun.__closure__
+        )
+    return functools.partial(fun)
+
+
+def _blocker(out: Any) -> Callable[[Any], Any]:
+    if isinstance(out, jax.Array):
+        return type(out).block_until_ready  # the concrete class's method: no lookup per call
+    return jax.block_until_ready
+
+
+def _caller(jitted: Callable[..., Any], case: Case, block: bool) -> Callable[[], Any]:
+    """A zero-argument call of ``jitted`` with the case's inputs, as cheap as Python allows."""
+    args, kwargs = case.args, case.kwargs
+    if case.arg_pool:
+        take = itertools.cycle(case.arg_pool).__next__
+        call = (lambda: jitted(*take(), **kwargs)) if kwargs else (lambda: jitted(*take()))
+    else:
+        call = (lambda: jitted(*args, **kwargs)) if kwargs else (lambda: jitted(*args))
+    if not block:
+        return call
+    blk = _blocker(call())
+    return lambda: blk(call())
+
+
+def _fresh_caller(jit: Jit, case: Case, block: bool) -> Callable[[], Any]:
+    fun, opts, args, kwargs = case.fun, case.jit_options, case.args, case.kwargs
+
+    def call():
+        return jit(fresh_copy(fun), **opts)(*args, **kwargs)
+
+    if not block:
+        return call
+    blk = _blocker(call())
+    return lambda: blk(call())
+
+
+def output_difference(x: Any, y: Any) -> str | None:
+    """Why two call results differ (structure, dtype, weak type, sharding, values), or None."""
+    lx, tx = jax.tree.flatten(x)
+    ly, ty = jax.tree.flatten(y)
+    if tx != ty:
+        return f"tree structure {tx} != {ty}"
+    for i, (u, v) in enumerate(zip(lx, ly, strict=True)):
+        for attr in ("dtype", "weak_type", "sharding"):
+            if getattr(u, attr, None) != getattr(v, attr, None):
+                return f"leaf {i}: {attr} {getattr(u, attr, None)} != {getattr(v, attr, None)}"
+        if not np.array_equal(np.asarray(u), np.asarray(v)):
+            return f"leaf {i}: values differ"
+    return None
+
+
+def first_difference(f_a: Callable[..., Any], f_b: Callable[..., Any], case: Case
+                     ) -> str | None:
+    """How the two sides' outputs differ on the case's inputs, or None.
+
+    A new-values case is checked on its first three argument tuples, so a
+    side that reuses an earlier call's values shows.
+    """
+    for args in case.arg_pool[:3] or (case.args,):
+        diff = output_difference(f_a(*args, **case.kwargs), f_b(*args, **case.kwargs))
+        if diff:
+            return diff
+    return None
+
+
+def _floor_contender(target: Any, floor_call: Callable[..., Callable[[], Any]], case: Case,
+                     block: bool) -> Callable[[], Any]:
+    """The floor of `target` on this case (execute + outputs only), waited for if `block`."""
+    target(*case.args, **case.kwargs)
+    floor = floor_call(target, *case.args, **case.kwargs)
+    if not block:
+        return floor
+    blk = _blocker(floor())
+    return lambda: blk(floor())
+
+
+def run_scenario(
+    scenario: Scenario,
+    jit_a: Jit,
+    jit_b: Jit,
+    settings: measure.Settings,
+    floor_jit: Jit | None = None,
+    floor_call: Callable[..., Callable[[], Any]] | None = None,
+) -> Row:
+    """Build, check and time one scenario: A = ``jit_a``, B = ``jit_b``, plus the floor."""
+    row = Row(scenario.name, scenario.n_args, scenario.kind, scenario.block, scenario.family,
+              scenario.origin)
+    if len(jax.devices()) < scenario.min_devices:
+        row.note = f"skipped: needs {scenario.min_devices} devices, have {len(jax.devices())}"
+        return row
+    case = scenario.build()
+    notes = []
+    if case.fresh_function:
+        call_a = _fresh_caller(jit_a, case, scenario.block)
+        call_b = _fresh_caller(jit_b, case, scenario.block)
+        f_a = jit_a(case.fun, **case.jit_options)
+        f_b = jit_b(case.fun, **case.jit_options)
+    else:
+        f_a = jit_a(case.fun, **case.jit_options)
+        f_b = jit_b(case.fun, **case.jit_options)
+        call_a = _caller(f_a, case, scenario.block)
+        call_b = _caller(f_b, case, scenario.block)
+    diff = first_difference(f_a, f_b, case)
+    if diff:
+        notes.append(f"OUTPUTS DIFFER: {diff}"[:160])
+    contenders = [("a", call_a), ("b", call_b)]
+    if floor_call is not None and floor_jit is not None and not case.fresh_function:
+        try:
+            target = f_a if floor_jit is jit_a else floor_jit(case.fun, **case.jit_options)
+            contenders.append(("floor", _floor_contender(target, floor_call, case,
+                                                         scenario.block)))
+        except Exception as exc:  # the floor is best effort; the comparison is not
+            notes.append(f"no floor: {type(exc).__name__}: {exc}"[:120])
+    result = measure.interleave(contenders, settings, sync=jax.block_until_ready,
+                                 sync_each=scenario.sync_each)
+    ratio = result.ratio("a", "b")
+    row.a_us = result.median_us("a")
+    row.b_us = result.median_us("b")
+    if "floor" in result.names:
+        row.floor_us = result.median_us("floor")
+    row.ratio, row.ratio_p10, row.ratio_p90 = ratio.median, ratio.p10, ratio.p90
+    row.rounds = result.per_call_s.shape[0]
+    row.calls_per_batch = result.calls_per_batch
+    row.seconds = result.seconds
+    row.note = "; ".join(notes)
+    return row
+
+
+class Progress:
+    """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, width: int = 28) -> None:
+        self.total, self.width = total, width
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.start = time.perf_counter()
+
+    def update(self, done: int, label: str) -> None:
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / done * (self.total - done) if done else float("nan")
+        filled = int(self.width * done / self.total) if self.total else self.width
+        bar = "#" * filled + "." * (self.width - filled)
+        eta_s = f"eta {eta:4.0f}s" if done else "eta    ?"
+        line = f"[{bar}] {done:>3}/{self.total} {elapsed:5.0f}s {eta_s}  {label}"
+        if self.tty:
+            self.stream.write("\r" + line[:118].ljust(118))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run(
+    matrix: Sequence[Scenario],
+    settings: measure.Settings,
+    self_check: bool = False,
+    progress: bool = True,
+    stream: TextIO | None = None,
+) -> tuple[list[Row], dict[str, Any]]:
+    """Run the matrix; return the rows and the run's metadata."""
+    import nbjit
+    from nbjit.bench.floor import floor_call
+
+    jit_a, label_a = (jax_jit, "jax.jit (A)") if self_check else (nbjit.jit, "nbjit")
+    bar = Progress(len(matrix), stream) if progress else None
+    rows = []
+    t0 = time.perf_counter()
+    for i, scenario in enumerate(matrix):
+        if bar:
+            bar.update(i, scenario.name)
+        rows.append(run_scenario(scenario, jit_a, jax_jit, settings, nbjit.jit, floor_call))
+    if bar:
+        bar.update(len(matrix), "done")
+        bar.close()
+    meta = metadata(settings, self_check, label_a)
+    meta["seconds"] = round(time.perf_counter() - t0, 1)
+    return rows, meta
+
+
+def _git_commit() -> str | None:
+    """HEAD's short hash, with ``+dirty`` when nbjit/ has uncommitted changes."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # nbjit/
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", here)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) if head else None
+
+
+def metadata(settings: measure.Settings, self_check: bool, label_a: str) -> dict[str, Any]:
+    import jaxlib
+    import numba
+
+    import nbjit
+
+    devices = jax.devices()
+    return {
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "a": label_a,
+        "b": "jax.jit",
+        "self_check": self_check,
+        "versions": {
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__,
+            "numba": numba.__version__,
+            "numpy": np.__version__,
+            "nbjit": getattr(nbjit, "__version__", None),
+            "nbjit_commit": _git_commit(),
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.machine(),
+            "cpus": os.cpu_count(),
+            "backend": devices[0].platform,
+            "devices": len(devices),
+        },
+        "settings": asdict(settings),
+        "notes": [],
+    }
