@@ -29,7 +29,7 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nbjit import _explain, _jax, _profile, _stats
+from nbjit import _agreement, _explain, _jax, _profile, _stats
 from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache, cache_from_config
 from nbjit._keys import Split, leaf_signature, make_binder, make_hit
 from nbjit._record import Unsupported, build_record, canonical_dtypes, host_dtype
@@ -244,10 +244,11 @@ class PjitFunction:
         namespace = self._namespace
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
+        description, explaining = self._describe_miss(args, kwargs, signature[2])
+        _agreement.check(self, args, kwargs, leaves, description)  # multi-controller only
         counters = self._counters
         counters.misses += 1
         self.miss_count += 1
-        description, explaining = self._describe_miss(args, kwargs, signature[2])
         start = time.perf_counter()
         try:
             outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
