@@ -25,11 +25,12 @@ signature, say after an eviction or `clear_cache` on one side, passes at once
 even when q has since published others. Otherwise p waits, up to the timeout,
 for q to catch up (q may lag, still compiling something else). p stops
 waiting early when q cannot catch up: q's latest entry is a miss of its own
-that p never published (both processes wait on each other), or q has already
-raised. After the timeout p raises `AgreementError` when q published a
-differing signature, and warns (`AgreementWarning`) and goes on when q never
-called the function. A process that hits never publishes, so only the
-missing side can be told.
+that p never published (both processes wait on each other), or q raised
+against p's waiting call (it leaves a rejection for that call, so p raises
+too even if q retries with p's signature). After the timeout p raises
+`AgreementError` when q published a differing signature, and warns
+(`AgreementWarning`) and goes on when q never called the function. A process
+that hits never publishes, so only the missing side can be told.
 
 Store layout, under ``nbjit/agreement/<function key>/``:
   ``seen/<signature key>/<rank>``: "1" once `rank` published that signature;
@@ -122,7 +123,9 @@ class Counters:
 
     checks: int = 0  # exchanges made
     at_once: int = 0  # agreed in the first read (the others had published already)
+    at_once_seconds: float = 0.0  # wall time of those exchanges (three round trips each)
     round_trips: int = 0  # key-value store calls
+    describe_seconds: float = 0.0  # building the stable signatures
     seconds: float = 0.0  # wall time in exchanges, waits included
     waited_seconds: float = 0.0  # of which waiting for other processes
     max_wait_seconds: float = 0.0
@@ -167,9 +170,27 @@ class _Function:
 
 
 _functions: weakref.WeakKeyDictionary[Any, _Function] = weakref.WeakKeyDictionary()
-_published: dict[str, set[int]] = {}  # function key -> signature keys this process published
-_sequence: dict[str, int] = {}  # function key -> exchanges this process made for it
-_lock = threading.Lock()
+
+
+class _Process:
+    """What this process published: function key -> signature keys, and exchanges made."""
+
+    def __init__(self) -> None:
+        self.published: dict[str, set[int]] = {}
+        self.sequence: dict[str, int] = {}
+        self.rejected: set[tuple[str, int, int]] = set()  # (function, rank, seq) raised against
+        self.lock = threading.Lock()
+
+    def publish(self, function: str, key: int) -> tuple[set[int], int]:
+        """Records an exchange; returns (the function's published keys, its sequence number)."""
+        with self.lock:
+            published = self.published.setdefault(function, set())
+            published.add(key)
+            seq = self.sequence[function] = self.sequence.get(function, 0) + 1
+        return published, seq
+
+
+_this_process = _Process()
 
 
 def _function(jitted: Any) -> _Function:
@@ -202,7 +223,23 @@ def _spans_processes(jitted: Any, leaves: Sequence) -> bool:
 # Stable descriptions
 
 
+_texts: dict[Any, str] = {}  # sharding -> its text (misses see the same few shardings)
+
+
 def _sharding_text(sharding: Any) -> str:
+    try:
+        return _texts[sharding]
+    except KeyError:
+        text = _sharding_text_uncached(sharding)
+        if len(_texts) >= 4096:
+            _texts.clear()
+        _texts[sharding] = text
+        return text
+    except TypeError:  # unhashable
+        return _sharding_text_uncached(sharding)
+
+
+def _sharding_text_uncached(sharding: Any) -> str:
     """A sharding as text with nothing process-local: mesh shape, device ids, spec."""
     memory = getattr(sharding, "memory_kind", None)
     suffix = f", memory {memory}" if memory not in (None, "device") else ""
@@ -255,6 +292,21 @@ def _aval_text(leaf: Any) -> str:
     return text + (" weak" if leaf.weak_type else "")
 
 
+_hashes: dict[str, int] = {}  # text -> its stable hash (avals, shardings, paths repeat)
+
+
+def _text_hash(text: str) -> int:
+    h = _hashes.get(text)
+    if h is None:
+        from nbjit._kernels import stable_text_hash
+
+        h = stable_text_hash(text)
+        if len(_hashes) >= 16384:
+            _hashes.clear()
+        _hashes[text] = h
+    return h
+
+
 @dataclass(frozen=True)
 class Signature:
     key: int  # stable int64 over every entry
@@ -271,7 +323,7 @@ def describe_signature(name: str, options_text: str, description: Any,
     """
     from nbjit import _kernels
 
-    text_hash = _kernels.stable_text_hash
+    text_hash = _text_hash
     entries = [("jit options", options_text),
                ("arguments", f"{len(description.leaves)} leaves, keywords "
                              f"{list(description.keyword_names)}")]
@@ -358,12 +410,15 @@ def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description:
     if client is None:
         return
     info = _function(jitted)
+    start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
                                    _config["check_host_values"])
     from nbjit._explain import call_site
 
+    _counters.describe_seconds += time.perf_counter() - start
     try:
-        _exchange(client, info, signature, call_site())
+        _exchange(client, info, signature, call_site(), _jax.process_index(),
+                  _jax.process_count())
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
         warnings.warn(f"nbjit: multi-process agreement of {info.name} skipped: {error}",
                       AgreementWarning, stacklevel=2)
@@ -390,7 +445,8 @@ class _Store:
         _jax.kv_wait(self.client, self.prefix + key, seconds * 1e3)
 
 
-def _exchange(client: Any, info: _Function, signature: Signature, site: str) -> None:
+def _exchange(client: Any, info: _Function, signature: Signature, site: str, rank: int,
+              n: int, process: _Process = _this_process) -> None:
     """Publishes `signature`, then waits for the others (see the module docstring).
 
     Under ``seen/<signature>/``: ``<rank>`` once a process published it, and
@@ -400,12 +456,8 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str) -> 
     retry), so both sides make the same calls after an error.
     """
     start = time.perf_counter()
-    rank, n = _jax.process_index(), _jax.process_count()
     me = f"{signature.key & _MASK64:016x}"
-    with _lock:
-        published = _published.setdefault(info.key, set())
-        published.add(signature.key & _MASK64)
-        seq = _sequence[info.key] = _sequence.get(info.key, 0) + 1
+    published, seq = process.publish(info.key, signature.key & _MASK64)
     store = _Store(client, f"{_PREFIX}/{info.key}/")
     entry = {"rank": rank, "seq": seq, "signature": me, "state": "waiting",
              "function": info.name, "site": site,
@@ -428,8 +480,9 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str) -> 
         at_once, poll, latest = not (missing or rejected), _FIRST_POLL_S, {}
         while missing or rejected:
             now = time.perf_counter()
-            stuck = [q for q in missing
-                     if q in latest and _cannot_catch_up(latest[q], me, published)]
+            stuck = [q for q in missing if q in latest
+                     and (info.key, q, latest[q]["seq"]) not in process.rejected
+                     and _cannot_catch_up(latest[q], me, published)]
             if rejected or stuck or now >= deadline:
                 differing = {q: latest[q] for q in missing if q in latest}
                 differing.update(rejected)
@@ -439,11 +492,13 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str) -> 
                     text = json.dumps(entry)
                     for q, other in differing.items():
                         if q not in rejected and other["state"] == "waiting":
+                            # it will raise too, and may call again: not stuck then
+                            process.rejected.add((info.key, q, other["seq"]))
                             store.set(f"seen/{other['signature']}/x{q}.{other['seq']}.{rank}",
                                       text)
                     _counters.errors += 1
                     early = bool(rejected or stuck)
-                    raise _error(info, rank, entry, differing, missing, timeout, early)
+                    raise _error(info, rank, n, entry, differing, missing, timeout, early)
                 entry["state"] = "alone"
                 store.set(f"latest/{rank}", json.dumps(entry))
                 _counters.warnings += 1
@@ -463,22 +518,20 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str) -> 
         _counters.round_trips += store.trips
         _counters.seconds += elapsed
     _counters.at_once += at_once
-    if not at_once:
+    if at_once:
+        _counters.at_once_seconds += elapsed
+    else:
         _counters.waited_seconds += elapsed
         _counters.max_wait_seconds = max(_counters.max_wait_seconds, elapsed)
 
 
 def _cannot_catch_up(other: dict, me: str, published: set[int]) -> bool:
-    """Whether a process whose latest entry is `other` will not publish `me` soon.
-
-    It raised already, or it waits at a miss whose signature this process
-    never published: it waits for this process, which waits for it.
-    """
-    if other["signature"] == me:
-        return False
-    if other["state"] == "differs":
-        return True
-    return other["state"] == "waiting" and int(other["signature"], 16) not in published
+    """Whether a process whose latest entry is `other` will not publish `me` soon:
+    it waits at a miss whose signature this process never published, so it waits
+    for this process, which waits for it. (One that raised may call again with
+    `me`, a retry: it is waited for.)"""
+    return (other["signature"] != me and other["state"] == "waiting"
+            and int(other["signature"], 16) not in published)
 
 
 # ---------------------------------------------------------------------------
@@ -499,13 +552,13 @@ def _first_difference(mine: list, others: dict[int, list]) -> tuple[str, dict[in
     return "signature", {}
 
 
-def _error(info: _Function, rank: int, entry: dict, differing: dict[int, dict],
+def _error(info: _Function, rank: int, n: int, entry: dict, differing: dict[int, dict],
            missing: set[int], timeout: float, early: bool) -> AgreementError:
     others = {q: differing[q]["entries"] for q in sorted(differing)}
     path, values = _first_difference(entry["entries"], others)
     own = dict(map(tuple, entry["entries"])).get(path, "(absent)")
     values = {rank: own, **values}
-    for q in range(_jax.process_count()):
+    for q in range(n):
         values.setdefault(q, "(not called yet)" if q in missing else own)
     values = dict(sorted(values.items()))
     shown = ", ".join(f"process {q}: {v}" for q, v in values.items())

@@ -387,6 +387,28 @@ def agreement_process_local_function_does_not_wait() -> None:
     assert time.perf_counter() - start < AGREEMENT_TIMEOUT_S
 
 
+COST: dict[str, float] = {}  # what agreement added to misses (results["_agreement_cost"])
+
+
+@check
+def agreement_cost_of_a_miss() -> None:
+    """Ten misses of a process-spanning function (one per static value), each agreed."""
+    x = global_array((8, 4), P("x"))
+    nb = nbjit.jit(lambda x, n: x * n, static_argnums=1)
+    nb(x, 0)  # imports and first compiles out of the way
+    before = dataclasses.replace(_agreement.counters())
+    start = time.perf_counter()
+    for n in range(1, 11):
+        nb(x, n)
+    total = time.perf_counter() - start
+    after = _agreement.counters()
+    assert after.checks - before.checks == 10 and after.errors == before.errors
+    COST.update({"misses": 10, "miss_wall_s": total, "compile_s": nb.stats().miss_seconds})
+    for name in ("seconds", "describe_seconds", "at_once", "at_once_seconds", "round_trips",
+                 "waited_seconds"):
+        COST[name] = getattr(after, name) - getattr(before, name)
+
+
 @check
 def agreement_host_values_differ_switch_off() -> None:
     """Off by default: each process computes with its own copy, as jax.jit does."""
@@ -511,10 +533,11 @@ def main() -> None:
             results[name] = None
         except Exception:  # noqa: BLE001  (reported to the parent)
             results[name] = traceback.format_exc()
-        status = "ok" if results[name] is None else "FAILED"
+        status = "ok" if results[name] is None else "FAILED\n" + results[name]
         print(f"[{PROCESS_ID}] {name}: {status} ({time.perf_counter() - start:.2f} s)",
               flush=True)
     results["_agreement"] = dataclasses.asdict(_agreement.counters())
+    results["_agreement_cost"] = COST
     with open(OUT, "w") as f:
         json.dump(results, f)
 

@@ -151,6 +151,7 @@ def test_agreement_in_the_pair(pair_results):
         assert agreement["errors"] == 0 and agreement["warnings"] == 0, agreement
         assert agreement["round_trips"] >= 3 * agreement["checks"], agreement
         print(f"worker {process} agreement: {agreement}")
+        print(f"worker {process} agreement cost of 10 misses: {result['_agreement_cost']}")
 
 
 @pytest.mark.parametrize("name", SEPARATE)
