@@ -63,7 +63,7 @@ from nbjit import _jax
 from nbjit._names import function_name
 
 __all__ = ["AgreementError", "AgreementWarning", "check", "configure", "counters",
-           "describe_signature"]
+           "describe_signature", "process_label"]
 
 DEFAULT_TIMEOUT_S = 60.0
 _PREFIX = "nbjit/agreement"
@@ -138,6 +138,13 @@ _counters = Counters()
 
 def counters() -> Counters:
     return _counters
+
+
+def process_label() -> str | None:
+    """"process I of N" in a multi-controller run (jax.distributed), else None."""
+    if _jax.distributed_client() is None or _jax.process_count() == 1:
+        return None
+    return f"process {_jax.process_index()} of {_jax.process_count()}"
 
 
 # ---------------------------------------------------------------------------

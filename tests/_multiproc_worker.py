@@ -387,6 +387,18 @@ def agreement_process_local_function_does_not_wait() -> None:
     assert time.perf_counter() - start < AGREEMENT_TIMEOUT_S
 
 
+@check
+def agreement_run_report_names_the_process() -> None:
+    from nbjit import _report
+
+    nb = nbjit.jit(lambda x: x + 2)
+    nb(global_array((8, 4), P("x")))
+    report = _report.build(None)
+    assert report["process"] == f"process {RANK} of 2", report["process"]
+    assert _report.format_text(report).splitlines()[0] == (
+        f"nbjit run: dispatch report (process {RANK} of 2)")
+
+
 COST: dict[str, float] = {}  # what agreement added to misses (results["_agreement_cost"])
 
 

@@ -333,3 +333,20 @@ def test_spanning_functions_exchange_on_misses_only(monkeypatch, timeout):
         g(jax.device_put(jnp.arange(8.0), jax.devices()[0]))  # one process's device
     assert store.calls == calls and f.miss_count == 1
     assert any(k.endswith("/latest/0") for k in store.data)
+
+
+def test_run_check_agreement_switches_host_values_on(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text("from nbjit import _agreement, _report\n"
+                      "print(_agreement.configure()['check_host_values'])\n"
+                      "print(_report.build(None)['process'])\n")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
+    env.pop("NBJIT_CHECK_AGREEMENT", None)
+    outputs = []
+    for flags in ([], ["--check-agreement"]):
+        out = subprocess.run([sys.executable, "-m", "nbjit", "run", "--no-report", *flags,
+                              str(script)], env=env, capture_output=True, text=True,
+                             timeout=120, check=True)
+        outputs.append(out.stdout.split())
+    assert outputs == [["False", "None"], ["True", "None"]]
