@@ -177,6 +177,31 @@ class _Function:
 
 
 _functions: weakref.WeakKeyDictionary[Any, _Function] = weakref.WeakKeyDictionary()
+_options_span: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _function(jitted: Any) -> _Function:
+    """The function's name and store key (named only once it takes part)."""
+    info = _functions.get(jitted)
+    if info is None:
+        from nbjit._kernels import stable_text_hash
+
+        name = function_name(jitted._fun)
+        info = _Function(name, f"{stable_text_hash(name) & _MASK64:016x}",
+                         _options_spans(jitted), _encode(jitted._options))
+        _functions[jitted] = info
+    return info
+
+
+def _options_spans(jitted: Any) -> bool:
+    spans = _options_span.get(jitted)
+    if spans is None:
+        from jax import tree_util
+
+        spans = _options_span[jitted] = any(
+            _sharding_spans(s) for s in tree_util.tree_leaves(jitted._options)
+            if isinstance(s, _jax.Sharding))
+    return spans
 
 
 class _Process:
@@ -200,30 +225,11 @@ class _Process:
 _this_process = _Process()
 
 
-def _function(jitted: Any) -> _Function:
-    info = _functions.get(jitted)
-    if info is None:
-        from jax import tree_util
-
-        from nbjit._kernels import stable_text_hash
-
-        name = function_name(jitted._fun)
-        shardings = [s for s in tree_util.tree_leaves(jitted._options)
-                     if isinstance(s, _jax.Sharding)]
-        info = _Function(name, f"{stable_text_hash(name) & _MASK64:016x}",
-                         any(_sharding_spans(s) for s in shardings),
-                         _encode(jitted._options))
-        _functions[jitted] = info
-    return info
-
-
 def _spans_processes(jitted: Any, leaves: Sequence) -> bool:
-    if jitted in _functions and _functions[jitted].options_span:
-        return True
     for x in leaves:
         if type(x) is _jax.ArrayImpl and _sharding_spans(x.sharding):
             return True
-    return _function(jitted).options_span
+    return _options_spans(jitted)
 
 
 # ---------------------------------------------------------------------------
