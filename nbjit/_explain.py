@@ -321,7 +321,11 @@ class MissContext:
 
 def explain(new: CallDescription, miss: MissContext) -> str:
     """One message saying why `new` missed."""
-    parts = [f"nbjit cache miss of {miss.name} at {call_site()}"]
+    from nbjit._agreement import process_label  # multi-controller: whose miss
+
+    label = process_label()
+    where = f" ({label})" if label else ""
+    parts = [f"nbjit cache miss of {miss.name}{where} at {call_site()}"]
     evicted = [d for d in miss.evicted if d.row == new.row and not differences(d, new)]
     if evicted:
         parts.append("this signature was compiled before; the LRU evicted its entry "

@@ -397,6 +397,12 @@ def agreement_run_report_names_the_process() -> None:
     assert report["process"] == f"process {RANK} of 2", report["process"]
     assert _report.format_text(report).splitlines()[0] == (
         f"nbjit run: dispatch report (process {RANK} of 2)")
+    assert str(nbjit.stats()).splitlines()[0] == f"(process {RANK} of 2)"
+    from nbjit import _explain
+
+    description = _explain.describe_call((np.ones(2),), {}, (), (), ())
+    message = _explain.explain(description, _explain.MissContext("f", []))
+    assert message.startswith(f"nbjit cache miss of f (process {RANK} of 2) at "), message
 
 
 COST: dict[str, float] = {}  # what agreement added to misses (results["_agreement_cost"])
