@@ -72,6 +72,7 @@ _MAX_TEXT = 240  # characters per described value
 _FIRST_POLL_S = 0.02
 _MAX_POLL_S = 0.5
 _MASK64 = (1 << 64) - 1
+_NOT_CALLER = (os.path.dirname(__file__) + os.sep,)  # warnings point past nbjit's frames
 
 
 class AgreementError(ValueError):
@@ -434,7 +435,7 @@ def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description:
                   _jax.process_count())
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
         warnings.warn(f"nbjit: multi-process agreement of {info.name} skipped: {error}",
-                      AgreementWarning, stacklevel=2)
+                      AgreementWarning, skip_file_prefixes=_NOT_CALLER)
 
 
 class _Store:
@@ -516,7 +517,7 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str, ran
                 store.set(f"latest/{rank}", json.dumps(entry))
                 _counters.warnings += 1
                 warnings.warn(_missing_message(info, rank, sorted(missing), timeout),
-                              AgreementWarning, stacklevel=4)
+                              AgreementWarning, skip_file_prefixes=_NOT_CALLER)
                 return
             store.wait(f"seen/{me}/{min(missing)}", min(poll, deadline - now))
             poll = min(poll * 2, _MAX_POLL_S)

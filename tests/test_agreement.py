@@ -334,6 +334,20 @@ def test_spanning_functions_exchange_on_misses_only(monkeypatch, timeout):
     assert store.calls == calls and f.miss_count == 1
     assert any(k.endswith("/latest/0") for k in store.data)
 
+    # "Process 1" waits at a miss of h with another shape: h raises, compiling nothing.
+    h = nbjit.jit(lambda x: x * 4)
+    prefix = f"{_agreement._PREFIX}/{_agreement._function(h).key}/"
+    store.key_value_set(f"{prefix}latest/1", json.dumps(
+        {"rank": 1, "seq": 1, "signature": "0000000000000001", "state": "waiting",
+         "site": "other.py:1",
+         "entries": [["jit options", "{}"], ["arguments", "1 leaves, keywords []"],
+                     ["args[0]", "float32[16]"]]}))
+    with pytest.raises(_agreement.AgreementError, match=r"args\[0\]: process 0: float32\[8\], "
+                       r"process 1: float32\[16\]") as raised:
+        h(x)
+    assert raised.value.function == _agreement.function_name(h._fun)
+    assert h.miss_count == 0 and h._cache_size() == 0
+
 
 def test_run_check_agreement_switches_host_values_on(tmp_path):
     script = tmp_path / "show.py"
