@@ -152,21 +152,29 @@ def process_label() -> str | None:
 # Which functions take part
 
 
-_spans: dict[Any, bool] = {}  # sharding -> whether its devices span processes
+class _Memo(dict):
+    """key -> compute(key), computed once; starts afresh when full (misses see few keys)."""
+
+    def __init__(self, compute: Any, capacity: int) -> None:
+        super().__init__()
+        self.compute, self.capacity = compute, capacity
+
+    def __call__(self, key: Any) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable
+            return self.compute(key)
+        value = self.compute(key)
+        if len(self) >= self.capacity:
+            self.clear()
+        self[key] = value
+        return value
 
 
-def _sharding_spans(sharding: Any) -> bool:
-    try:
-        return _spans[sharding]
-    except KeyError:
-        pass
-    except TypeError:  # unhashable
-        return _jax.sharding_process_count(sharding) > 1
-    spans = _jax.sharding_process_count(sharding) > 1
-    if len(_spans) >= 4096:
-        _spans.clear()
-    _spans[sharding] = spans
-    return spans
+# sharding -> whether its devices span processes
+_sharding_spans = _Memo(lambda sharding: _jax.sharding_process_count(sharding) > 1, 4096)
 
 
 @dataclass(frozen=True)
@@ -237,23 +245,7 @@ def _spans_processes(jitted: Any, leaves: Sequence) -> bool:
 # Stable descriptions
 
 
-_texts: dict[Any, str] = {}  # sharding -> its text (misses see the same few shardings)
-
-
-def _sharding_text(sharding: Any) -> str:
-    try:
-        return _texts[sharding]
-    except KeyError:
-        text = _sharding_text_uncached(sharding)
-        if len(_texts) >= 4096:
-            _texts.clear()
-        _texts[sharding] = text
-        return text
-    except TypeError:  # unhashable
-        return _sharding_text_uncached(sharding)
-
-
-def _sharding_text_uncached(sharding: Any) -> str:
+def _describe_sharding(sharding: Any) -> str:
     """A sharding as text with nothing process-local: mesh shape, device ids, spec."""
     memory = getattr(sharding, "memory_kind", None)
     suffix = f", memory {memory}" if memory not in (None, "device") else ""
@@ -306,19 +298,14 @@ def _aval_text(leaf: Any) -> str:
     return text + (" weak" if leaf.weak_type else "")
 
 
-_hashes: dict[str, int] = {}  # text -> its stable hash (avals, shardings, paths repeat)
+def _stable_text_hash(text: str) -> int:
+    from nbjit._kernels import stable_text_hash
+
+    return stable_text_hash(text)
 
 
-def _text_hash(text: str) -> int:
-    h = _hashes.get(text)
-    if h is None:
-        from nbjit._kernels import stable_text_hash
-
-        h = stable_text_hash(text)
-        if len(_hashes) >= 16384:
-            _hashes.clear()
-        _hashes[text] = h
-    return h
+_text_hash = _Memo(_stable_text_hash, 16384)  # avals, shardings and paths repeat
+_sharding_text = _Memo(_describe_sharding, 4096)
 
 
 @dataclass(frozen=True)

@@ -76,18 +76,24 @@ def pack_leaf_signatures(dtype_codes, weak_types, committed, sharding_ids, layou
 
 
 @njit(cache=True, nogil=True)
-def hash_signature(buf):
-    """64-bit hash of an int64 buffer: FNV-1a over words, murmur3 finaliser."""
-    h = np.uint64(_FNV_OFFSET)
-    prime = np.uint64(_FNV_PRIME)
-    for i in range(buf.shape[0]):
-        h = (h ^ np.uint64(buf[i])) * prime
+def _finalise(h):
+    """murmur3's 64-bit finaliser, as int64."""
     h ^= h >> np.uint64(33)
     h *= np.uint64(_MIX_1)
     h ^= h >> np.uint64(33)
     h *= np.uint64(_MIX_2)
     h ^= h >> np.uint64(33)
     return np.int64(h)
+
+
+@njit(cache=True, nogil=True)
+def hash_signature(buf):
+    """64-bit hash of an int64 buffer: FNV-1a over words, murmur3 finaliser."""
+    h = np.uint64(_FNV_OFFSET)
+    prime = np.uint64(_FNV_PRIME)
+    for i in range(buf.shape[0]):
+        h = (h ^ np.uint64(buf[i])) * prime
+    return _finalise(h)
 
 
 @njit(cache=True, nogil=True)
@@ -223,12 +229,7 @@ def hash_bytes(data):
         for j in range(n - 8 * full):
             word |= np.uint64(data[8 * full + j]) << np.uint64(8 * j)
         h = (h ^ word) * prime
-    h ^= h >> np.uint64(33)
-    h *= np.uint64(_MIX_1)
-    h ^= h >> np.uint64(33)
-    h *= np.uint64(_MIX_2)
-    h ^= h >> np.uint64(33)
-    return np.int64(h)
+    return _finalise(h)
 
 
 def hash_bytes_python(data: bytes) -> int:

@@ -317,7 +317,8 @@ def test_spanning_functions_exchange_on_misses_only(monkeypatch, timeout):
     monkeypatch.setattr(_jax, "distributed_client", lambda: store)
     monkeypatch.setattr(_jax, "sharding_process_count",
                         lambda s: len({min(d.id, 1) for d in s.device_set}))
-    monkeypatch.setattr(_agreement, "_spans", {})
+    monkeypatch.setattr(_agreement, "_sharding_spans", _agreement._Memo(
+        lambda s: _jax.sharding_process_count(s) > 1, 16))
     mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
     x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x")))
     f = nbjit.jit(lambda x: x * 2)
