@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-profile", action="store_true",
                    help="no per-phase timing (the report then has counts only)")
     r.add_argument("--no-report", action="store_true", help="print no report at exit")
+    r.add_argument("--check-agreement", action="store_true",
+                   help="multi-controller: processes also compare the bytes of host inputs "
+                   "at each miss (docs/multi-controller.md)")
     r.add_argument("target", help="script path, or module name with -m")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
@@ -110,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
     """Runs the script with jax.jit routed to nbjit.jit; prints the dispatch report at exit."""
     import contextlib
 
-    from nbjit import _explain, _profile, _report, _run
+    from nbjit import _agreement, _explain, _profile, _report, _run
+
+    if args.check_agreement:
+        _agreement.configure(check_host_values=True)
 
     if _XLA_FLAGS_AT_START is None:  # the script gets the environment it was given
         os.environ.pop("XLA_FLAGS", None)
@@ -129,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
             report = _report.build(profile)
             if not args.no_report:
                 print(_report.format_text(report), file=sys.stderr)
-            if args.json:
-                _report.write_json(args.json, report)
+            if args.json:  # one file per process in a multi-controller run
+                label = report["process"]
+                _report.write_json(args.json + (f".{label.split()[1]}" if label else ""), report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

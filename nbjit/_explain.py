@@ -410,7 +410,11 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
 
 
 def _message(name: str, site: str, why: str, miss: MissContext) -> str:
-    parts = [f"nbjit cache miss of {name} at {site}", why]
+    from nbjit._agreement import process_label  # multi-controller: whose miss
+
+    label = process_label()
+    where = f" ({label})" if label else ""
+    parts = [f"nbjit cache miss of {name}{where} at {site}", why]
     if miss.jax_misses is not None:
         (trace0, compile0), (trace1, compile1) = miss.jax_misses
         if trace1 == trace0 and compile1 == compile0:

@@ -290,3 +290,40 @@ def jax_cache_misses() -> tuple[int, int]:
 def jaxpr_has_effects(jitted, args, kwargs) -> bool:
     """Whether the traced function has effects (JAX's tracing cache answers)."""
     return bool(jitted.trace(*args, **kwargs).jaxpr.effects)
+
+
+# --- multi-controller: process ranks and the distributed key-value store ---
+from jax._src import distributed as _distributed  # noqa: E402
+
+process_count = jax.process_count
+Sharding = jax.sharding.Sharding
+process_index = jax.process_index
+
+
+def distributed_client():
+    """The `jax.distributed` client (its key-value store), or None without one."""
+    return getattr(_distributed.global_state, "client", None)
+
+
+def sharding_process_count(sharding) -> int:
+    """How many processes own devices of `sharding`."""
+    return len({d.process_index for d in sharding.device_set})
+
+
+def kv_set(client, key: str, value: str) -> None:
+    client.key_value_set(key, value, allow_overwrite=True)
+
+
+def kv_dir_get(client, prefix: str) -> list[tuple[str, str]]:
+    """Every (key, value) under `prefix` (a "dir/" ending in a slash)."""
+    return client.key_value_dir_get(prefix)
+
+
+def kv_wait(client, key: str, timeout_ms: int) -> str | None:
+    """The value of `key` once it is set, or None after `timeout_ms`."""
+    try:
+        return client.blocking_key_value_get(key, max(1, int(timeout_ms)))
+    except JaxRuntimeError as error:
+        if "DEADLINE_EXCEEDED" in str(error):
+            return None
+        raise

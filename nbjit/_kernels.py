@@ -78,18 +78,24 @@ def pack_leaf_signatures(dtype_codes, weak_types, committed, sharding_ids, layou
 
 
 @njit(cache=True, nogil=True)
-def hash_signature(buf):
-    """64-bit hash of an int64 buffer: FNV-1a over words, murmur3 finaliser."""
-    h = np.uint64(_FNV_OFFSET)
-    prime = np.uint64(_FNV_PRIME)
-    for i in range(buf.shape[0]):
-        h = (h ^ np.uint64(buf[i])) * prime
+def _finalise(h):
+    """murmur3's 64-bit finaliser, as int64."""
     h ^= h >> np.uint64(33)
     h *= np.uint64(_MIX_1)
     h ^= h >> np.uint64(33)
     h *= np.uint64(_MIX_2)
     h ^= h >> np.uint64(33)
     return np.int64(h)
+
+
+@njit(cache=True, nogil=True)
+def hash_signature(buf):
+    """64-bit hash of an int64 buffer: FNV-1a over words, murmur3 finaliser."""
+    h = np.uint64(_FNV_OFFSET)
+    prime = np.uint64(_FNV_PRIME)
+    for i in range(buf.shape[0]):
+        h = (h ^ np.uint64(buf[i])) * prime
+    return _finalise(h)
 
 
 @njit(cache=True, nogil=True)
@@ -185,6 +191,59 @@ def signature_key(leaves: Sequence[Leaf]) -> int:
     if len(leaves) < NUMBA_KEY_MIN_LEAVES:
         return python_signature_key(leaves)
     return numba_signature_key(leaves)[0]
+
+
+# Stable keys: equal in every process (multi-controller agreement). The words
+# fed to the hash are built from values with a fixed encoding (text as UTF-8,
+# little-endian 8-byte words), never from Python's salted `hash()` or ids.
+
+
+def stable_signature_key(header: Sequence[int], leaves: Sequence[Leaf]) -> int:
+    """`hash_signature` of `header` words followed by the packed `leaves`.
+
+    Plain Python below `NUMBA_KEY_MIN_LEAVES` leaves, the Numba kernels from
+    there on; both give the same key (tests/test_kernels.py).
+    """
+    if len(leaves) < NUMBA_KEY_MIN_LEAVES:
+        return hash_signature_python([*header, *pack_signature_python(leaves)])
+    _, buf = numba_signature_key(leaves)
+    return int(hash_signature(np.concatenate([np.array(header, np.int64), buf])))
+
+
+@njit(cache=True, nogil=True)
+def hash_bytes(data):
+    """64-bit hash of a uint8 buffer: `hash_signature` of [length, little-endian words].
+
+    The last word holds the remaining bytes (zero-padded).
+    """
+    n = data.shape[0]
+    h = np.uint64(_FNV_OFFSET)
+    prime = np.uint64(_FNV_PRIME)
+    h = (h ^ np.uint64(n)) * prime
+    full = n // 8
+    for w in range(full):
+        word = np.uint64(0)
+        for j in range(8):
+            word |= np.uint64(data[8 * w + j]) << np.uint64(8 * j)
+        h = (h ^ word) * prime
+    if n % 8:
+        word = np.uint64(0)
+        for j in range(n - 8 * full):
+            word |= np.uint64(data[8 * full + j]) << np.uint64(8 * j)
+        h = (h ^ word) * prime
+    return _finalise(h)
+
+
+def hash_bytes_python(data: bytes) -> int:
+    """Plain-Python twin of `hash_bytes`."""
+    words = [len(data)]
+    words += (int.from_bytes(data[i:i + 8], "little") for i in range(0, len(data), 8))
+    return hash_signature_python(words)
+
+
+def stable_text_hash(text: str) -> int:
+    """The int64 `hash_bytes` of `text` as UTF-8 (the same in every process)."""
+    return hash_bytes_python(text.encode("utf-8", "surrogatepass"))
 
 
 # ---------------------------------------------------------------------------

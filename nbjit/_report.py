@@ -42,7 +42,9 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
         row.update(timing.get(name, {}))
         functions.append(row)
     functions.sort(key=lambda r: -r["calls"])
-    return {"profiled": profile is not None,
+    from nbjit._agreement import process_label  # multi-controller: whose report this is
+
+    return {"process": process_label(), "profiled": profile is not None,
             "profile_overhead_us": profile.overhead_ns / 1e3 if profile is not None else None,
             "functions": functions,
             "ranked_misses": _explain.ranked_misses().to_dicts()}
@@ -66,7 +68,8 @@ def format_text(report: dict[str, Any]) -> str:
         cells.append(", ".join(f"{k} {v}" for k, v in sorted(r["slow_reasons"].items())) or "-")
         body.append(cells)
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    lines = ["nbjit run: dispatch report"]
+    lines = ["nbjit run: dispatch report" + (f" ({report['process']})"
+                                             if report.get("process") else "")]
     for row in [header, *body]:
         lines.append("  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())

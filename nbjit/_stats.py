@@ -135,7 +135,10 @@ class StatsTable(Mapping[str, DispatchStats]):
             numbers = [c.rjust(w) for c, w in zip(r[1:-1], widths[1:], strict=True)]
             cells = [r[0].ljust(widths[0]), *numbers]
             lines.append("  ".join([*cells, r[-1]]).rstrip())
-        return "\n".join(lines)
+        from nbjit._agreement import process_label  # multi-controller: whose counts
+
+        label = process_label()
+        return "\n".join([f"({label})", *lines] if label else lines)
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in ("function", *_COLUMNS,

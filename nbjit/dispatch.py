@@ -28,7 +28,7 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nbjit import _explain, _jax, _stats
+from nbjit import _agreement, _explain, _jax, _stats
 from nbjit._binders import BinderTable, call_shape
 from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache, cache_from_config
 from nbjit._keys import leaf_signature
@@ -185,8 +185,9 @@ class PjitFunction:
         namespace = self._namespace
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
-        counters = self._counters
         description, explaining = self._describe_miss(args, kwargs, signature[2])
+        _agreement.check(self, args, kwargs, leaves, description)  # multi-controller only
+        counters = self._counters
         start = time.perf_counter()
         try:
             outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)

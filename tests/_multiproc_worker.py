@@ -14,6 +14,7 @@ exception type. Results go to OUT.json as {check: null or the failure}.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -36,16 +37,22 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nbjit  # noqa: E402
+from nbjit import _agreement  # noqa: E402
 
 MESH = Mesh(np.array(jax.devices()), ("x",))  # 8 devices, 4 per process
 MESH2 = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
 OTHER = next(d for d in jax.devices() if d.process_index != jax.process_index())
+RANK = jax.process_index()
+AGREEMENT_TIMEOUT_S = _agreement.configure()["timeout_s"]  # the parent's setting
 CHECKS: dict[str, Callable[[], None]] = {}
 
 
 def check(fn: Callable[[], None]) -> Callable[[], None]:
     CHECKS[fn.__name__] = fn
     return fn
+
+
+separate = check  # the parent reads the decorator's name from this file
 
 
 # -- comparing ----------------------------------------------------------------
@@ -317,6 +324,223 @@ def other_process_device_host_input() -> None:
         assert not out.addressable_shards
 
 
+# -- multi-controller agreement (nbjit/_agreement.py) ----------------------------
+
+
+def per_process(*values: Any) -> Any:
+    return values[RANK]
+
+
+def disagrees(call: Callable[[], Any], nb: Any, path: str, values: tuple[str, str]) -> str:
+    """`call` raises AgreementError naming `path` and both processes' values, with
+    nothing compiled; returns the message."""
+    try:
+        call()
+    except _agreement.AgreementError as raised:
+        error, message = raised, str(raised)
+    else:
+        raise AssertionError("no AgreementError")
+    assert error.path == path, (error.path, message)
+    assert error.values == {0: values[0], 1: values[1]}, (error.values, message)
+    assert f"{path}: process 0: {values[0]}, process 1: {values[1]}" in message, message
+    assert "lambda" in error.function and "_multiproc_worker.py:" in error.function, message
+    assert "nothing was compiled or run" in message, message
+    print(f"[{RANK}] {message}", flush=True)
+    assert nb._cache_size() == 0 and nb.miss_count == 0, (nb._cache_size(), nb.miss_count)
+    return message
+
+
+def then_agrees(nb: Any, jx: Any, *args: Any, **kwargs: Any) -> None:
+    """After a disagreement both processes go on: a call that agrees runs as jax.jit's."""
+    same_call(nb, jx, *args, **kwargs)
+    same_call(nb, jx, *args, **kwargs)
+    assert nb.miss_count == 1 and nb._cache_size() == 1
+
+
+@check
+def agreement_re_miss_after_clear_cache_on_one_process() -> None:
+    """A one-sided miss of an agreed signature passes at once (no wait for the hitter)."""
+    x = global_array((8, 4), P("x"))
+    nb, jx = pair(lambda: lambda x: jnp.sum(x) + x)
+    calls_hit(nb, jx, x)
+    if RANK == 1:
+        nb.clear_cache()
+    before = _agreement.counters().at_once
+    start = time.perf_counter()
+    same_call(nb, jx, x)  # process 1 misses, process 0 hits
+    assert time.perf_counter() - start < 5
+    assert nb.miss_count == per_process(1, 2)
+    assert _agreement.counters().at_once == before + per_process(0, 1)
+
+
+@check
+def agreement_process_local_function_does_not_wait() -> None:
+    """Only this process's devices: no exchange, even when only one process calls it,
+    with a shape of its own."""
+    checks = _agreement.counters().checks
+    start = time.perf_counter()
+    if RANK == 0:
+        calls_hit(*pair(lambda: lambda x: x * 2), jnp.arange(5.0))
+    committed = jax.device_put(jnp.ones((4, 1 + RANK)), jax.local_devices()[1])
+    calls_hit(*pair(lambda: lambda x: x * 2), committed)
+    assert _agreement.counters().checks == checks
+    assert time.perf_counter() - start < AGREEMENT_TIMEOUT_S
+
+
+@check
+def agreement_run_report_names_the_process() -> None:
+    from nbjit import _report
+
+    nb = nbjit.jit(lambda x: x + 2)
+    nb(global_array((8, 4), P("x")))
+    report = _report.build(None)
+    assert report["process"] == f"process {RANK} of 2", report["process"]
+    assert _report.format_text(report).splitlines()[0] == (
+        f"nbjit run: dispatch report (process {RANK} of 2)")
+    assert str(nbjit.stats()).splitlines()[0] == f"(process {RANK} of 2)"
+    from nbjit import _explain
+
+    description = _explain.describe_call((np.ones(2),), {}, (), (), ())
+    message = _explain.explain(description, _explain.MissContext("f", []))
+    assert message.startswith(f"nbjit cache miss of f (process {RANK} of 2) at "), message
+
+
+COST: dict[str, float] = {}  # what agreement added to misses (results["_agreement_cost"])
+
+
+@check
+def agreement_cost_of_a_miss() -> None:
+    """Ten misses of a process-spanning function (one per static value), each agreed."""
+    x = global_array((8, 4), P("x"))
+    nb = nbjit.jit(lambda x, n: x * n, static_argnums=1)
+    nb(x, 0)  # imports and first compiles out of the way
+    before = dataclasses.replace(_agreement.counters())
+    start = time.perf_counter()
+    for n in range(1, 11):
+        nb(x, n)
+    total = time.perf_counter() - start
+    after = _agreement.counters()
+    assert after.checks - before.checks == 10 and after.errors == before.errors
+    COST.update({"misses": 10, "miss_wall_s": total, "compile_s": nb.stats().miss_seconds})
+    for name in ("seconds", "describe_seconds", "at_once", "at_once_seconds", "round_trips",
+                 "waited_seconds"):
+        COST[name] = getattr(after, name) - getattr(before, name)
+
+
+@check
+def agreement_host_values_differ_switch_off() -> None:
+    """Off by default: each process computes with its own copy, as jax.jit does."""
+    nb, jx = pair(lambda: lambda x: x * 2, in_shardings=NamedSharding(MESH, P()))
+    calls_hit(nb, jx, np.full(8, RANK, np.float32))
+
+
+@separate
+def agreement_global_shapes_elementwise() -> None:
+    nb, jx = pair(lambda: lambda x: jnp.sin(x) * 2)
+    x = global_array(per_process((8, 4), (16, 4)), P("x"))
+    disagrees(lambda: nb(x), nb, "args[0]", ("float32[8,4]", "float32[16,4]"))
+    then_agrees(nb, jx, global_array((8, 4), P("x")))
+
+
+@separate
+def agreement_global_shapes_all_reduce() -> None:
+    """Equal-size all-reduce: without agreement both would return a number."""
+    nb, jx = pair(lambda: lambda x: jnp.sum(x))
+    x = global_array(per_process((8, 4), (16, 4)), P("x"))
+    disagrees(lambda: nb(x), nb, "args[0]", ("float32[8,4]", "float32[16,4]"))
+    then_agrees(nb, jx, global_array((8, 4), P("x")))
+
+
+@separate
+def agreement_global_shapes_replicated_output() -> None:
+    """Without agreement both processes abort in gloo (collective size mismatch)."""
+    nb, jx = pair(lambda: lambda x: x * 3, out_shardings=NamedSharding(MESH, P()))
+    x = global_array(per_process((8, 4), (16, 4)), P("x"))
+    disagrees(lambda: nb(x), nb, "args[0]", ("float32[8,4]", "float32[16,4]"))
+    then_agrees(nb, jx, global_array((8, 4), P("x")))
+
+
+@separate
+def agreement_dtypes_static_values_pytrees() -> None:
+    x = global_array((8, 4), P("x"))
+    nb, jx = pair(lambda: lambda x: jnp.sum(x * 2))
+    y = x.astype(per_process(jnp.float32, jnp.int32))
+    disagrees(lambda: nb(y), nb, "args[0]", ("float32[8,4]", "int32[8,4]"))
+    then_agrees(nb, jx, x)
+    nb, jx = pair(lambda: lambda x, n: jnp.sum(x) * n, static_argnums=1)
+    disagrees(lambda: nb(x, per_process(2, 3)), nb, "args[1] (static)", ("2", "3"))
+    then_agrees(nb, jx, x, 2)
+    nb, jx = pair(lambda: lambda t: jnp.sum(jax.tree.leaves(t)[0]))
+    tree = per_process({"a": x, "b": x}, {"a": x, "c": x})
+    disagrees(lambda: nb(tree), nb, "args[0] (pytree)",
+              ("PyTreeDef({'a': *, 'b': *})", "PyTreeDef({'a': *, 'c': *})"))
+    then_agrees(nb, jx, {"a": x, "b": x})
+
+
+@separate
+def agreement_host_values_differ_switch_on() -> None:
+    """A replicated numpy input with other bytes on each process: named with the switch on."""
+    _agreement.configure(check_host_values=True)
+    nb, jx = pair(lambda: lambda x, s: x * s, in_shardings=NamedSharding(MESH, P()))
+    data = np.full(8, RANK, np.float32)
+    try:
+        nb(data, 2.0)
+    except _agreement.AgreementError as error:
+        assert error.path == "args[0] value", str(error)
+        assert error.values[0] != error.values[1], str(error)
+        assert all(v.startswith("bytes hash ") for v in error.values.values()), str(error)
+    else:
+        raise AssertionError("no AgreementError")
+    then_agrees(nb, jx, np.ones(8, np.float32), 2.0)
+    nb, jx = pair(lambda: lambda x, s: x * s, in_shardings=NamedSharding(MESH, P()))
+    disagrees(lambda: nb(np.ones(8, np.float32), per_process(2.0, 2.5)), nb, "args[1] value",
+              ("2.0", "2.5"))
+
+
+@separate
+def agreement_skipped_call_warns() -> None:
+    """Only process 0 calls an elementwise function over a global array: it warns after
+    the timeout and goes on (no hang); process 1 never waits."""
+    import warnings
+
+    _agreement.configure(timeout_s=2)
+    x = global_array((8, 4), P("x"))
+    nb, jx = pair(lambda: lambda x: x + 1)
+    if RANK == 0:
+        start = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = nb(x)
+        waited = time.perf_counter() - start
+        assert 2 <= waited < 15, waited
+        found = [w for w in caught if issubclass(w.category, _agreement.AgreementWarning)]
+        assert len(found) == 1 and "process 1 did not call" in str(found[0].message), caught
+        same_outputs(out, jx(x))
+
+
+@separate
+def agreement_one_sided_miss_of_another_signature() -> None:
+    """Process 0 clears its cache and calls with a shape process 1 never publishes (it
+    hits on the agreed one): process 0 names the difference after the timeout."""
+    _agreement.configure(timeout_s=2)
+    nb, jx = pair(lambda: lambda x: x - 1)
+    calls_hit(nb, jx, global_array((8, 4), P("x")))
+    if RANK == 0:
+        nb.clear_cache()
+        start = time.perf_counter()
+        disagrees_after = global_array((16, 4), P("x"))
+        try:
+            nb(disagrees_after)
+        except _agreement.AgreementError as error:
+            assert error.values == {0: "float32[16,4]", 1: "float32[8,4]"}, str(error)
+            assert "after waiting 2 s" in str(error), str(error)
+        else:
+            raise AssertionError("no AgreementError")
+        assert 2 <= time.perf_counter() - start < 15
+    else:
+        calls_hit(nb, jx, global_array((8, 4), P("x")), times=1)
+
+
 def main() -> None:
     names = sys.argv[4:] or list(CHECKS)
     results: dict[str, str | None] = {}
@@ -327,9 +551,11 @@ def main() -> None:
             results[name] = None
         except Exception:  # noqa: BLE001  (reported to the parent)
             results[name] = traceback.format_exc()
-        status = "ok" if results[name] is None else "FAILED"
+        status = "ok" if results[name] is None else "FAILED\n" + results[name]
         print(f"[{PROCESS_ID}] {name}: {status} ({time.perf_counter() - start:.2f} s)",
               flush=True)
+    results["_agreement"] = dataclasses.asdict(_agreement.counters())
+    results["_agreement_cost"] = COST
     with open(OUT, "w") as f:
         json.dump(results, f)
 

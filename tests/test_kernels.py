@@ -97,6 +97,32 @@ def test_signature_key_separates_each_field():
     assert len(keys) == 8
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_int64, max_size=8), st.lists(_leaf, max_size=10))
+def test_stable_signature_key_python_and_numba_agree(header, leaves):
+    key = _kernels.stable_signature_key(header, leaves)
+    expected = _kernels.hash_signature_python([*header, *_kernels.pack_signature_python(leaves)])
+    assert key == expected
+    _, buf = _kernels.numba_signature_key(leaves)  # the Numba path at every size
+    full = np.concatenate([np.array(header, np.int64), buf])
+    assert int(_kernels.hash_signature(full)) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_hash_bytes_python_and_numba_agree(data):
+    key = int(_kernels.hash_bytes(np.frombuffer(data, np.uint8)))
+    assert key == _kernels.hash_bytes_python(data)
+    assert -(2**63) <= key < 2**63
+
+
+def test_hash_bytes_separates_lengths_and_padding():
+    data = [b"", b"\0", b"\0\0", b"\0" * 8, b"\0" * 9, b"a", b"a\0"]
+    keys = {_kernels.hash_bytes_python(b) for b in data}
+    assert len(keys) == 7
+    assert _kernels.stable_text_hash("float32") == _kernels.hash_bytes_python(b"float32")
+
+
 # --- index domains ---------------------------------------------------------
 
 def _normalise(index, shape):

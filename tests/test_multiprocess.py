@@ -6,6 +6,10 @@ CPU devices, joined by `jax.distributed.initialize` into 8 global devices
 results as JSON; each check here is one test item per process. Every wait has
 a hard timeout: a worker that hangs (a collective one process skipped) is
 killed, and both logs are printed with the failure.
+
+Checks marked `@separate` in the worker (processes calling with different
+signatures, which nbjit's agreement must stop before gloo aborts both) run
+in a pair each.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ WORKER = HERE / "_multiproc_worker.py"
 TIMEOUT_S = 180  # both workers together; a pair normally finishes in ~15-30 s
 PEER_GRACE_S = 20  # how long the other worker may go on once one has failed
 NUM_PROCESSES = 2
+AGREEMENT_TIMEOUT_S = 30  # nbjit's wait for the other process at a miss (checks may shorten it)
 
 
 def _free_port() -> int:
@@ -39,6 +44,8 @@ def _worker_env() -> dict[str, str]:
              if not f.startswith("--xla_force_host_platform_device_count")]
     env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
     env["JAX_PLATFORMS"] = "cpu"
+    env["NBJIT_AGREEMENT_TIMEOUT"] = str(AGREEMENT_TIMEOUT_S)
+    env.pop("NBJIT_CHECK_AGREEMENT", None)
     env.pop("JAX_NUM_CPU_DEVICES", None)
     root = str(HERE.parent)  # the nbjit under test, wherever pytest imported it from
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
@@ -83,17 +90,18 @@ def _run_pair(tmp: Path, checks: list[str]) -> tuple[list[dict | None], list[str
     return results, texts, codes
 
 
-def _worker_checks() -> list[str]:
+def _worker_checks(decorator: str = "@check") -> list[str]:
     """The check names, read from the worker's source (importing it would start JAX)."""
     names, lines = [], WORKER.read_text().splitlines()
     for previous, line in zip(lines, lines[1:], strict=False):
-        if previous.strip() == "@check" and line.startswith("def "):
+        if previous.strip() == decorator and line.startswith("def "):
             names.append(line[4:line.index("(")])
     return names
 
 
 pytestmark = pytest.mark.multiprocess
 CHECKS = _worker_checks()
+SEPARATE = _worker_checks("@separate")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +120,9 @@ def _report(logs: list[str], codes: list) -> str:
 
 def test_check_names_found():
     assert {"devices", "psum_in_shard_map", "other_process_device_pytree"} <= set(CHECKS)
+    assert {"agreement_global_shapes_replicated_output",
+            "agreement_skipped_call_warns"} <= set(SEPARATE)
+    assert not set(CHECKS) & set(SEPARATE)
 
 
 def test_both_workers_finished(pair_results):
@@ -127,3 +138,26 @@ def test_check(pair_results, name, process):
         pytest.fail(f"worker {process} did not report {name}\n{_report(logs, codes)}")
     failure = results[process][name]
     assert failure is None, f"worker {process}, {name}:\n{failure}\n{_report(logs, codes)}"
+
+
+def test_agreement_in_the_pair(pair_results):
+    """Every process-spanning miss of the pair agreed: none raised, none warned."""
+    results, logs, codes = pair_results
+    for process, result in enumerate(results):
+        if result is None:
+            pytest.fail(f"worker {process} wrote no results\n{_report(logs, codes)}")
+        agreement = result["_agreement"]
+        assert agreement["checks"] >= 10 and agreement["at_once"] >= 1, agreement
+        assert agreement["errors"] == 0 and agreement["warnings"] == 0, agreement
+        assert agreement["round_trips"] >= 3 * agreement["checks"], agreement
+        print(f"worker {process} agreement: {agreement}")
+        print(f"worker {process} agreement cost of 10 misses: {result['_agreement_cost']}")
+
+
+@pytest.mark.parametrize("name", SEPARATE)
+def test_separate_pair(tmp_path, name):
+    results, logs, codes = _run_pair(tmp_path, [name])
+    assert codes == [0] * NUM_PROCESSES and None not in results, _report(logs, codes)
+    for process, result in enumerate(results):
+        assert result[name] is None, f"worker {process}, {name}:\n{result[name]}\n" + _report(
+            logs, codes)

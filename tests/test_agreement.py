@@ -1,0 +1,367 @@
+"""nbjit._agreement without a second process: stable signatures, the exchange.
+
+The exchange runs here between threads that play processes over an in-memory
+key-value store with the client's methods; the real two-process cases are in
+test_multiprocess.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import nbjit
+from nbjit import _agreement, _jax
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeStore:
+    """The key-value calls of jax.distributed's client, in memory."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+        self.cond = threading.Condition()
+        self.calls = 0
+
+    def key_value_set(self, key: str, value: str, allow_overwrite: bool = False) -> None:
+        with self.cond:
+            self.calls += 1
+            assert allow_overwrite or key not in self.data
+            self.data[key] = value
+            self.cond.notify_all()
+
+    def key_value_dir_get(self, prefix: str) -> list[tuple[str, str]]:
+        with self.cond:
+            self.calls += 1
+            return [(k, v) for k, v in sorted(self.data.items()) if k.startswith(prefix)]
+
+    def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
+        with self.cond:
+            self.calls += 1
+            if not self.cond.wait_for(lambda: key in self.data, timeout_in_ms / 1e3):
+                raise _jax.JaxRuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out: {key}")
+            return self.data[key]
+
+
+INFO = _agreement._Function("f (model.py:3)", "00000000000000f1", True, "{}")
+
+
+def signature(shape: str, extra: tuple = ()) -> _agreement.Signature:
+    entries = [("jit options", "{}"), ("args[0]", f"float32[{shape}]"), *extra]
+    from nbjit import _kernels
+
+    return _agreement.Signature(_kernels.stable_text_hash(json.dumps(entries)), entries)
+
+
+class Process:
+    """One pretend process: its rank and what it published."""
+
+    def __init__(self, store: FakeStore, rank: int, n: int = 2) -> None:
+        self.store, self.rank, self.n = store, rank, n
+        self.state = _agreement._Process()
+
+    def call(self, sig: _agreement.Signature) -> None:
+        _agreement._exchange(self.store, INFO, sig, f"model.py:{10 + self.rank}", self.rank,
+                             self.n, self.state)
+
+    def call_in_thread(self, sig: _agreement.Signature) -> dict:
+        outcome: dict = {}
+
+        def run() -> None:
+            start = time.perf_counter()
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    self.call(sig)
+                outcome["warnings"] = [w for w in caught
+                                       if issubclass(w.category, _agreement.AgreementWarning)]
+            except Exception as error:  # noqa: BLE001 (the test inspects it)
+                outcome["error"] = error
+            outcome["seconds"] = time.perf_counter() - start
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        outcome["thread"] = thread
+        return outcome
+
+
+@pytest.fixture
+def timeout():
+    def set_timeout(seconds: float) -> None:
+        _agreement.configure(timeout_s=seconds)
+
+    old = _agreement.configure()
+    yield set_timeout
+    _agreement.configure(**old)
+
+
+def both(p0: Process, p1: Process, s0, s1) -> tuple[dict, dict]:
+    a, b = p0.call_in_thread(s0), p1.call_in_thread(s1)
+    for o in (a, b):
+        o["thread"].join(60)
+        assert not o["thread"].is_alive()
+    return a, b
+
+
+def test_equal_signatures_agree(timeout):
+    timeout(30)
+    store = FakeStore()
+    a, b = both(Process(store, 0), Process(store, 1), signature("8,4"), signature("8,4"))
+    assert "error" not in a and "error" not in b
+    assert a["warnings"] == b["warnings"] == []
+
+
+def test_differing_signatures_raise_on_both_before_the_timeout(timeout):
+    timeout(30)
+    store = FakeStore()
+    a, b = both(Process(store, 0), Process(store, 1), signature("8,4"), signature("16,4"))
+    for outcome in (a, b):
+        error = outcome["error"]
+        assert isinstance(error, _agreement.AgreementError) and isinstance(error, ValueError)
+        assert error.path == "args[0]" and error.function == INFO.name
+        assert error.values == {0: "float32[8,4]", 1: "float32[16,4]"}
+        assert "args[0]: process 0: float32[8,4], process 1: float32[16,4]" in str(error)
+        assert "model.py:10" in str(error) and "model.py:11" in str(error)
+        assert outcome["seconds"] < 10  # each waits on the other: no need for the timeout
+
+
+def test_a_lagging_process_that_catches_up_raises_nothing(timeout):
+    timeout(30)
+    store = FakeStore()
+    p0, p1 = Process(store, 0), Process(store, 1)
+    both(p0, p1, signature("2"), signature("2"))  # an agreed earlier call
+    a = p0.call_in_thread(signature("3"))  # p1's latest entry is still "2"
+    time.sleep(0.5)
+    p1.call(signature("3"))
+    a["thread"].join(60)
+    assert "error" not in a and a["warnings"] == []
+
+
+def test_a_one_sided_re_miss_of_an_agreed_signature_passes_at_once(timeout):
+    timeout(30)
+    store = FakeStore()
+    p0, p1 = Process(store, 0), Process(store, 1)
+    both(p0, p1, signature("2"), signature("2"))
+    both(p0, p1, signature("3"), signature("3"))  # p1's latest is now "3"
+    before, calls = _agreement.counters().at_once, store.calls
+    start = time.perf_counter()
+    p0.call(signature("2"))  # p0 cleared its cache; p1 hits and publishes nothing
+    assert time.perf_counter() - start < 5
+    assert _agreement.counters().at_once == before + 1
+    assert store.calls - calls == 3  # two sets, one read
+
+
+def test_a_one_sided_miss_of_another_signature_raises_after_the_timeout(timeout):
+    timeout(0.5)
+    store = FakeStore()
+    p0, p1 = Process(store, 0), Process(store, 1)
+    both(p0, p1, signature("2"), signature("2"))
+    start = time.perf_counter()
+    with pytest.raises(_agreement.AgreementError, match="after waiting 0.5 s") as info:
+        p0.call(signature("5"))  # p1 hits on "2" and never publishes again
+    assert time.perf_counter() - start >= 0.5
+    assert info.value.values == {0: "float32[5]", 1: "float32[2]"}
+
+
+def test_a_process_that_never_calls_gives_a_warning(timeout):
+    timeout(0.3)
+    store = FakeStore()
+    with pytest.warns(_agreement.AgreementWarning, match="process 1 did not call it"):
+        Process(store, 0).call(signature("2"))
+
+
+def test_a_rejected_attempt_raises_even_when_the_peer_retries_with_it(timeout):
+    """p1 raised against p0's waiting call, then called again with p0's signature:
+    p0 still raises, so both processes skip the same call."""
+    timeout(30)
+    store = FakeStore()
+    p0, p1 = Process(store, 0), Process(store, 1)
+    a = p0.call_in_thread(signature("8"))
+    time.sleep(0.3)
+    with pytest.raises(_agreement.AgreementError):
+        p1.call(signature("16"))
+    p1.call(signature("8"))  # its retry agrees with p0's key at once
+    a["thread"].join(60)
+    assert isinstance(a.get("error"), _agreement.AgreementError)
+    assert a["error"].values == {0: "float32[8]", 1: "float32[16]"}
+
+
+def test_a_retry_does_not_take_a_rejected_call_for_a_stuck_one(timeout):
+    """p0 raised against p1's waiting call before p1 noticed; p0's retry waits for p1
+    (which raises, then retries) instead of raising at once on p1's stale entry."""
+    timeout(30)
+    store = FakeStore()
+    p0, p1 = Process(store, 0), Process(store, 1)
+    b = signature("16")
+    p1.state.publish(INFO.key, b.key & _agreement._MASK64)  # p1 waits on "16", asleep
+    me = f"{b.key & _agreement._MASK64:016x}"
+    prefix = f"{_agreement._PREFIX}/{INFO.key}/"
+    store.key_value_set(f"{prefix}seen/{me}/1", "1")
+    store.key_value_set(f"{prefix}latest/1", json.dumps(
+        {"rank": 1, "seq": 1, "signature": me, "state": "waiting", "site": "model.py:11",
+         "entries": [list(e) for e in b.entries]}))
+    with pytest.raises(_agreement.AgreementError, match="waits on a signature of its own"):
+        p0.call(signature("8"))
+    assert any("/x1.1.0" in k for k in store.data)  # p1's call is rejected
+    a = p0.call_in_thread(signature("8"))  # the retry
+    time.sleep(0.5)
+    assert a["thread"].is_alive()
+    p1.call(signature("8"))  # p1 woke, raised (its call was rejected), and retried
+    a["thread"].join(60)
+    assert "error" not in a and a["warnings"] == []
+
+
+def test_first_difference_prefers_this_process_order():
+    mine = [["a", "1"], ["b", "2"], ["c", "3"]]
+    assert _agreement._first_difference(mine, {1: [["a", "1"], ["b", "2"], ["c", "3"]]}) == (
+        "signature", {})
+    assert _agreement._first_difference(mine, {1: [["a", "1"], ["c", "4"]]}) == (
+        "b", {1: "(absent)"})
+    assert _agreement._first_difference(mine, {1: [*mine, ["d", "5"]]}) == ("d", {1: "5"})
+
+
+# ---------------------------------------------------------------------------
+# Stable signatures
+
+
+_SIGNATURE_SCRIPT = """
+import json, sys
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import nbjit
+from nbjit import _agreement, _explain
+
+mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "b"))
+x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("a", "b")))
+rows = int(sys.argv[1])
+f = nbjit.jit(lambda d, n, s: d, static_argnums=(1, 2),
+              out_shardings=NamedSharding(mesh, P()))
+args = ({"x": x[:rows], "y": [np.arange(3, dtype=np.int16), 2.0], "z": jax.numpy.ones(2)},
+        ("tuple", 3, None, frozenset({"b", "a"})), "static text")
+d = _explain.describe_call(args, {}, (1, 2), (), ())
+info = _agreement._function(f)
+sig = _agreement.describe_signature(info.name, info.options_text, d, args, {}, True)
+print(json.dumps([info.name, info.key, sig.key, sig.entries]))
+"""
+
+
+def _signature_in_subprocess(seed: str, rows: int = 8) -> list:
+    env = dict(os.environ, PYTHONHASHSEED=seed, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    out = subprocess.run([sys.executable, "-c", _SIGNATURE_SCRIPT, str(rows)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_signature_is_the_same_in_fresh_processes_with_other_hash_seeds():
+    first, second = _signature_in_subprocess("1"), _signature_in_subprocess("2")
+    assert first == second
+    name, key, sig, entries = first
+    assert name.startswith("<lambda> (<string>:")
+    entries = dict(entries)
+    assert entries["args[0]['x']"] == "float32[8,4]"
+    assert entries["args[0]['x'] sharding"] == (
+        "NamedSharding(mesh a=2,b=4 devices 0..7, P('a', 'b')) committed")
+    assert entries["args[0]['z'] sharding"] == "uncommitted"  # placement is process-local
+    assert entries["args[0]['y'][0]"] == "numpy int16[3]"
+    assert entries["args[0]['y'][1]"] == "float"
+    assert entries["args[0]['y'][1] value"] == "2.0"
+    assert entries["args[0]['y'][0] value"].startswith("bytes hash ")
+    assert entries["args[1] (static)"] == "tuple('tuple', 3, None, {'a', 'b'})"
+    assert entries["args[2] (static)"] == "'static text'"
+    assert "out_shardings" in entries["jit options"] and " at 0x" not in entries["jit options"]
+    assert entries["args[0] (pytree)"].startswith("PyTreeDef({'x': *, 'y': [*, *], 'z': *})")
+    third = _signature_in_subprocess("3", rows=4)
+    assert third[2] != sig and dict(third[3])["args[0]['x']"] == "float32[4,4]"
+
+
+# ---------------------------------------------------------------------------
+# Through the dispatcher, in one process
+
+
+def test_a_single_process_never_describes_or_exchanges(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("agreement ran in a single process")
+
+    monkeypatch.setattr(_agreement, "describe_signature", fail)
+    monkeypatch.setattr(_jax, "distributed_client", fail)
+    f = nbjit.jit(lambda x: x + 1)
+    np.testing.assert_array_equal(f(jnp.arange(3.0)), [1.0, 2.0, 3.0])
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices")
+def test_spanning_functions_exchange_on_misses_only(monkeypatch, timeout):
+    """Pretend devices 1.. belong to process 1: a function over them exchanges on its
+    miss (and warns: process 1 never calls), never on a hit; a local one never."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    store = FakeStore()
+    timeout(0.2)
+    monkeypatch.setattr(_jax, "process_count", lambda: 2)
+    monkeypatch.setattr(_jax, "process_index", lambda: 0)
+    monkeypatch.setattr(_jax, "distributed_client", lambda: store)
+    monkeypatch.setattr(_jax, "sharding_process_count",
+                        lambda s: len({min(d.id, 1) for d in s.device_set}))
+    monkeypatch.setattr(_agreement, "_sharding_spans", _agreement._Memo(
+        lambda s: _jax.sharding_process_count(s) > 1, 16))
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x")))
+    f = nbjit.jit(lambda x: x * 2)
+    with pytest.warns(_agreement.AgreementWarning, match="process 1 did not call"):
+        out = f(x)
+    np.testing.assert_array_equal(out, np.arange(8.0) * 2)
+    calls = store.calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            f(x)
+        g = nbjit.jit(lambda x: x * 3)
+        g(jax.device_put(jnp.arange(8.0), jax.devices()[0]))  # one process's device
+    assert store.calls == calls and f.miss_count == 1
+    assert any(k.endswith("/latest/0") for k in store.data)
+
+    # "Process 1" waits at a miss of h with another shape: h raises, compiling nothing.
+    h = nbjit.jit(lambda x: x * 4)
+    prefix = f"{_agreement._PREFIX}/{_agreement._function(h).key}/"
+    store.key_value_set(f"{prefix}latest/1", json.dumps(
+        {"rank": 1, "seq": 1, "signature": "0000000000000001", "state": "waiting",
+         "site": "other.py:1",
+         "entries": [["jit options", "{}"], ["arguments", "1 leaves, keywords []"],
+                     ["args[0]", "float32[16]"]]}))
+    with pytest.raises(_agreement.AgreementError, match=r"args\[0\]: process 0: float32\[8\], "
+                       r"process 1: float32\[16\]") as raised:
+        h(x)
+    assert raised.value.function == _agreement.function_name(h._fun)
+    assert h.miss_count == 0 and h._cache_size() == 0
+
+
+def test_run_check_agreement_switches_host_values_on(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text("from nbjit import _agreement, _report\n"
+                      "print(_agreement.configure()['check_host_values'])\n"
+                      "print(_report.build(None)['process'])\n")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
+    env.pop("NBJIT_CHECK_AGREEMENT", None)
+    outputs = []
+    for flags in ([], ["--check-agreement"]):
+        out = subprocess.run([sys.executable, "-m", "nbjit", "run", "--no-report", *flags,
+                              str(script)], env=env, capture_output=True, text=True,
+                             timeout=120, check=True)
+        outputs.append(out.stdout.split())
+    assert outputs == [["False", "None"], ["True", "None"]]
