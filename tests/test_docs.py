@@ -2,8 +2,8 @@
 
 Every ```python block of README.md and docs/*.md is executed, the blocks of
 one file in order in one namespace, in this process (so with the 8 host
-devices of tests/conftest.py), from a scratch directory. A block whose first
-line says ``# doctest: skip (REASON)`` is not run; the reason must say GPU or
+devices of tests/conftest.py), from a scratch directory. A block with a line
+``# doctest: skip (REASON)`` is not run; the reason must say GPU or
 multi-process: those examples run in their own harness (scripts/gpu_check.sh,
 tests/test_multiprocess.py). Every relative link (and ``#anchor``) must
 resolve; a link to a ``.py`` file whose text names ``file.py::name`` must
@@ -15,6 +15,7 @@ scripts/doc_tables.py writes.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import pathlib
 import re
@@ -32,7 +33,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PENDING = {ROOT / "docs" / "multi-controller.md"}
 
 _FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
-_SKIP = re.compile(r"#\s*doctest:\s*skip\b(.*)", re.I)
+_SKIP = re.compile(r"\s*#\s*doctest:\s*skip\b(.*)", re.I)  # a comment line of its own
 _LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
@@ -114,8 +115,7 @@ def run_examples(path: pathlib.Path) -> int:
     for language, line, code in fenced_blocks(path.read_text()):
         if language != "python":
             continue
-        first = code.lstrip().splitlines()[0] if code.strip() else ""
-        skip = _SKIP.search(first)
+        skip = next((m for m in map(_SKIP.match, code.splitlines()) if m), None)
         if skip:
             reason = skip.group(1)
             if not re.search(r"gpu|process", reason, re.I):
@@ -225,7 +225,7 @@ def test_examples_share_a_namespace_and_skip_only_with_a_reason(tmp_path, scratc
                     "raise SystemExit\n```\n```bash\nexit 1\n```\n```python\nassert x == 1\n```\n"
                     "- a list:\n\n  ```python\n  assert x == 1\n  ```\n")
     assert run_examples(page) == 3
-    page.write_text("```python\n# doctest: skip (slow)\nraise SystemExit\n```\n")
+    page.write_text("```python\n# train.py\n# doctest: skip (slow)\nraise SystemExit\n```\n")
     with pytest.raises(ValueError, match="needs a reason"):
         run_examples(page)
 
@@ -262,3 +262,17 @@ def test_doc_tables_replaces_only_its_block_and_knows_its_rows():
         tables.compare_block({"meta": meta, "rows": [row]}))
     with pytest.raises(SystemExit, match="args_2"):
         tables.headline_block({"meta": meta, "rows": [row]})
+
+
+def test_a_figure_that_differs_from_the_json_is_stale(tmp_path):
+    tables = _doc_tables()
+    for name in ("README.md", "docs/performance.md", "docs/design.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    data = json.loads((ROOT / "docs" / "compare.json").read_text())
+    assert tables.stale(tables.targets(ROOT / "docs" / "compare.json", tmp_path)) == []
+    next(row for row in data["rows"] if row["name"] == "args_1")["ratio"] += 0.5
+    (tmp_path / "compare.json").write_text(json.dumps(data))
+    assert tables.stale(tables.targets(tmp_path / "compare.json", tmp_path)) == [
+        f"{tmp_path / 'README.md'}: headline", f"{tmp_path / 'docs' / 'performance.md'}: compare"]
+    assert tables.main(["--check"]) == 0  # the committed pages, from the committed JSON
