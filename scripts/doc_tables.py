@@ -1,0 +1,188 @@
+"""Writes the generated blocks of README.md and docs/*.md; no figure is copied by hand.
+
+    python scripts/doc_tables.py                # rewrite the blocks in place
+    python scripts/doc_tables.py --check        # exit 1 (and name them) if any block is stale
+    python scripts/doc_tables.py --json FILE    # tables from another compare run's JSON
+
+A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``:
+
+- ``headline`` in README.md: a few rows of the committed compare run
+  (docs/compare.json, written by ``python -m nbjit compare --json``);
+- ``compare`` in docs/performance.md: every row of that run;
+- ``slow-reasons`` in README.md: the names of `nbjit._stats.SLOW_REASONS`;
+- ``binder`` in docs/design.md: the binder nbjit generates for
+  ``f(x, y)`` with two jax.Arrays.
+
+The last two import nbjit (and so jax) from this checkout.
+
+After a new compare run: copy its JSON to docs/compare.json (and its plot to
+docs/compare.png), then run this script. tests/test_docs.py checks that every
+block equals what this script writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's nbjit, installed or not
+    sys.path.insert(0, str(ROOT))
+COMPARE_JSON = ROOT / "docs" / "compare.json"
+
+# The README's rows: (scenario name, what the call passes). Each must be in
+# the JSON; a renamed scenario fails loudly here rather than vanishing.
+HEADLINE: list[tuple[str, str]] = [
+    ("args_1", "1 jax.Array"),
+    ("args_2", "2 jax.Arrays"),
+    ("args_10", "10 jax.Arrays"),
+    ("args_100", "100 jax.Arrays"),
+    ("args_1000", "1000 jax.Arrays"),
+    ("dict_100_leaves", "a dict of 100 jax.Arrays"),
+    ("static_args_kwargs", "static argument + keywords"),
+    ("numpy_args_2", "2 numpy arrays, same values each call"),
+    ("numpy_args_2_new_values", "2 numpy arrays, new values each call"),
+    ("workload_train_step", "train step: params + new numpy batch"),
+    ("workload_data_parallel_8_devices", "new numpy batch sliced over 8 devices"),
+    ("jit_dispatch_with_transfer", "one 25 MB numpy array"),
+]
+
+
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _ratio(row: dict[str, Any]) -> tuple[str, str]:
+    if row.get("ratio") is None:
+        return "-", "-"
+    return f"{row['ratio']:.2f}", f"{row['ratio_p10']:.2f}-{row['ratio_p90']:.2f}"
+
+
+def _run_line(meta: dict[str, Any]) -> str:
+    v, m = meta["versions"], meta["machine"]
+    commit = v.get("nbjit_commit") or v.get("nbjit", "?")
+    rounds = meta.get("settings", {}).get("rounds")
+    return (f"Run of {meta['date']}: nbjit {commit}, jax {v['jax']}, jaxlib {v['jaxlib']}, "
+            f"numba {v['numba']}, Python {v['python']}; {m['backend']} x{m['devices']} "
+            f"devices on {m['cpus']} CPUs; {rounds} paired rounds per row.")
+
+
+def headline_block(data: dict[str, Any]) -> str:
+    """The README's table: ratio = nbjit / jax.jit per call, a few rows."""
+    rows = {row["name"]: row for row in data["rows"]}
+    missing = [name for name, _ in HEADLINE if name not in rows]
+    if missing:
+        raise SystemExit(f"doc_tables.py: scenarios {missing} are not in the compare JSON; "
+                         "update HEADLINE in scripts/doc_tables.py")
+    lines = ["| a call with | nbjit us | jax.jit us | nbjit / jax.jit | p10-p90 |",
+             "|---|---:|---:|---:|---:|"]
+    for name, label in HEADLINE:
+        row = rows[name]
+        ratio, spread = _ratio(row)
+        lines.append(f"| {label} (`{name}`) | {_us(row['a_us'])} | {_us(row['b_us'])} "
+                     f"| **{ratio}** | {spread} |")
+    lines += ["", _run_line(data["meta"]) + " Below 1: nbjit is faster. Every row: "
+              "[docs/performance.md](docs/performance.md)."]
+    return "\n".join(lines)
+
+
+def compare_block(data: dict[str, Any]) -> str:
+    """docs/performance.md's table: every row of the run."""
+    lines = [_run_line(data["meta"]), "",
+             "| scenario | n | inputs | nbjit us | jax.jit us | floor us | ratio | p10-p90 |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for row in data["rows"]:
+        ratio, spread = _ratio(row)
+        note = f" ({row['note']})" if row.get("note") else ""
+        lines.append(f"| `{row['name']}`{note} | {row['n_args']} | {row['kind']} "
+                     f"| {_us(row['a_us'])} | {_us(row['b_us'])} | {_us(row['floor_us'])} "
+                     f"| {ratio} | {spread} |")
+    return "\n".join(lines)
+
+
+def slow_reasons_block() -> str:
+    """The slow reasons' names, as the dispatcher counts them."""
+    from nbjit._stats import SLOW_REASONS
+
+    return ", ".join(f"`{name}`" for name in SLOW_REASONS)
+
+
+def binder_block() -> str:
+    """The source nbjit generates for a two-argument positional call."""
+    import inspect
+
+    import jax.numpy as jnp
+
+    import nbjit
+
+    f = nbjit.jit(lambda x, y: x + y)
+    f(jnp.ones(2), jnp.ones(2))
+    # TODO(lead): read it through the binders module's documented way to print
+    # a function's binder sources, once it exists (this reaches a private dict).
+    binder = next(iter(f._binders.values()))
+    return "```python\n" + inspect.getsource(binder).rstrip("\n") + "\n```"
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """`text` with the block NAME's content replaced by `body` (markers kept)."""
+    pattern = re.compile(rf"(<!-- {name}:begin -->\n)(?:.*?\n)?(<!-- {name}:end -->)", re.S)
+    if not pattern.search(text):
+        raise ValueError(f"no '<!-- {name}:begin -->' ... '<!-- {name}:end -->' block")
+    return pattern.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text,
+                       count=1)
+
+
+def targets(compare_json: pathlib.Path = COMPARE_JSON,
+            root: pathlib.Path = ROOT) -> list[tuple[pathlib.Path, str, Callable[[], str]]]:
+    """(file, block name, body maker) for every generated block."""
+    data = json.loads(compare_json.read_text())
+    return [
+        (root / "README.md", "headline", lambda: headline_block(data)),
+        (root / "README.md", "slow-reasons", slow_reasons_block),
+        (root / "docs" / "performance.md", "compare", lambda: compare_block(data)),
+        (root / "docs" / "design.md", "binder", binder_block),
+    ]
+
+
+def _shown(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def stale(blocks: Sequence[tuple[pathlib.Path, str, Callable[[], str]]]) -> list[str]:
+    """The blocks whose text differs from what this script writes."""
+    out = []
+    for path, name, make in blocks:
+        text = path.read_text()
+        if replace_block(text, name, make()) != text:
+            out.append(f"{_shown(path)}: {name}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report stale blocks")
+    parser.add_argument("--json", type=pathlib.Path, default=COMPARE_JSON,
+                        help="compare run JSON (default docs/compare.json)")
+    args = parser.parse_args(argv)
+    blocks = targets(args.json)
+    if args.check:
+        found = stale(blocks)
+        for item in found:
+            print(f"stale: {item} (run python scripts/doc_tables.py)")
+        return 1 if found else 0
+    for path, name, make in blocks:
+        text = path.read_text()
+        new = replace_block(text, name, make())
+        if new != text:
+            path.write_text(new)
+            print(f"wrote {_shown(path)}: {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
