@@ -114,18 +114,13 @@ def slow_reasons_block() -> str:
 
 def binder_block() -> str:
     """The source nbjit generates for a two-argument positional call."""
-    import inspect
-
     import jax.numpy as jnp
 
     import nbjit
 
     f = nbjit.jit(lambda x, y: x + y)
-    f(jnp.ones(2), jnp.ones(2))
-    # TODO(lead): read it through the binders module's documented way to print
-    # a function's binder sources, once it exists (this reaches a private dict).
-    binder = next(iter(f._binders.values()))
-    return "```python\n" + inspect.getsource(binder).rstrip("\n") + "\n```"
+    source = nbjit.binder_source(f, jnp.ones(2), jnp.ones(2))
+    return "```python\n" + source.rstrip("\n") + "\n```"
 
 
 def replace_block(text: str, name: str, body: str) -> str:

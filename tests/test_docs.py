@@ -28,9 +28,6 @@ import nbjit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-# Pages another change adds: a link to one is checked once the page exists.
-# TODO(lead): empty this once docs/multi-controller.md is merged.
-PENDING = {ROOT / "docs" / "multi-controller.md"}
 
 _FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
 _SKIP = re.compile(r"\s*#\s*doctest:\s*skip\b(.*)", re.I)  # a comment line of its own
@@ -137,8 +134,7 @@ def broken_links(path: pathlib.Path) -> list[str]:
             file_part, _, anchor = target.partition("#")
             where = (path.parent / file_part).resolve() if file_part else path
             if not where.exists():
-                if where not in PENDING:
-                    problems.append(f"{number}: {target} (no such file)")
+                problems.append(f"{number}: {target} (no such file)")
                 continue
             if anchor and where.suffix == ".md" and anchor not in anchors(where):
                 problems.append(f"{number}: {target} (no heading #{anchor})")
