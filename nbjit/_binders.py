@@ -20,7 +20,7 @@ miss or a signature without a fast path to its `_miss_or_slow`.
 
 Flavours: "plain" is the hit path; "timed" (while a `nbjit.profile()` is
 active) adds clock stamps between the phases and times slow calls whole;
-"probe" keys a call and returns ``(leaves, key, shardings)``, running
+"key_only" keys a call and returns ``(leaves, key, shardings)``, running
 nothing. `binder_source(f, *args, **kwargs)` shows the source a call runs.
 
 `BinderTable` is a function's shape -> binder dict: the dispatcher reads it
@@ -100,7 +100,7 @@ def call_shape(args: tuple, kwargs: dict) -> Any:
 # Templates
 #
 # `{via_slow}` and the like call a slow path: directly in the plain flavour,
-# through `whole(self, t0, fn, ...)` in the timed one (which times it whole).
+# through `timed_call(self, t0, fn, ...)` in the timed one (which times it whole).
 
 _HIT_TEMPLATE = """\
     context = trace_context()
@@ -114,7 +114,7 @@ _HIT_TEMPLATE = """\
         return {via_miss}args, kwargs, leaves, (key, shardings, context), node)
     node.shardings = shardings  # equal; keeping the newest makes identity checks hit
 {stamp_lookup}    try:
-        touch(node)  # KeyError if another thread evicted it meanwhile
+        mark_recent(node)  # KeyError if another thread evicted it meanwhile
         inputs = leaves if record.leaves_are_inputs else record.prepare(leaves)
     except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
         return {via_slow}args, kwargs, "input_refused")
@@ -212,14 +212,14 @@ _READ_FLATTENED = """\
             key = (LEAVES, KEY_SHAPE, {static_key}, tid, signatures)
 """
 
-_PROBE_READ_FINISH = "    return (leaves, key, shardings)\n"
+_KEY_ONLY_FINISH = "    return (leaves, key, shardings)\n"
 
 
 def _via(fn: str, flavour: str) -> str:
     """How generated code calls slow path `fn` (the prefix, up to its first argument)."""
-    if flavour == "probe":
+    if flavour == "key_only":
         return "refuse(" if fn == "self._unkeyable" else f"{fn}("
-    return f"whole(self, t0, {fn}, " if flavour == "timed" else f"{fn}("
+    return f"timed_call(self, t0, {fn}, " if flavour == "timed" else f"{fn}("
 
 
 def _hit_source(timed: bool) -> str:
@@ -300,7 +300,7 @@ def _source(split: Split, flavour: str = "plain") -> str:
     else:
         read = _READ_LOOP.format(dynamic=leaves, flattened=flattened,
                                  key=f"({', '.join(prefix)}, *pairs)" if marked else "pairs")
-    tail = _PROBE_READ_FINISH if flavour == "probe" else _hit_source(timed)
+    tail = _KEY_ONLY_FINISH if flavour == "key_only" else _hit_source(timed)
     return _BINDER_TEMPLATE.format(
         start="    t0 = clock()\n" if timed else "", unpack=unpack, read=read.rstrip("\n"),
         stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
@@ -326,7 +326,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
 
 
 def _refuse(*_: Any) -> str:
-    """What a probe binder returns for a call it cannot key."""
+    """What a key-only binder returns for a call it cannot key."""
     return "unkeyable"
 
 
@@ -346,7 +346,7 @@ class BinderTable(dict):
     """call shape -> binder of one function, built on first use (`build`).
 
     `env` is what the generated code reads besides its own constants (the
-    namespace's lookup, the LRU's touch, ...); `flavour` is "plain" or
+    namespace's lookup, the LRU's mark_recent, ...); `flavour` is "plain" or
     "timed"; `hit` is the hit path alone (see `_make_hit`).
     """
 
@@ -358,10 +358,10 @@ class BinderTable(dict):
         self.splits: dict[Any, Split] = {}
         self.env = {
             "lookup": namespace.entries.get,  # the dict is never replaced
-            "touch": namespace.cache._lru.move_to_end,
+            "mark_recent": namespace.cache._lru.move_to_end,
             "trace_context": _jax.trace_context, "post_hook": _jax.post_hook_state,
             "consume": _jax.ExecuteResults.consume_with_handlers,
-            "whole": _whole_timed, "clock": time.perf_counter_ns, "record_hit": _profile.record,
+            "timed_call": _timed_call, "clock": time.perf_counter_ns, "record_hit": _profile.record,
         }
         self.flavour = "plain"
         self.hit = _make_hit(self.env, False)
@@ -390,9 +390,9 @@ class BinderTable(dict):
         self[shape] = binder
         return binder
 
-    def probe(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+    def key_only(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
         """A binder that keys a call and returns ``(leaves, key, shardings)``."""
-        return make_binder(self.split(shape), self.env, "probe")
+        return make_binder(self.split(shape), self.env, "key_only")
 
     def source(self, shape: Any, flavour: str | None = None) -> str:
         return _source(self.split(shape), flavour or self.flavour)
@@ -412,7 +412,7 @@ def binder_source(jitted: Any, /, *args: Any, **kwargs: Any) -> str:
 # The timed flavour (while a `nbjit.profile()` is active; nbjit/_profile.py)
 
 
-def _whole_timed(jitted: Any, t0: int, fn: Callable, /, *args: Any) -> Any:
+def _timed_call(jitted: Any, t0: int, fn: Callable, /, *args: Any) -> Any:
     """A slow or miss call under a profile: run it, record it whole."""
     misses = jitted._counters.misses
     try:

@@ -1,7 +1,11 @@
-"""Every use of JAX internals in nbjit lives here, behind a version check.
+"""Every import of JAX internals in nbjit lives here, behind a version check.
 
-The rest of nbjit talks to JAX through the names this module exports. When a
-new jax release moves something, this is the one file to mend.
+The rest of nbjit talks to JAX through the names this module exports (and
+its public API). When a new jax release moves something, this is the one
+file to mend, with one exception made for speed: the hit path reads two
+private attributes of a `jax.Array`, ``x._committed`` and ``x._sharding``,
+directly (in the generated binders and keyers, `nbjit._record` and
+`nbjit._explain`), as jaxlib's C++ reads the same fields.
 """
 
 from __future__ import annotations
@@ -67,7 +71,6 @@ trace_context = _config.trace_context
 enable_x64 = _config.enable_x64
 disable_jit = _config.disable_jit
 debug_nans = _config.debug_nans
-debug_infs = _config.debug_infs
 
 # Pytree flattening with the registry jit itself uses (so custom nodes agree).
 dispatch_registry = _tree_util.dispatch_registry
@@ -77,7 +80,6 @@ python_scalar_types = frozenset(_dtypes.python_scalar_types)
 REUSE_INPUT = _jaxlib_ext.ArrayCopySemantics.REUSE_INPUT
 HostBufferSemantics = _jaxlib_ext.HostBufferSemantics
 
-canonicalize_value = _dtypes.canonicalize_value
 canonicalize_dtype = _dtypes.canonicalize_dtype
 ShapedArray = _core.ShapedArray
 Tracer = _core.Tracer
@@ -101,8 +103,6 @@ def result_handler(aval, sharding, committed: bool):
 def pxla_shard_args(shardings, layouts, args):
     """JAX's own (Python) argument sharding, used off the fast path."""
     return _pxla.shard_args(shardings, layouts, [REUSE_INPUT] * len(args), args)
-
-
 
 
 def is_top_level_trace() -> bool:
@@ -151,17 +151,11 @@ def live_executables(backend=None) -> list:
     return _xla_bridge.get_backend(backend).live_executables()
 
 
-
-
-
-
-
-
 def addressable_device_assignment(sharding):
     return sharding._addressable_device_assignment
 
 
-# --- sharding helpers (issue 3) ---
+# --- shardings: device lists, replication, avals ---
 try:
     from jax._src.sharding_impls import GSPMDSharding
 except ImportError:  # removed in some later jax; nbjit.sharding then skips it
@@ -224,7 +218,7 @@ def copy_to_devices_unguarded(arrays, device_lists, shardings):
         state.device_to_device = old
 
 
-# --- drop-in behaviours (issue 9) ---
+# --- the jit object's surface: names, config caches, tracebacks ---
 
 # The name jaxlib's PjitFunction records (`__getstate__()["function_name"]`):
 # `__name__`, else that of the function a functools.partial wraps.
@@ -233,7 +227,6 @@ fun_name = _util.fun_name
 # `with jax.config.jax_jit_cpp_cache_obj(cache):` makes jit objects created
 # inside use `cache` (a jaxlib PjitFunctionCache) instead of the global one.
 jit_cpp_cache_obj = _config.jax_jit_cpp_cache_obj
-JaxlibPjitFunctionCache = _jaxlib_ext.PjitFunctionCache
 
 # `jax.clear_caches()` calls `cache_clear()` on every cache registered here
 # (held by weak reference).
@@ -268,7 +261,7 @@ def filter_dispatch_frames(error: BaseException) -> None:
         _traceback_util._add_tracebackhide_to_hidden_frames(tb)
     else:
         error.with_traceback(_traceback_util.filter_traceback(tb))
-# --- observability (issue 11) ---
+# --- observability: config names, JAX's own cache counters ---
 from jax._src import pjit as _pjit  # noqa: E402
 
 # The config option each position of `trace_context()` stands for (jax 0.11.2

@@ -320,7 +320,7 @@ class PjitFunction:
 
     def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence]:
         """The node a call would hit, and its dynamic leaves (no side effects)."""
-        signature = self._binders.probe(call_shape(args, kwargs))(self, args, kwargs)
+        signature = self._binders.key_only(call_shape(args, kwargs))(self, args, kwargs)
         if type(signature) is str:
             return None, []
         leaves, key, shardings = signature
