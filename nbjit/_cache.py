@@ -44,7 +44,7 @@ class Counters:
     """
 
     __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
-                 "evicted")
+                 "evicted", "packed_compiles", "packed_seconds")
 
     EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit._explain)
 
@@ -58,6 +58,8 @@ class Counters:
         self.slow_reasons: collections.Counter[str] = collections.Counter()
         self.evictions = 0
         self.miss_seconds = 0.0
+        self.packed_compiles = 0  # packed executables compiled (nbjit._packed)
+        self.packed_seconds = 0.0
         self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
 
     def count_slow(self, reason: str) -> None:

@@ -289,3 +289,26 @@ def jax_cache_misses() -> tuple[int, int]:
 def jaxpr_has_effects(jitted, args, kwargs) -> bool:
     """Whether the traced function has effects (JAX's tracing cache answers)."""
     return bool(jitted.trace(*args, **kwargs).jaxpr.effects)
+
+
+# --- packed host inputs (nbjit/_packed.py) ---
+from jax._src.lax import lax as _lax_internal  # noqa: E402
+
+# The runtime uses a 64-byte-aligned host buffer in place (no copy).
+ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY
+# The config state behind the host-to-device transfer guard: None while no one
+# set a level (the common case, a cheap read); else `host_transfers_unguarded`
+# reads the level jaxlib applies.
+transfer_guard_host_to_device = _config.transfer_guard_host_to_device
+# A ClosedJaxpr as a function of its flat inputs (its equations bound again).
+jaxpr_as_fun = _core.jaxpr_as_fun
+
+
+def with_weak_type(x, weak_type: bool):
+    """`x` with its weak type set (a no-op conversion, as JAX types Python scalars)."""
+    return _lax_internal._convert_element_type(x, x.dtype, weak_type=weak_type)
+
+
+def traced_jaxpr(jitted, args, kwargs):
+    """The ClosedJaxpr JAX traced `jitted` to for this call (its tracing cache answers)."""
+    return jitted.trace(*args, **kwargs).jaxpr

@@ -143,7 +143,7 @@ class HostInput:
     MEMO_REST = 56
 
     __slots__ = ("index", "dtype", "aval", "sharding", "devices", "memo", "last", "misses",
-                 "rest")
+                 "rest", "on_fresh")
 
     def __init__(self, index: int, dtype: np.dtype, aval: Any, sharding: Any,
                  memo: bool) -> None:
@@ -156,6 +156,8 @@ class HostInput:
         self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
         self.misses = 0  # array memo misses in a row
         self.rest = 0  # calls left before the array memo looks again
+        # Called on a memo miss (a new value) when packing is armed (nbjit._packed).
+        self.on_fresh: Callable[[], None] | None = None
 
     def apply(self, inputs: list) -> None:
         inputs[self.index] = self.value(inputs[self.index])
@@ -174,6 +176,8 @@ class HostInput:
             array = _device_put(self.aval, self.sharding, [x], self.devices, False)
             if self.memo:
                 self.last = (x, None, array)
+            if self.on_fresh is not None:
+                self.on_fresh()
             return array
         if not self.memo or self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
             if self.memo:
@@ -188,6 +192,8 @@ class HostInput:
         array = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
                             _COPY_DURING_CALL)
         self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
+        if self.on_fresh is not None:
+            self.on_fresh()
         self.misses += 1
         if self.misses >= self.MEMO_PATIENCE:
             self.misses = 0
@@ -468,3 +474,54 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool) -> FastPat
         leaves_are_inputs=not consts and not steps and not batched and all_kept,
         prepare=_make_preparer(consts, None if all_kept else kept, len(leaves), steps, batched),
     )
+
+
+# ---------------------------------------------------------------------------
+# Private copies for JAX's own path
+
+
+def _private_leaf(x: Any) -> Any:
+    return x.copy() if type(x) is np.ndarray else x
+
+
+def private_host_copies(args: tuple, kwargs: dict, static_positions: Sequence[int],
+                        static_names: Sequence[str]) -> tuple[tuple, dict]:
+    """`args` and `kwargs` with every numpy array among the dynamic ones copied.
+
+    JAX's own path (a miss, a slow call) uses a 64-byte-aligned numpy array
+    in place on CPU, so a caller writing into it after the call could change
+    the result; a private copy cannot be written by anyone. Static arguments
+    are left alone (they enter keys by ``==``). Arguments with no numpy
+    array in them are returned as they are (same objects).
+    """
+    new_args = None
+    for i, x in enumerate(args):
+        t = type(x)
+        if t is ArrayImpl or t in _PYTHON_SCALAR_DTYPES or i in static_positions:
+            continue
+        y = _private_tree(x)
+        if y is not x:
+            if new_args is None:
+                new_args = list(args)
+            new_args[i] = y
+    new_kwargs = None
+    for k, x in kwargs.items():
+        t = type(x)
+        if t is ArrayImpl or t in _PYTHON_SCALAR_DTYPES or k in static_names:
+            continue
+        y = _private_tree(x)
+        if y is not x:
+            if new_kwargs is None:
+                new_kwargs = dict(kwargs)
+            new_kwargs[k] = y
+    return (args if new_args is None else tuple(new_args),
+            kwargs if new_kwargs is None else new_kwargs)
+
+
+def _private_tree(x: Any) -> Any:
+    if type(x) is np.ndarray:
+        return x.copy()
+    leaves, treedef = _jax.flatten_for_dispatch(x)
+    if not any(type(leaf) is np.ndarray for leaf in leaves):
+        return x
+    return treedef.unflatten([_private_leaf(leaf) for leaf in leaves])

@@ -29,10 +29,16 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nbjit import _explain, _jax, _profile, _stats
+from nbjit import _explain, _jax, _packed, _profile, _stats
 from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache, cache_from_config
 from nbjit._keys import Split, leaf_signature, make_binder, make_hit
-from nbjit._record import Unsupported, build_record, canonical_dtypes, host_dtype
+from nbjit._record import (
+    Unsupported,
+    build_record,
+    canonical_dtypes,
+    host_dtype,
+    private_host_copies,
+)
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit", "floor_call"]
 
@@ -169,7 +175,13 @@ class PjitFunction:
     def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
         """JAX's own path, uncached here; JAX raises what it raises."""
         self._count_slow(reason)
+        args, kwargs = self._private(args, kwargs)
         return self._jax_jitted(*args, **kwargs)
+
+    def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """JAX's path gets private copies of numpy arrays (it may use them in place)."""
+        split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
+        return private_host_copies(args, kwargs, split.static_positions, split.static_names)
 
     def _count_slow(self, reason: str) -> None:
         self.slow_count += 1
@@ -197,6 +209,7 @@ class PjitFunction:
                 return self._slow(args, kwargs,
                                   "debug_nans" if _jax.debug_nans.value else "debug_infs")
             self._count_slow(node.reason or "no_fastpath")
+            args, kwargs = self._private(args, kwargs)
             return self._jax_cache_miss(*args, **kwargs)[0]
         if _jax.disable_jit.value:
             self._count_slow("disable_jit")
@@ -249,8 +262,9 @@ class PjitFunction:
         self.miss_count += 1
         description, explaining = self._describe_miss(args, kwargs, signature[2])
         start = time.perf_counter()
+        private_args, private_kwargs = self._private(args, kwargs)
         try:
-            outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
+            outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
         except BaseException:
             node = Node(*signature, namespace, None, "compile_failed")
             node.description = description
@@ -274,6 +288,11 @@ class PjitFunction:
             node.description = description
             with namespace.cache._lock:
                 namespace.link(node)
+            if record is not None:
+                try:  # packed host inputs (nbjit/_packed.py); never breaks a miss
+                    _packed.arm(self, node, record, fastpath, leaves, args, kwargs)
+                except Exception:
+                    pass
         return outs  # JAX's own outputs: required when arguments were donated
 
     # -- observability (nbjit/_stats.py, _explain.py, _profile.py) -------------

@@ -29,9 +29,11 @@ exception; nothing is cached for it.
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -387,12 +389,94 @@ def _staging_buffer(size: int) -> np.ndarray:
         return raw
 
 
+class HostStaging:
+    """Small staging buffers of one layout, for one packed record's host leaves.
+
+    The same rule as the big buffers above: a buffer is overwritten only
+    when, right after `collect_garbage()` (each call runs one first), no
+    one but the pool holds it (with zero copy the runtime holds one
+    reference to the array it was given for as long as any device buffer,
+    computation or view reads that memory). Each item is
+    ``(staging, *slot views)``: the staging array is a 64-byte-aligned view
+    of its allocation, the slot views are views of that allocation too, so
+    a reference to the staging array itself is the runtime's alone.
+
+    `free` is claimed with ``popleft`` and refilled with ``append`` (atomic
+    under the GIL: two threads never fill one buffer). At most `cap`
+    buffers are pooled; beyond, each call gets a fresh, unpooled buffer
+    (never reused, so never overwritten while read).
+    """
+
+    __slots__ = ("nbytes", "slots", "cap", "free", "made", "__weakref__")
+
+    # A free item's staging array as `getrefcount(item[0])` sees it: the
+    # item tuple's reference and the call's argument.
+    FREE_REFCOUNT = 2
+
+    def __init__(self, nbytes: int, slots: list[tuple[int, tuple[int, ...], np.dtype]],
+                 cap: int) -> None:
+        self.nbytes = nbytes
+        self.slots = slots  # (byte offset, shape, dtype) per slot
+        self.cap = cap
+        self.free: collections.deque = collections.deque()
+        self.made = 0  # buffers pooled so far
+        with _pool_lock:
+            _host_stagings.add(self)
+
+    def new_item(self) -> tuple:
+        """A fresh ``(staging, *views)`` (zero-filled: empty-slot padding is defined)."""
+        raw = np.zeros(self.nbytes + _ALIGN, np.uint8)
+        skip = -raw.__array_interface__["data"][0] % _ALIGN
+        staging = raw[skip:skip + self.nbytes]
+        base = raw[skip:skip + self.nbytes]  # views of the allocation, not of `staging`
+        views = [base[offset:offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize]
+                 .view(dtype).reshape(shape) for offset, shape, dtype in self.slots]
+        return (staging, *views)
+
+    def claim(self) -> tuple:
+        """A free pooled item, else a new one (pooled while under the cap)."""
+        free = self.free
+        for _ in range(len(free)):
+            try:
+                item = free.popleft()
+            except IndexError:
+                break
+            if sys.getrefcount(item[0]) == self.FREE_REFCOUNT:
+                return item
+            free.append(item)  # still read by an array or a computation
+        item = self.new_item()
+        if self.made >= self.cap:
+            return (*item, None)  # unpooled: marked by a trailing None
+        self.made += 1
+        return item
+
+    def release(self, item: tuple) -> None:
+        """Puts a claimed item back (the runtime's reference marks it busy)."""
+        if item[-1] is not None and len(self.free) < self.cap:
+            self.free.append(item)
+
+    def clear(self) -> None:
+        self.free.clear()
+        self.made = 0
+
+
+_host_stagings: weakref.WeakSet[HostStaging] = weakref.WeakSet()
+
+
+def host_staging_size() -> int:
+    """Pooled small staging buffers of packed records (free or in use)."""
+    with _pool_lock:
+        return sum(s.made for s in _host_stagings)
+
+
 def clear_staging_pool() -> None:
     """Lets go of every pooled staging buffer (arrays using one keep it alive)."""
     global _pool_bytes
     with _pool_lock:
         _pool.clear()
         _pool_bytes = 0
+        for staging in _host_stagings:
+            staging.clear()
 
 
 def staging_pool_size() -> int:
