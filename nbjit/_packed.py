@@ -71,7 +71,8 @@ __all__ = ["PACK_AFTER", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES", "arm", "enabled", 
 PACK_AFTER = 8  # new host values seen (within 2 * PACK_AFTER calls) before packing
 SLOT_MAX_BYTES = 64 << 10  # a bigger host leaf keeps its own put
 TOTAL_MAX_BYTES = 256 << 10  # a packed buffer's size limit
-POOL_CAP = 16  # staging buffers pooled per packed record (calls in flight beyond: fresh ones)
+POOL_CAP = 64  # staging buffers pooled per packed record (calls in flight beyond: fresh ones)
+POOL_MAX_BYTES = 4 << 20  # ... and at most this many bytes of them
 _ALIGN = 64
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _COPY_DURING_CALL = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
@@ -181,7 +182,8 @@ def prepare(leaves):
         release(item)
         raise
     packed = put(AVAL, SHARDING, [item[0]], DEVICES, False, False, ZERO_COPY)
-    release(item)
+    if item[-1] is not None:  # pooled (an unpooled item ends with None): back to the pool
+        append(item)
     return {finish}
 """
 
@@ -198,7 +200,7 @@ class Plan:
 
     __slots__ = ("node_ref", "record", "jaxpr", "slots", "n_leaves", "options", "counters",
                  "out_avals", "out_shardings", "device_sharding", "state", "count",
-                 "window_start", "lock", "builder", "counter", "__weakref__")
+                 "window_start", "lock", "builder", "counter", "name", "__weakref__")
 
     def __init__(self, node: Any, record: Any, jaxpr: Any, slots: list[_Slot], n_leaves: int,
                  options: dict, counters: Any, fastpath: Any, device_sharding: Any) -> None:
@@ -212,6 +214,7 @@ class Plan:
         self.out_avals = list(fastpath.out_avals)
         self.out_shardings = list(fastpath.out_shardings)
         self.device_sharding = device_sharding
+        self.name = "function"
         self.state = _IDLE
         self.count = 0
         self.window_start = 0
@@ -289,7 +292,7 @@ class Plan:
         others = [leaves[j] for j in range(self.n_leaves) if j not in packed_leaves]
         nbytes = _packed_nbytes(slots)
         staging = _sharding.HostStaging(nbytes, [(s.offset, s.shape, s.dtype) for s in slots],
-                                        POOL_CAP)
+                                        max(1, min(POOL_CAP, POOL_MAX_BYTES // nbytes)))
         aval = _jax.ShapedArray((nbytes,), np.dtype(np.uint8))
         sharding = self.device_sharding
         devices = list(sharding.device_set)
@@ -315,6 +318,7 @@ class Plan:
                     values[j] = next(it)
             return fun(*values)
 
+        g.__name__ = g.__qualname__ = f"packed_{self.name}"  # what jax.log_compiles names
         jitted = _jax.jax_jit(g, **self.options)
         start = time.perf_counter()
         try:
@@ -426,6 +430,7 @@ def arm(jitted: Any, node: Any, record: Any, fastpath: Any, leaves: list, args: 
                  if k in ("keep_unused", "device", "backend", "compiler_options")}
     plan = Plan(node, record, jaxpr, slots, len(leaves), g_options, jitted._counters,
                 fastpath, device_sharding)
+    plan.name = str(getattr(jitted, "__name__", "function"))
     packed_leaves = {s.leaf for s in slots}
     for h in hosts:
         leaf = h.index - n_consts if kept is None else kept[h.index - n_consts]

@@ -407,7 +407,9 @@ class HostStaging:
     (never reused, so never overwritten while read).
     """
 
-    __slots__ = ("nbytes", "slots", "cap", "free", "made", "__weakref__")
+    __slots__ = ("nbytes", "slots", "cap", "free", "made", "spare", "__weakref__")
+
+    CHUNK = 16  # items allocated at once
 
     # A free item's staging array as `getrefcount(item[0])` sees it: the
     # item tuple's reference and the call's argument.
@@ -416,22 +418,33 @@ class HostStaging:
     def __init__(self, nbytes: int, slots: list[tuple[int, tuple[int, ...], np.dtype]],
                  cap: int) -> None:
         self.nbytes = nbytes
-        self.slots = slots  # (byte offset, shape, dtype) per slot
+        self.slots = [(offset, offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                       shape, dtype) for offset, shape, dtype in slots]  # (start, stop, ...)
         self.cap = cap
         self.free: collections.deque = collections.deque()
         self.made = 0  # buffers pooled so far
+        self.spare: list = []  # made, never used yet
         with _pool_lock:
             _host_stagings.add(self)
 
     def new_item(self) -> tuple:
-        """A fresh ``(staging, *views)`` (zero-filled: empty-slot padding is defined)."""
-        raw = np.zeros(self.nbytes + _ALIGN, np.uint8)
-        skip = -raw.__array_interface__["data"][0] % _ALIGN
-        staging = raw[skip:skip + self.nbytes]
-        base = raw[skip:skip + self.nbytes]  # views of the allocation, not of `staging`
-        views = [base[offset:offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize]
-                 .view(dtype).reshape(shape) for offset, shape, dtype in self.slots]
-        return (staging, *views)
+        """A fresh ``(staging, *views)`` (zero-filled: padding bytes are defined)."""
+        spare = self.spare
+        if not spare:
+            # Made `CHUNK` at a time: reading an allocation's address costs more
+            # than making it. Each item's views are of the chunk (their base).
+            stride = self.nbytes
+            raw = np.zeros(stride * self.CHUNK + _ALIGN, np.uint8)
+            skip = -raw.__array_interface__["data"][0] % _ALIGN
+            for k in range(self.CHUNK):
+                at = skip + k * stride
+                spare.append((raw[at:at + stride],
+                              *[raw[at + start:at + stop].view(dtype).reshape(shape)
+                                for start, stop, shape, dtype in self.slots]))
+        try:
+            return spare.pop()
+        except IndexError:  # another thread took the last one meanwhile
+            return self.new_item()
 
     def claim(self) -> tuple:
         """A free pooled item, else a new one (pooled while under the cap)."""
@@ -452,11 +465,13 @@ class HostStaging:
 
     def release(self, item: tuple) -> None:
         """Puts a claimed item back (the runtime's reference marks it busy)."""
-        if item[-1] is not None and len(self.free) < self.cap:
+        if item[-1] is not None:
             self.free.append(item)
 
     def clear(self) -> None:
+        """Lets go of the free buffers; those in use come back when released."""
         self.free.clear()
+        self.spare.clear()
         self.made = 0
 
 

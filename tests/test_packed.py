@@ -67,7 +67,7 @@ def _run_fresh(fn, make_args, calls=CALLS, **jit_options):
 def _ops(a, b):
     if a.dtype == jnp.bool_:
         return a, b, a[:3] & b, jnp.sum(a)
-    return a, b, a[:3] + b, a[:3] * b, jnp.sum(a), a.astype(jnp.float32)
+    return a, b, a[:3] + b, a[:3] * b, jnp.sum(a), jnp.real(a).astype(jnp.float32)
 
 
 DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint32, np.int32, np.float16,
@@ -172,6 +172,47 @@ def test_reductions_dots_and_fused_chains_bit_for_bit():
 
     f, args = _run_fresh(fn, make, calls=CALLS + 16)
     assert _is_packed(f, *args)
+
+
+def test_convolutions_scans_sorts_and_half_precision_bit_for_bit():
+    def fn(x, y, h, z):
+        c = jax.lax.conv_general_dilated(x[None, None], y[None, None, :3, :3], (1, 1), "SAME")
+
+        def body(carry, v):
+            return carry * 0.9 + jnp.sum(v), carry
+
+        s, _ = jax.lax.scan(body, 0.0, x)
+        return (jnp.sum(x), jnp.sum(x, axis=1), jnp.sum(z), jnp.sum(h), jnp.dot(h, h.T),
+                jnp.cumsum(z), jnp.cumprod(z[:50] * 0.01 + 1), jnp.sort(z), jnp.argmax(z), c, s,
+                jax.nn.logsumexp(x), jax.nn.softmax(y, axis=0), jnp.mean(y ** 2),
+                jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2, 2), (2, 2), "VALID"),
+                jax.lax.top_k(z, 5)[0], jnp.fft.fft(z[:64]).real, x @ y,
+                jnp.linalg.norm(x, axis=0), jnp.var(z), jnp.sum(h.astype(jnp.float16)))
+
+    rng = np.random.default_rng(9)
+
+    def make(i):
+        return (rng.standard_normal((64, 64)).astype(np.float32),
+                rng.standard_normal((64, 64)).astype(np.float32),
+                rng.standard_normal((16, 16)).astype(ml_dtypes.bfloat16),
+                rng.standard_normal(1000).astype(np.float32))
+
+    f, args = _run_fresh(fn, make, calls=CALLS + 8)
+    assert _is_packed(f, *args)
+
+
+def test_log_compiles_shows_the_packed_compile(caplog):
+    """A deliberate difference from jax.jit: packing compiles a second
+    executable (named packed_<function>), which jax.log_compiles reports."""
+    def add_pair(a, b):
+        return a + b
+
+    f = nbjit.jit(add_pair)
+    with jax.log_compiles(True), caplog.at_level("WARNING"):
+        for i in range(CALLS):
+            f(np.full(3, i, np.float32), np.ones(3, np.float32))
+    assert f.stats().packed_compiles == 1
+    assert any("packed_add_pair" in r.getMessage() for r in caplog.records)
 
 
 def test_train_step_several_small_batch_leaves():
