@@ -71,7 +71,7 @@ class Node:
     """One cached signature in a chain; `record` is its frozen fast-path data."""
 
     __slots__ = ("key", "shardings", "context", "next", "namespace", "record", "reason",
-                 "description", "hits", "__weakref__")
+                 "description", "hits", "plan", "__weakref__")
 
     def __init__(self, key: Any, shardings: list, context: tuple, namespace: Namespace,
                  record: Any = None, reason: str | None = None) -> None:
@@ -84,6 +84,7 @@ class Node:
         self.next: Node | None = None
         self.hits = 0  # hits served by this node (see `Counters`)
         self.description: Any = None  # what `nbjit._explain` needs, set on the miss path
+        self.plan: Any = None  # packed host inputs armed for it (nbjit._packed)
 
 
 class Pending:

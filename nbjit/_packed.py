@@ -219,10 +219,12 @@ class Plan:
         self.count = 0
         self.window_start = 0
         self.lock = threading.Lock()
-        self.builder = dataclasses.replace(record, prepare=self._build_then_prepare)
+        self.builder = dataclasses.replace(
+            record, prepare=_weak_prepare(self, "_build_then_prepare"))
         # For leaves without a memo (bigger than its limit) every value counts
         # as new: this record counts calls instead, until packing is due.
-        self.counter = dataclasses.replace(record, prepare=self._count_then_prepare)
+        self.counter = dataclasses.replace(
+            record, prepare=_weak_prepare(self, "_count_then_prepare"))
 
     def counts_calls(self) -> bool:
         """Whether a packed leaf has no memo (so no memo miss announces new values)."""
@@ -350,6 +352,20 @@ class Plan:
             leaves_are_inputs=False, prepare=prepare)
 
 
+def _weak_prepare(plan: Plan, method: str) -> Any:
+    """``prepare(leaves)`` calling `plan`'s `method`, holding the plan weakly: a
+    plan's records refer back to it without a cycle (the node holds the plan;
+    its executables, and JAX's caches keyed on its jaxpr, die with the node)."""
+    ref = weakref.ref(plan)
+    fallback = plan.record.prepare
+
+    def prepare(leaves: list) -> list:
+        live = ref()
+        return fallback(leaves) if live is None else getattr(live, method)(leaves)
+
+    return prepare
+
+
 def _packed_nbytes(slots: list[_Slot]) -> int:
     end = max(s.offset + s.nbytes for s in slots)
     return max(_ALIGN, -(-end // _ALIGN) * _ALIGN)
@@ -435,7 +451,8 @@ def arm(jitted: Any, node: Any, record: Any, fastpath: Any, leaves: list, args: 
     for h in hosts:
         leaf = h.index - n_consts if kept is None else kept[h.index - n_consts]
         if leaf in packed_leaves:
-            h.on_fresh = plan.fresh
+            h.on_fresh = weakref.WeakMethod(plan.fresh)
+    node.plan = plan  # the plan lives as long as its node
     if plan.counts_calls():
         node.record = plan.counter
     return plan

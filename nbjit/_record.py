@@ -156,8 +156,9 @@ class HostInput:
         self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
         self.misses = 0  # array memo misses in a row
         self.rest = 0  # calls left before the array memo looks again
-        # Called on a memo miss (a new value) when packing is armed (nbjit._packed).
-        self.on_fresh: Callable[[], None] | None = None
+        # On a memo miss (a new value) when packing is armed (nbjit._packed): a
+        # weak method (the plan lives with the node; no cycle through the record).
+        self.on_fresh: Callable[[], Callable[[], None] | None] | None = None
 
     def apply(self, inputs: list) -> None:
         inputs[self.index] = self.value(inputs[self.index])
@@ -176,8 +177,8 @@ class HostInput:
             array = _device_put(self.aval, self.sharding, [x], self.devices, False)
             if self.memo:
                 self.last = (x, None, array)
-            if self.on_fresh is not None:
-                self.on_fresh()
+            if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
+                fresh()
             return array
         if not self.memo or self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
             if self.memo:
@@ -192,8 +193,8 @@ class HostInput:
         array = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
                             _COPY_DURING_CALL)
         self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
-        if self.on_fresh is not None:
-            self.on_fresh()
+        if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
+            fresh()
         self.misses += 1
         if self.misses >= self.MEMO_PATIENCE:
             self.misses = 0
@@ -480,8 +481,18 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool) -> FastPat
 # Private copies for JAX's own path
 
 
+# Up to this size a copy costs less than reading the array's address; above it
+# only a 64-byte-aligned array is copied (jaxlib copies any other itself
+# while the call runs: it never uses it in place).
+PRIVATE_COPY_ALWAYS_BYTES = 64 << 10
+
+
 def _private_leaf(x: Any) -> Any:
-    return x.copy() if type(x) is np.ndarray else x
+    if type(x) is not np.ndarray:
+        return x
+    if x.nbytes <= PRIVATE_COPY_ALWAYS_BYTES or x.__array_interface__["data"][0] % 64 == 0:
+        return x.copy()
+    return x
 
 
 def private_host_copies(args: tuple, kwargs: dict, static_positions: Sequence[int],
@@ -520,8 +531,9 @@ def private_host_copies(args: tuple, kwargs: dict, static_positions: Sequence[in
 
 def _private_tree(x: Any) -> Any:
     if type(x) is np.ndarray:
-        return x.copy()
+        return _private_leaf(x)
     leaves, treedef = _jax.flatten_for_dispatch(x)
-    if not any(type(leaf) is np.ndarray for leaf in leaves):
+    private = [_private_leaf(leaf) for leaf in leaves]
+    if all(p is leaf for p, leaf in zip(private, leaves, strict=True)):
         return x
-    return treedef.unflatten([_private_leaf(leaf) for leaf in leaves])
+    return treedef.unflatten(private)

@@ -474,3 +474,34 @@ def test_slow_path_gets_private_copies():
     assert f.stats().slow_reasons.get("effects", 0) >= 39
     assert all(np.array_equal(np.asarray(r), np.asarray(e))
                for r, e in zip(results, expected, strict=True))
+
+
+def test_packed_executables_die_with_the_function_and_clear_cache():
+    """No reference cycle: the function's death frees its packed executables
+    (and JAX's caches keyed on them) without a gc pass; so does clear_cache."""
+    import gc
+
+    from nbjit import _jax
+
+    def make():
+        f = nbjit.jit(lambda a, b: a * b)
+        for i in range(CALLS):
+            f(1000 + i, 0.5 + i)  # memo misses announce new values
+        for i in range(CALLS):
+            f(np.full(3000, i, np.float32), np.ones(3000, np.float32))  # no memo: counted
+        assert f.stats().packed_compiles == 2
+        return f
+
+    gc.collect()
+    gc.disable()
+    try:
+        live = len(_jax.live_executables())
+        f = make()
+        assert len(_jax.live_executables()) == live + 4
+        del f
+        assert len(_jax.live_executables()) == live
+        f = make()
+        f.clear_cache()
+        assert len(_jax.live_executables()) == live
+    finally:
+        gc.enable()
