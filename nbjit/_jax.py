@@ -312,3 +312,11 @@ def with_weak_type(x, weak_type: bool):
 def traced_jaxpr(jitted, args, kwargs):
     """The ClosedJaxpr JAX traced `jitted` to for this call (its tracing cache answers)."""
     return jitted.trace(*args, **kwargs).jaxpr
+
+# Each `trace_context()` entry's config State (None for context managers that
+# are not States: mesh, compute_on, xla_metadata, axis env, ...). Entering a
+# State with a value (`state(value)`) sets it thread-locally.
+_config_holders = _config.config._value_holders
+trace_context_states = [
+    _config_holders.get(name, _config_holders.get("jax_" + name))
+    for name in _config.trace_context_names()]

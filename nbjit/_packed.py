@@ -22,13 +22,19 @@ Policy (`Plan.fresh`):
     donation, no explicit in/out shardings; one host leaf gains nothing
     from packing and is left to its own put;
   * when the memo (`nbjit._record.HostInput`) has seen `PACK_AFTER` new
-    values within ``2 * PACK_AFTER`` calls, the next call compiles the
-    packed executable on the calling thread, then runs as before; the
-    calls after it take the packed record (`node.record` is replaced in
-    one attribute store; the hit path reads it once per call). The compile
-    runs on the calling thread so that it sees exactly the caller's trace
-    context (x64, default device, mesh, every config value of the node's
-    key): it costs that one call a second compile, as a miss would;
+    values within ``2 * PACK_AFTER`` calls (leaves too big for a memo:
+    after `PACK_AFTER` calls), the next call starts the compile of the
+    packed executable on a thread of its own (XLA compiles without the
+    GIL) and calls go on on the per-leaf path; when it is done the node's
+    record is replaced (`node.record = packed`, one attribute store; the
+    hit path reads it once per call);
+  * the thread compiles in the caller's exact trace context: it enters
+    every config State of `trace_context()` with the node's value, then
+    compiles only if its own `trace_context()` equals the node's context
+    entry for entry. Where it does not (a context manager that is not a
+    State, say), the next call compiles on the calling thread instead,
+    costing that call a second compile as a miss would (`BACKGROUND =
+    False` does that always);
   * a compile that fails leaves the signature on its per-leaf path for
     good; an interrupted one (KeyboardInterrupt) re-arms it.
 Never packed: donation, effects (no fast path at all), debug_nans/infs
@@ -51,6 +57,7 @@ already packed stay packed until their entries are cleared).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -66,11 +73,15 @@ from nbjit import _jax
 from nbjit import sharding as _sharding
 from nbjit._codegen import run_source
 
-__all__ = ["PACK_AFTER", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES", "arm", "enabled", "set_enabled"]
+__all__ = ["PACK_AFTER", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES", "arm", "enabled", "set_enabled",
+           "wait"]
 
 PACK_AFTER = 8  # new host values seen (within 2 * PACK_AFTER calls) before packing
 SLOT_MAX_BYTES = 64 << 10  # a bigger host leaf keeps its own put
 TOTAL_MAX_BYTES = 256 << 10  # a packed buffer's size limit
+# Compile the packed executable on a thread of its own (False: on the calling
+# thread, at the call that finds packing due).
+BACKGROUND = True
 POOL_CAP = 64  # staging buffers pooled per packed record (calls in flight beyond: fresh ones)
 POOL_MAX_BYTES = 4 << 20  # ... and at most this many bytes of them
 _ALIGN = 64
@@ -200,7 +211,7 @@ class Plan:
 
     __slots__ = ("node_ref", "record", "jaxpr", "slots", "n_leaves", "options", "counters",
                  "out_avals", "out_shardings", "device_sharding", "state", "count",
-                 "window_start", "lock", "builder", "counter", "name", "__weakref__")
+                 "window_start", "lock", "builder", "counter", "name", "sync", "__weakref__")
 
     def __init__(self, node: Any, record: Any, jaxpr: Any, slots: list[_Slot], n_leaves: int,
                  options: dict, counters: Any, fastpath: Any, device_sharding: Any) -> None:
@@ -215,6 +226,7 @@ class Plan:
         self.out_shardings = list(fastpath.out_shardings)
         self.device_sharding = device_sharding
         self.name = "function"
+        self.sync = False  # compile on the calling thread (see `_start_background`)
         self.state = _IDLE
         self.count = 0
         self.window_start = 0
@@ -264,13 +276,58 @@ class Plan:
         if self.lock.acquire(blocking=False):
             try:
                 if self.state == _DUE:
-                    self._build(leaves)
+                    if BACKGROUND and not self.sync:
+                        self._start_background(leaves)
+                    else:
+                        self._build(leaves)
             finally:
                 self.lock.release()
         return self.record.prepare(leaves)
 
-    def _build(self, leaves: list) -> None:
+    def _start_background(self, leaves: list) -> None:
+        """Compiles on a thread of its own while calls take today's path.
+
+        The thread enters the node's trace context (every config State of
+        `trace_context()` set thread-locally to the node's value) and
+        compiles only if its `trace_context()` then equals the node's,
+        entry for entry; else (a mesh or another context manager that is
+        not a State) the next call compiles on the calling thread.
+        """
         node = self.node_ref()
+        if node is None:
+            return
+        self.state = _BUILDING
+        node.record = self.record  # calls go on as before meanwhile
+        example = [_private(x) for x in leaves]  # (their values never matter)
+        thread = threading.Thread(target=self._background, args=(example, node.context),
+                                  name="nbjit-pack", daemon=True)
+        with _threads_lock:
+            _threads.add(thread)
+        thread.start()
+
+    def _background(self, leaves: list, context: tuple) -> None:
+        try:
+            with contextlib.ExitStack() as stack:
+                for state, value in zip(_jax.trace_context_states, context, strict=True):
+                    if state is not None and state.value != value:
+                        stack.enter_context(state(value))
+                if _jax.trace_context() != context:
+                    self.sync, self.state = True, _DUE  # the next call compiles itself
+                    node = self.node_ref()
+                    if node is not None and node.record is self.record:
+                        node.record = self.builder
+                    return
+                self.state = _DUE
+                self._build(leaves, background=True)
+        except BaseException:  # never lets a thread's error escape; today's path goes on
+            self.state = _DONE
+        finally:
+            with _threads_lock:
+                _threads.discard(threading.current_thread())
+
+    def _build(self, leaves: list, background: bool = False) -> None:
+        node = self.node_ref()
+        current = self.record if background else self.builder  # what the node holds now
         self.state = _BUILDING
         packed = None
         try:
@@ -279,12 +336,14 @@ class Plan:
             packed = None
         except BaseException:  # interrupted: today's path, armed again
             self.state, self.count = _IDLE, 0
-            if node is not None and node.record is self.builder:
+            if node is not None and node.record is current:
                 node.record = self.counter if self.counts_calls() else self.record
+            if background:
+                return
             raise
         self.state = _DONE
-        if node is not None and node.record is self.builder:
-            node.record = self.record if packed is None else packed
+        if node is not None and node.record is current:
+            node.record = self.record if packed is None else packed  # one attribute store
 
     def _compile(self, leaves: list) -> Any:
         from nbjit._record import Unsupported, build_record  # (nbjit._record imports us)
@@ -350,6 +409,24 @@ class Plan:
             self.record, executable=inner.executable, execute=inner.execute,
             consts=inner.consts, kept=inner.kept, steps=inner.steps,
             leaves_are_inputs=False, prepare=prepare)
+
+
+def _private(x: Any) -> Any:
+    return x.copy() if type(x) is np.ndarray else x
+
+
+_threads: set[threading.Thread] = set()  # background compiles in flight
+_threads_lock = threading.Lock()
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Waits for the background compiles in flight; True if none is left."""
+    with _threads_lock:
+        threads = list(_threads)
+    for thread in threads:
+        thread.join(timeout)
+    with _threads_lock:
+        return not _threads
 
 
 def _weak_prepare(plan: Plan, method: str) -> Any:

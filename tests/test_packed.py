@@ -59,8 +59,11 @@ def _run_fresh(fn, make_args, calls=CALLS, **jit_options):
     """Calls nbjit.jit(fn) and jax.jit(fn) with new values each call; returns the nbjit one."""
     f, g = nbjit.jit(fn, **jit_options), jax.jit(fn, **jit_options)
     for i in range(calls):
+        if i == _packed.PACK_AFTER + 2:
+            assert _packed.wait(120)  # the background compile done: the rest run packed
         args = make_args(i)
         assert_same_outputs(f(*args), g(*args))
+    assert _packed.wait(120)
     return f, args
 
 
@@ -208,9 +211,14 @@ def test_log_compiles_shows_the_packed_compile(caplog):
         return a + b
 
     f = nbjit.jit(add_pair)
-    with jax.log_compiles(True), caplog.at_level("WARNING"):
-        for i in range(CALLS):
-            f(np.full(3, i, np.float32), np.ones(3, np.float32))
+    jax.config.update("jax_log_compiles", True)  # (a thread-local setting: not in the thread)
+    try:
+        with caplog.at_level("WARNING"):
+            for i in range(CALLS):
+                f(np.full(3, i, np.float32), np.ones(3, np.float32))
+            assert _packed.wait(120)
+    finally:
+        jax.config.update("jax_log_compiles", False)
     assert f.stats().packed_compiles == 1
     assert any("packed_add_pair" in r.getMessage() for r in caplog.records)
 
@@ -244,6 +252,7 @@ def test_repeated_values_keep_the_memo_and_do_not_pack():
     assert not _is_packed(f, a, b) and f.stats().packed_compiles == 0
     for s in range(CALLS):
         f(1000 + s, 2.5)  # another signature, fresh values: packs
+    assert _packed.wait(120)
     assert _is_packed(f, 1, 2.5) and not _is_packed(f, a, b)
 
 
@@ -256,6 +265,7 @@ def test_donation_big_leaves_and_switch_off_are_not_packed():
     f = nbjit.jit(lambda a, b, c: (a + b, c * 2), donate_argnums=2)
     for i in range(CALLS):
         f(np.full(3, i, np.float32), np.ones(3, np.float32), jnp.ones(3))
+    assert _packed.wait(120)
     assert f.stats().packed_compiles == 0
     big = _packed.SLOT_MAX_BYTES // 4 + 1
     f, args = _run_fresh(lambda a, b: a[:3] + b, lambda i: (
@@ -298,7 +308,9 @@ def test_caller_overwrites_its_arrays_right_after_each_call():
         results.append(f(a, b))
         a[:] = 12345.0
         b[:] = -99.0
-    assert f.stats().packed_compiles == 1
+        if i == _packed.PACK_AFTER + 2:
+            assert _packed.wait(120)  # the rest run packed
+    assert f.stats().packed_compiles == 1 and _is_packed(f, a, b)
     wrong = sum(not np.array_equal(np.asarray(r), np.asarray(e))
                 for r, e in zip(results, expected, strict=True))
     assert wrong == 0
@@ -318,7 +330,9 @@ def test_pool_is_capped_and_reused(monkeypatch):
     rng = np.random.default_rng(7)
     before = _sharding.host_staging_size()
     pending = []
-    for _ in range(60):  # many calls in flight: beyond the cap, fresh unpooled buffers
+    for i in range(60):  # many calls in flight: beyond the cap, fresh unpooled buffers
+        if i == _packed.PACK_AFTER + 2:
+            assert _packed.wait(120)
         a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         pending.append((f(a, b), g(a, b)))
     assert _is_packed(f, a, b)
@@ -362,6 +376,7 @@ def test_threads_sharing_one_function():
         t.start()
     for t in threads:
         t.join()
+    assert _packed.wait(120)
     assert not errors, errors[0]
     assert f.stats().packed_compiles == 1
 
@@ -371,6 +386,7 @@ def test_transfer_guards_as_jax(level, caplog):
     f, g = nbjit.jit(lambda a, b: a + b), jax.jit(lambda a, b: a + b)
     for i in range(CALLS):
         f(np.full(3, i, np.float32), np.ones(3, np.float32))
+    assert _packed.wait(120)
     a, b = np.full(3, 5, np.float32), np.full(3, 6, np.float32)
     assert _is_packed(f, a, b)
     with jax.transfer_guard(level):
@@ -403,17 +419,40 @@ def test_failed_and_interrupted_compiles_leave_the_function_working(monkeypatch)
         return real(plan, leaves)
 
     monkeypatch.setattr(_packed.Plan, "_compile", interrupted)
-    f, g = nbjit.jit(lambda a, b: a * b), jax.jit(lambda a, b: a * b)
-    raised = 0
-    for i in range(3 * CALLS):
-        args = (np.full(3, i, np.float32), np.full(3, 2 * i, np.float32))
-        try:
-            out = f(*args)
-        except KeyboardInterrupt:
-            raised += 1
-            continue
-        assert_same_outputs(out, g(*args))
-    assert raised == 1 and len(calls) == 2 and _is_packed(f, *args)
+    for background in (True, False):  # on its thread: the calls never see it
+        monkeypatch.setattr(_packed, "BACKGROUND", background)
+        calls.clear()
+        f, g = nbjit.jit(lambda a, b: a * b), jax.jit(lambda a, b: a * b)
+        raised = 0
+        for i in range(3 * CALLS):
+            args = (np.full(3, i, np.float32), np.full(3, 2 * i, np.float32))
+            try:
+                out = f(*args)
+            except KeyboardInterrupt:
+                raised += 1
+                continue
+            assert_same_outputs(out, g(*args))
+            if i % 4 == 0:
+                assert _packed.wait(120)
+        assert _packed.wait(120)
+        assert raised == (0 if background else 1) and len(calls) == 2 and _is_packed(f, *args)
+
+
+def test_a_context_the_thread_cannot_enter_compiles_on_the_calling_thread(monkeypatch):
+    """The compile thread runs only in the caller's exact trace context; one
+    it cannot enter (here: no State known to it, x64 on in the caller; in
+    practice a context manager that is not a config State) makes it hand
+    the compile back to the calling thread."""
+    from nbjit import _jax
+
+    monkeypatch.setattr(_jax, "trace_context_states", [None] * len(_jax.trace_context_states))
+    with jax.enable_x64(True):
+        f, args = _run_fresh(lambda a, b: a * 2 - b, lambda i: (np.full(3, i, np.float64),
+                                                               np.full(3, -i, np.float64)))
+        assert _is_packed(f, *args) and f.stats().packed_compiles == 1
+        node, _ = f._entry_for(args, {})
+        assert node.plan.sync
+        assert f(*args).dtype == np.float64
 
 
 def test_cache_clearing_the_lru_and_trace_context():
@@ -424,6 +463,7 @@ def test_cache_clearing_the_lru_and_trace_context():
         for i in range(CALLS):
             args = (np.full(3, i, np.float32), np.full(3, -i, np.float32))
             assert_same_outputs(f(*args), g(*args))
+        assert _packed.wait(120)
         return args
 
     args = run()
@@ -439,6 +479,7 @@ def test_cache_clearing_the_lru_and_trace_context():
         for i in range(CALLS):
             a = (np.full(3, i, np.float64), np.full(3, -i, np.float64))
             assert_same_outputs(f(*a), g(*a))
+        assert _packed.wait(120)
         assert _is_packed(f, *a)
     assert f._cache_size() == 2 and f.stats().packed_compiles == 4
 
@@ -448,6 +489,7 @@ def test_cache_clearing_the_lru_and_trace_context():
         for i in range(CALLS):
             h(np.full(2, i, np.float32), np.ones(2, np.float32))
         h(1, 2.0)
+        assert _packed.wait(120)
         assert h._cache_size() == 1 and h.stats().evictions == 1
 
 
@@ -489,6 +531,7 @@ def test_packed_executables_die_with_the_function_and_clear_cache():
             f(1000 + i, 0.5 + i)  # memo misses announce new values
         for i in range(CALLS):
             f(np.full(3000, i, np.float32), np.ones(3000, np.float32))  # no memo: counted
+        assert _packed.wait(120)
         assert f.stats().packed_compiles == 2
         return f
 
