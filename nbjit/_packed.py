@@ -57,6 +57,7 @@ already packed stay packed until their entries are cleared).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -427,6 +428,11 @@ def wait(timeout: float | None = None) -> bool:
         thread.join(timeout)
     with _threads_lock:
         return not _threads
+
+
+# At exit, compiles still in flight are waited for (briefly): a daemon thread
+# inside XLA while the runtime shuts down is best avoided.
+atexit.register(wait, 10.0)
 
 
 def _weak_prepare(plan: Plan, method: str) -> Any:
