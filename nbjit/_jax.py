@@ -316,7 +316,9 @@ def traced_jaxpr(jitted, args, kwargs):
 # Each `trace_context()` entry's config State (None for context managers that
 # are not States: mesh, compute_on, xla_metadata, axis env, ...). Entering a
 # State with a value (`state(value)`) sets it thread-locally.
-_config_holders = _config.config._value_holders
+_config_holders = getattr(_config.config, "_value_holders", {})  # none known: all None
+_trace_context_names = _config.trace_context_names
 trace_context_states = [
     _config_holders.get(name, _config_holders.get("jax_" + name))
-    for name in _config.trace_context_names()]
+    for name in (_trace_context_names() if callable(_trace_context_names)
+                 else _trace_context_names)]
