@@ -47,7 +47,7 @@ class Counters:
     """
 
     __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
-                 "evicted")
+                 "evicted", "packed_compiles", "packed_seconds")
 
     EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit._explain)
 
@@ -61,6 +61,8 @@ class Counters:
         self.slow_reasons: collections.Counter[str] = collections.Counter()
         self.evictions = 0
         self.miss_seconds = 0.0
+        self.packed_compiles = 0  # packed executables compiled (nbjit._packed)
+        self.packed_seconds = 0.0
         self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
 
     def count_slow(self, reason: str) -> None:
@@ -72,7 +74,7 @@ class Node:
     """One cached signature in a chain; `record` is its frozen fast-path data."""
 
     __slots__ = ("key", "shardings", "context", "next", "namespace", "record", "reason",
-                 "description", "hits", "__weakref__")
+                 "description", "hits", "plan", "__weakref__")
 
     def __init__(self, key: Any, shardings: list, context: tuple, namespace: Namespace,
                  record: Any = None, reason: str | None = None) -> None:
@@ -85,6 +87,7 @@ class Node:
         self.next: Node | None = None
         self.hits = 0  # hits served by this node (see `Counters`)
         self.description: Any = None  # what `nbjit._explain` needs, set on the miss path
+        self.plan: Any = None  # packed host inputs armed for it (nbjit._packed)
 
 
 class Pending:

@@ -320,3 +320,37 @@ def kv_wait(client, key: str, timeout_ms: int) -> str | None:
         if "DEADLINE_EXCEEDED" in str(error):
             return None
         raise
+
+
+# --- packed host inputs: zero-copy puts, jaxprs, weak types, config states ---
+from jax._src.lax import lax as _lax_internal  # noqa: E402
+
+# The runtime uses a 64-byte-aligned host buffer in place (no copy).
+ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY
+# The config state behind the host-to-device transfer guard: None while no one
+# set a level (the common case, a cheap read); else `host_transfers_unguarded`
+# reads the level jaxlib applies.
+transfer_guard_host_to_device = _config.transfer_guard_host_to_device
+# A ClosedJaxpr as a function of its flat inputs (its equations bound again).
+jaxpr_as_fun = _core.jaxpr_as_fun
+
+
+def with_weak_type(x, weak_type: bool):
+    """`x` with its weak type set (a no-op conversion, as JAX types Python scalars)."""
+    return _lax_internal._convert_element_type(x, x.dtype, weak_type=weak_type)
+
+
+def traced_jaxpr(jitted, args, kwargs):
+    """The ClosedJaxpr JAX traced `jitted` to for this call (its tracing cache answers)."""
+    return jitted.trace(*args, **kwargs).jaxpr
+
+
+# Each `trace_context()` entry's config State (None for context managers that
+# are not States: mesh, compute_on, xla_metadata, axis env, ...). Entering a
+# State with a value (`state(value)`) sets it thread-locally.
+_config_holders = getattr(_config.config, "_value_holders", {})  # none known: all None
+_trace_context_names = _config.trace_context_names
+trace_context_states = [
+    _config_holders.get(name, _config_holders.get("jax_" + name))
+    for name in (_trace_context_names() if callable(_trace_context_names)
+                 else _trace_context_names)]

@@ -143,7 +143,7 @@ class HostInput:
     MEMO_REST = 56
 
     __slots__ = ("index", "dtype", "aval", "sharding", "devices", "memo", "last", "misses",
-                 "rest")
+                 "rest", "on_fresh")
 
     def __init__(self, index: int, dtype: np.dtype, aval: Any, sharding: Any,
                  memo: bool) -> None:
@@ -156,6 +156,9 @@ class HostInput:
         self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
         self.misses = 0  # array memo misses in a row
         self.rest = 0  # calls left before the array memo looks again
+        # On a memo miss (a new value) when packing is armed (nbjit._packed): a
+        # weak method (the plan lives with the node; no cycle through the record).
+        self.on_fresh: Callable[[], Callable[[], None] | None] | None = None
 
     def apply(self, inputs: list) -> None:
         inputs[self.index] = self.value(inputs[self.index])
@@ -174,6 +177,8 @@ class HostInput:
             array = _device_put(self.aval, self.sharding, [x], self.devices, False)
             if self.memo:
                 self.last = (x, None, array)
+            if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
+                fresh()
             return array
         if not self.memo or self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
             if self.memo:
@@ -188,6 +193,8 @@ class HostInput:
         array = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
                             _COPY_DURING_CALL)
         self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
+        if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
+            fresh()
         self.misses += 1
         if self.misses >= self.MEMO_PATIENCE:
             self.misses = 0
@@ -490,3 +497,65 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool) -> FastPat
         leaves_are_inputs=not consts and not steps and not batched and all_kept,
         prepare=_make_preparer(consts, None if all_kept else kept, len(leaves), steps, batched),
     )
+
+
+# ---------------------------------------------------------------------------
+# Private copies for JAX's own path
+
+
+# Up to this size a copy costs less than reading the array's address; above it
+# only a 64-byte-aligned array is copied (jaxlib copies any other itself
+# while the call runs: it never uses it in place).
+PRIVATE_COPY_ALWAYS_BYTES = 64 << 10
+
+
+def _private_leaf(x: Any) -> Any:
+    if type(x) is not np.ndarray:
+        return x
+    if x.nbytes <= PRIVATE_COPY_ALWAYS_BYTES or x.__array_interface__["data"][0] % 64 == 0:
+        return x.copy()
+    return x
+
+
+def private_host_copies(args: tuple, kwargs: dict, static_positions: Sequence[int],
+                        static_names: Sequence[str]) -> tuple[tuple, dict]:
+    """`args` and `kwargs` with every numpy array among the dynamic ones copied.
+
+    JAX's own path (a miss, a slow call) uses a 64-byte-aligned numpy array
+    in place on CPU, so a caller writing into it after the call could change
+    the result; a private copy cannot be written by anyone. Static arguments
+    are left alone (they enter keys by ``==``). Arguments with no numpy
+    array in them are returned as they are (same objects).
+    """
+    new_args = None
+    for i, x in enumerate(args):
+        t = type(x)
+        if t is ArrayImpl or t in _PYTHON_SCALAR_DTYPES or i in static_positions:
+            continue
+        y = _private_tree(x)
+        if y is not x:
+            if new_args is None:
+                new_args = list(args)
+            new_args[i] = y
+    new_kwargs = None
+    for k, x in kwargs.items():
+        t = type(x)
+        if t is ArrayImpl or t in _PYTHON_SCALAR_DTYPES or k in static_names:
+            continue
+        y = _private_tree(x)
+        if y is not x:
+            if new_kwargs is None:
+                new_kwargs = dict(kwargs)
+            new_kwargs[k] = y
+    return (args if new_args is None else tuple(new_args),
+            kwargs if new_kwargs is None else new_kwargs)
+
+
+def _private_tree(x: Any) -> Any:
+    if type(x) is np.ndarray:
+        return _private_leaf(x)
+    leaves, treedef = _jax.flatten_for_dispatch(x)
+    private = [_private_leaf(leaf) for leaf in leaves]
+    if all(p is leaf for p, leaf in zip(private, leaves, strict=True)):
+        return x
+    return treedef.unflatten(private)

@@ -64,7 +64,9 @@ def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> Dispatch
     return DispatchStats(
         name=name, calls=hits + misses + slow, hits=hits, misses=misses, slow=slow,
         slow_reasons=reasons, evictions=counters.evictions, entries=entries,
-        miss_seconds=counters.miss_seconds)
+        miss_seconds=counters.miss_seconds,
+        packed_compiles=getattr(counters, "packed_compiles", 0),
+        packed_seconds=getattr(counters, "packed_seconds", 0.0))
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class DispatchStats:
     evictions: int = 0
     entries: int = 0
     miss_seconds: float = 0.0
+    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit/_packed.py)
+    packed_seconds: float = 0.0
 
     def __str__(self) -> str:
         return str(StatsTable({self.name: self}))

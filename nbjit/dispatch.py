@@ -28,11 +28,17 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nbjit import _agreement, _explain, _jax, _stats
+from nbjit import _agreement, _explain, _jax, _packed, _stats
 from nbjit._binders import BinderTable, call_shape
 from nbjit._cache import Namespace, Node, Pending, PjitFunctionCache, cache_from_config
 from nbjit._keys import leaf_signature
-from nbjit._record import Unsupported, build_record, canonical_dtypes, host_dtype
+from nbjit._record import (
+    Unsupported,
+    build_record,
+    canonical_dtypes,
+    host_dtype,
+    private_host_copies,
+)
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
 
@@ -102,7 +108,13 @@ class PjitFunction:
     def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
         """JAX's own path, uncached here; JAX raises what it raises."""
         self._count_slow(reason)
+        args, kwargs = self._private(args, kwargs)
         return self._jax_jitted(*args, **kwargs)
+
+    def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """JAX's path gets private copies of numpy arrays (it may use them in place)."""
+        split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
+        return private_host_copies(args, kwargs, split.static_positions, split.static_names)
 
     def _count_slow(self, reason: str) -> None:
         self.slow_count += 1
@@ -131,6 +143,7 @@ class PjitFunction:
                                   "debug_nans" if _jax.debug_nans.value else "debug_infs")
             if node.reason != "compile_failed":
                 self._count_slow(node.reason or "no_fastpath")
+                args, kwargs = self._private(args, kwargs)
                 return self._jax_cache_miss(*args, **kwargs)[0]
         if _jax.disable_jit.value:
             self._count_slow("disable_jit")
@@ -189,8 +202,9 @@ class PjitFunction:
         _agreement.check(self, args, kwargs, leaves, description)  # multi-controller only
         counters = self._counters
         start = time.perf_counter()
+        private_args, private_kwargs = self._private(args, kwargs)
         try:
-            outs, fastpath, rebuild = self._jax_cache_miss(*args, **kwargs)
+            outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
         except BaseException:
             # The signature keeps a node, as jaxlib's cache does, but not for good
             # (jaxlib's `fall_back_to_python`): its next call compiles again and
@@ -222,6 +236,11 @@ class PjitFunction:
                 if failed is not None:
                     namespace.drop(failed)
                 namespace.link(node)
+            if record is not None:
+                try:  # packed host inputs (nbjit/_packed.py); never breaks a miss
+                    _packed.arm(self, node, record, fastpath, leaves, args, kwargs)
+                except Exception:
+                    pass
         elif failed is not None:
             with namespace.cache._lock:
                 namespace.drop(failed)

@@ -29,9 +29,11 @@ exception; nothing is cached for it.
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -387,12 +389,109 @@ def _staging_buffer(size: int) -> np.ndarray:
         return raw
 
 
+class HostStaging:
+    """Small staging buffers of one layout, for one packed record's host leaves.
+
+    The same rule as the big buffers above: a buffer is overwritten only
+    when, right after `collect_garbage()` (each call runs one first), no
+    one but the pool holds it (with zero copy the runtime holds one
+    reference to the array it was given for as long as any device buffer,
+    computation or view reads that memory). Each item is
+    ``(staging, *slot views)``: the staging array is a 64-byte-aligned view
+    of its allocation, the slot views are views of that allocation too, so
+    a reference to the staging array itself is the runtime's alone.
+
+    `free` is claimed with ``popleft`` and refilled with ``append`` (atomic
+    under the GIL: two threads never fill one buffer). At most `cap`
+    buffers are pooled; beyond, each call gets a fresh, unpooled buffer
+    (never reused, so never overwritten while read).
+    """
+
+    __slots__ = ("nbytes", "slots", "cap", "free", "made", "spare", "__weakref__")
+
+    CHUNK = 16  # items allocated at once
+
+    # A free item's staging array as `getrefcount(item[0])` sees it: the
+    # item tuple's reference and the call's argument.
+    FREE_REFCOUNT = 2
+
+    def __init__(self, nbytes: int, slots: list[tuple[int, tuple[int, ...], np.dtype]],
+                 cap: int) -> None:
+        self.nbytes = nbytes
+        self.slots = [(offset, offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                       shape, dtype) for offset, shape, dtype in slots]  # (start, stop, ...)
+        self.cap = cap
+        self.free: collections.deque = collections.deque()
+        self.made = 0  # buffers pooled so far
+        self.spare: list = []  # made, never used yet
+        with _pool_lock:
+            _host_stagings.add(self)
+
+    def new_item(self) -> tuple:
+        """A fresh ``(staging, *views)`` (zero-filled: padding bytes are defined)."""
+        spare = self.spare
+        if not spare:
+            # Made `CHUNK` at a time: reading an allocation's address costs more
+            # than making it. Each item's views are of the chunk (their base).
+            stride = self.nbytes
+            raw = np.zeros(stride * self.CHUNK + _ALIGN, np.uint8)
+            skip = -raw.__array_interface__["data"][0] % _ALIGN
+            for k in range(self.CHUNK):
+                at = skip + k * stride
+                spare.append((raw[at:at + stride],
+                              *[raw[at + start:at + stop].view(dtype).reshape(shape)
+                                for start, stop, shape, dtype in self.slots]))
+        try:
+            return spare.pop()
+        except IndexError:  # another thread took the last one meanwhile
+            return self.new_item()
+
+    def claim(self) -> tuple:
+        """A free pooled item, else a new one (pooled while under the cap)."""
+        free = self.free
+        for _ in range(len(free)):
+            try:
+                item = free.popleft()
+            except IndexError:
+                break
+            if sys.getrefcount(item[0]) == self.FREE_REFCOUNT:
+                return item
+            free.append(item)  # still read by an array or a computation
+        item = self.new_item()
+        if self.made >= self.cap:
+            return (*item, None)  # unpooled: marked by a trailing None
+        self.made += 1
+        return item
+
+    def release(self, item: tuple) -> None:
+        """Puts a claimed item back (the runtime's reference marks it busy)."""
+        if item[-1] is not None:
+            self.free.append(item)
+
+    def clear(self) -> None:
+        """Lets go of the free buffers; those in use come back when released."""
+        self.free.clear()
+        self.spare.clear()
+        self.made = 0
+
+
+_host_stagings: weakref.WeakSet[HostStaging] = weakref.WeakSet()
+
+
+def host_staging_size() -> int:
+    """Pooled small staging buffers of packed records (free or in use)."""
+    with _pool_lock:
+        return sum(s.made for s in _host_stagings)
+
+
 def clear_staging_pool() -> None:
     """Lets go of every pooled staging buffer (arrays using one keep it alive)."""
     global _pool_bytes
     with _pool_lock:
         _pool.clear()
         _pool_bytes = 0
+        for staging in _host_stagings:
+            staging.clear()
 
 
 def staging_pool_size() -> int:

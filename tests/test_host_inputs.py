@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from jax import lax
 
 import nbjit
-from nbjit import _record
+from nbjit import _packed, _record
 from nbjit import sharding as _sharding
 from nbjit._record import HostInput as _HostInput
 
@@ -241,8 +241,14 @@ def test_caller_may_write_its_array_right_after_the_call():
         np.testing.assert_array_equal(np.asarray(result), expected)
 
 
+@pytest.fixture
+def no_packing(monkeypatch):
+    """The per-leaf records themselves (packing would replace them: test_packed.py)."""
+    monkeypatch.setattr(_packed, "_enabled", False)
+
+
 @pytest.mark.parametrize("extra", [2, _record.PREPARE_UNROLL_MAX + 2])
-def test_generated_and_looped_preparers_give_jax_outputs(extra):
+def test_generated_and_looped_preparers_give_jax_outputs(extra, no_packing):
     """A record with up to PREPARE_UNROLL_MAX inputs prepares them with
     generated code (host arrays transferred inline while the memo rests),
     a bigger one with the loop over its steps. Both: a closed-over constant,

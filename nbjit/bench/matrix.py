@@ -260,6 +260,30 @@ def _train_step_case() -> Case:
     return Case.new_values(_train_step, [(params, x, y) for x, y in _batches(rng)])
 
 
+def _masked_train_step(params, x, y, mask, weights):
+    def loss(p):
+        h = jnp.tanh(x @ p["w1"] + p["b1"])
+        err = jnp.sum((h @ p["w2"] + p["b2"] - y) ** 2, axis=1)
+        return jnp.sum(weights * mask * err) / jnp.maximum(jnp.sum(mask), 1.0)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
+
+
+def _masked_train_step_case() -> Case:
+    """A training step whose new batch is four small numpy leaves: x, y, mask, weights."""
+    rng = np.random.default_rng(5)
+    params = {"w1": jax.device_put(rng.standard_normal((16, 32)).astype(np.float32) / 16),
+              "b1": jnp.zeros(32), "w2": jax.device_put(rng.standard_normal((32, 4))
+                                                         .astype(np.float32) / 32),
+              "b2": jnp.zeros(4)}
+    pool = [(params, _host(rng.standard_normal((32, 16)).astype(np.float32)),
+             _host(rng.standard_normal((32, 4)).astype(np.float32)),
+             _host((rng.random(32) > 0.1).astype(np.float32)),
+             _host(rng.random(32).astype(np.float32))) for _ in range(POOL)]
+    return Case.new_values(_masked_train_step, pool)
+
+
 def _optimizer_update(params, grads, lr):
     return jax.tree.map(lambda p, g: p - lr * g, params, grads)
 
@@ -387,6 +411,8 @@ def scenarios() -> list[Scenario]:
                  _python_scalars_2_new, False),
         Scenario("workload_train_step", 8, "6 params + new numpy batch", _train_step_case,
                  False),
+        Scenario("workload_masked_train_step", 8, "4 params + new x, y, mask, weights",
+                 _masked_train_step_case, False),
         Scenario("workload_optimizer_update", 401, "2x200 leaves + new lr", _optimizer_case,
                  False),
         Scenario("workload_env_step", 5, "3-array state + new int, float", _env_step_case,
