@@ -1,4 +1,9 @@
-"""Command line: ``python -m nbjit compare [--quick] [--only PAT] [--plot F.png] [--json F]``.
+"""Command line: ``python -m nbjit compare|run|report``.
+
+``compare [--quick] [--only PAT] [--plot F.png] [--json F]`` times nbjit.jit
+against jax.jit; ``run script.py`` runs a script with jax.jit routed to
+nbjit.jit and reports its dispatch; ``report F.0 F.1 ...`` merges the
+per-process reports of a multi-controller ``run``.
 
 ``python -m nbjit`` imports ``nbjit`` (and so jax) before this module runs, but
 JAX reads ``XLA_FLAGS`` only when its CPU backend starts, at the first use of a
@@ -55,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="multi-controller: processes also compare the bytes of host inputs "
                    "at each miss (docs/multi-controller.md)")
     r.add_argument("target", help="script path, or module name with -m")
+    m = sub.add_parser(
+        "report", help="merge the per-process reports of a multi-controller run",
+        description="Print one dispatch report from the JSON reports that "
+        "`python -m nbjit run --json FILE` wrote in each process (FILE.0, FILE.1, ...).")
+    m.add_argument("reports", nargs="+", metavar="FILE", help="per-process JSON reports")
+    m.add_argument("--json", metavar="FILE", help="also write the merged report as JSON")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
 
@@ -140,10 +151,23 @@ def run(args: argparse.Namespace) -> int:
                 _report.write_json(args.json + (f".{label.split()[1]}" if label else ""), report)
 
 
+def merge_reports(args: argparse.Namespace) -> int:
+    """Prints (and with --json writes) one report from per-process JSON reports."""
+    from nbjit import _report
+
+    merged = _report.merge([_report.read_json(path) for path in args.reports])
+    print(_report.format_text(merged))
+    if args.json:
+        _report.write_json(args.json, merged)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
         return run(args)
+    if args.command == "report":
+        return merge_reports(args)
     request_host_devices()
     if args.command == "compare":
         return compare(args)

@@ -18,7 +18,7 @@ import numpy as np
 
 from nbjit import _explain, _profile, _stats
 
-__all__ = ["build", "format_text", "write_json"]
+__all__ = ["build", "format_text", "merge", "read_json", "write_json"]
 
 _DISPATCH_PHASES = [i for i, phase in enumerate(_profile.PHASES) if phase != "execute"]
 _EXECUTE = _profile.PHASES.index("execute")
@@ -61,7 +61,8 @@ def format_text(report: dict[str, Any]) -> str:
     header.append("slow reasons")
     body = []
     for r in rows:
-        cells = [r["name"], str(r["calls"]), str(r["hits"]), str(r["misses"]), str(r["slow"])]
+        name = r["name"] if r.get("process") is None else f"{r['name']} [{_rank(r['process'])}]"
+        cells = [name, str(r["calls"]), str(r["hits"]), str(r["misses"]), str(r["slow"])]
         if timed:
             cells += [f"{r.get(k, 0.0):.2f}" for k in ("dispatch_ms", "execute_ms", "miss_ms",
                                                       "slow_ms")]
@@ -96,6 +97,36 @@ def _ranked_text(ranked: list[dict[str, Any]]) -> list[str]:
     if len(ranked) > RANKED_SHOWN:
         lines.append(f"... and {len(ranked) - RANKED_SHOWN} more groups (--json has them all)")
     return lines
+
+
+def _rank(process: str) -> str:
+    """"p0" for "process 0 of 2"."""
+    return "p" + process.split()[1]
+
+
+def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from the per-process reports of a multi-controller run
+    (``python -m nbjit run --json F`` writes ``F.0``, ``F.1``, ...): every row
+    keeps its process, rows of one function sit together, misses are ranked
+    over all processes."""
+    functions = [{**row, "process": r.get("process")} for r in reports for row in r["functions"]]
+    functions.sort(key=lambda row: (row["name"], row["process"] or ""))
+    ranked = [{**m, "function": m["function"] + (f" [{_rank(r['process'])}]"
+                                                 if r.get("process") else "")}
+              for r in reports for m in r.get("ranked_misses", [])]
+    ranked.sort(key=lambda m: -m["seconds"])
+    overheads = [r["profile_overhead_us"] for r in reports if r.get("profile_overhead_us")]
+    processes = [r["process"] for r in reports if r.get("process")]
+    return {"process": f"merged from {len(reports)} reports" + (
+                f": {', '.join(processes)}" if processes else ""),
+            "profiled": bool(reports) and all(r["profiled"] for r in reports),
+            "profile_overhead_us": max(overheads) if overheads else None,
+            "functions": functions, "ranked_misses": ranked}
+
+
+def read_json(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
 
 
 def write_json(path: str, report: dict[str, Any]) -> None:

@@ -232,3 +232,36 @@ def test_same_named_lambdas_are_named_alike_and_timed_apart(tmp_path):
     shape = [r for r in ranked if r["function"] == h and r["fields"] == ["args[0]: shape"]]
     assert len(shape) == 1 and shape[0]["count"] == 1
     assert shape[0]["site"].endswith("lambdas.py:9") and shape[0]["seconds"] > 0
+
+
+def _process_report(rank: int, calls: int, seconds: float) -> dict:
+    return {"process": f"process {rank} of 2", "profiled": False, "profile_overhead_us": None,
+            "functions": [{"name": "step (train.py:3)", "calls": calls, "hits": calls - 1,
+                           "misses": 1, "slow": 0, "slow_reasons": {}, "evictions": 0,
+                           "miss_seconds": seconds}],
+            "ranked_misses": [{"function": "step (train.py:3)", "site": "train.py:9",
+                               "fields": ["first call"], "count": 1, "seconds": seconds,
+                               "example": "no entry to compare with"}]}
+
+
+def test_report_merges_the_reports_of_every_process(tmp_path, capsys):
+    """`python -m nbjit report F.0 F.1`: one table, each row with its process,
+    misses ranked over all processes; --json writes the merged report."""
+    from nbjit import __main__ as cli
+    from nbjit import _report
+
+    paths = []
+    for rank, calls, seconds in ((0, 10, 0.5), (1, 7, 0.9)):
+        path = tmp_path / f"report.json.{rank}"
+        _report.write_json(str(path), _process_report(rank, calls, seconds))
+        paths.append(str(path))
+    out = tmp_path / "merged.json"
+    assert cli.main(["report", *paths, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "merged from 2 reports: process 0 of 2, process 1 of 2" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith("step")]
+    assert [(r[2], r[3]) for r in rows] == [("[p0]", "10"), ("[p1]", "7")]
+    merged = _report.read_json(str(out))
+    assert [m["function"] for m in merged["ranked_misses"]] == [
+        "step (train.py:3) [p1]", "step (train.py:3) [p0]"]  # the dearer miss first
+    assert [f["process"] for f in merged["functions"]] == ["process 0 of 2", "process 1 of 2"]
