@@ -11,7 +11,8 @@ Invariants:
     and record never change after it is linked. A hit stores its (equal)
     shardings list in the node, so that the next call's comparison is by
     identity (`jax.device_put` hands out equal but distinct sharding objects,
-    whose ``==`` costs ~0.25 us each).
+    whose ``==`` costs far more than an identity check; measured in
+    docs/performance.md, "Measured constants behind the code").
   * A node whose `record` is None sends its signature to JAX's own path for
     good (no fast-path data), except one left by a failed compile (reason
     "compile_failed"): the next call compiles again and replaces it.

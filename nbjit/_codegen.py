@@ -2,8 +2,9 @@
 (`nbjit._record`) are small functions compiled from templates.
 
 Compiled code is shared by every scope that runs the same source (compiling
-costs ~50 us, running it into a scope ~2): generated names stand for values
-the scope supplies, so the source depends only on a call's structure.
+costs far more than running the compiled code into a scope): generated names
+stand for values the scope supplies, so the source depends only on a call's
+structure.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The Python twin of `nbjit._kernels.description_distances` (tested to agree,
 tests/test_explain.py), in a module that imports neither numba nor jax: a
 miss with few cached entries finds its closest entry without loading numba
-(a fraction of a second at its first import).
+(whose first import is slow).
 
 A call description packs into one int64 row (nbjit/_explain.py builds it):
   header: [n_leaves, structure_id, keyword_names_id, statics_id, context_id]

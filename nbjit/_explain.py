@@ -49,16 +49,14 @@ logger = logging.getLogger("nbjit")
 __all__ = ["CallDescription", "LeafDescription", "describe_call", "explain",
            "explain_misses", "enabled"]
 
-# Measured crossover (bench_observe.ClosestEntry's setup and timed method,
-# min of 7 repeats in thread CPU time, 2-core machine at load ~9, 15:05
-# 2026-11-30): the Numba call costs ~9 us fixed, the Python loop ~0.04-0.07 us
-# per packed word. 1 leaf per entry: 30 entries (360 words) Python 24.6 vs
-# Numba 27.3 us, 100 entries (1200) 82.6 vs 31.9; 10 leaves: 3 entries (225)
-# 8.8 vs 9.9, 10 entries (750) 30.6 vs 12.5; 100 leaves: 1 entry (705) 35.6
-# vs 9.7; 1000 x 100 leaves 42.8 ms vs 1.2 ms. Numba from this many words on.
+# The crossover: the Numba call has a fixed cost that the Python loop, whose
+# cost grows per packed word, overtakes from about this many words on.
+# Measured by benchmarks/benchmarks/bench_observe.py ClosestEntry; the
+# numbers are in docs/performance.md#measured-constants-behind-the-code.
 NUMBA_CLOSEST_MIN_WORDS = 400
-# Past this many words the Python loop takes milliseconds per miss: Numba
-# then, even if it must be loaded first.
+# Past this many words the Python loop costs so much per miss (every miss is
+# explained) that loading numba soon pays for itself: Numba then, even if it
+# must be loaded first.
 PYTHON_CLOSEST_MAX_WORDS = 100_000
 
 _MAX_DIFFERENCES = 4  # differences named per message
@@ -162,7 +160,7 @@ def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
                   static_names: Sequence[str], context: tuple) -> CallDescription:
     """The description of one call (the original `args` and `kwargs`, statics included).
 
-    Called on misses only: flattening with paths costs tens of microseconds.
+    Called on misses only: flattening with paths costs more than a whole hit.
     """
     static_positions = set(static_positions)
     leaves: list[LeafDescription] = []
@@ -206,9 +204,10 @@ def closest(new: CallDescription, cached: Sequence[CallDescription]) -> tuple[in
     differing fields, leaves matched by path; on ties the last (pass `cached`
     oldest first, as `by_age` orders it, and the most recent wins).
 
-    The Numba kernel past the crossover, once numba is loaded (or the Python
-    loop would take milliseconds): every miss is explained for
-    `ranked_misses`, and loading numba takes a fraction of a second.
+    The Numba kernel past the crossover, once numba is loaded (or past
+    `PYTHON_CLOSEST_MAX_WORDS`, where the Python loop is slow enough that
+    loading numba pays off): every miss is explained for `ranked_misses`, and
+    loading numba is slow, so small caches never pay for it.
     """
     words = len(cached) * len(new.row)
     if words < NUMBA_CLOSEST_MIN_WORDS or (

@@ -60,7 +60,8 @@ JaxRuntimeError = jax.errors.JaxRuntimeError
 ExecuteResults = _jaxlib_ext.ExecuteResults
 # Frees Python objects whose last reference was dropped off the GIL (jaxlib's
 # PjitFunction calls its "maybe" twin on every call; without it a hit-only loop
-# grows resident memory ~70 bytes per call).
+# grows resident memory with every call; see docs/performance.md,
+# "Measured constants behind the code").
 collect_garbage = _jaxlib_ext.collect_garbage
 SingleDeviceSharding = jax.sharding.SingleDeviceSharding
 NamedSharding = jax.sharding.NamedSharding

@@ -16,7 +16,7 @@ Three families, each with the plain-Python front-end it needs beside it:
 
 Every kernel is `cache=True`: the first call in a fresh environment compiles
 (cold), later processes load the machine code from `__pycache__` (warm).
-Importing this module imports numba (~0.3 s); nbjit imports it lazily.
+Importing this module imports numba (slow to import); nbjit imports it lazily.
 """
 
 from __future__ import annotations
@@ -177,9 +177,10 @@ def numba_signature_key(leaves: Sequence[Leaf]) -> tuple[int, np.ndarray]:
     return int(key), buf
 
 
-# Measured crossover (bench_kernels.SignatureKey, 2-core CPU): the plain-Python
-# key wins below ~4 leaves (3.0 vs 7.4 us at 1 leaf), the Numba one above
-# (6.7 vs 20.5 us at 10 leaves, 0.55 vs 1.36 ms at 1000).
+# The crossover: the plain-Python key wins for few leaves (the Numba call's
+# fixed cost dominates), the Numba one from this many on. Measured by
+# benchmarks/benchmarks/bench_kernels.py SignatureKey; the numbers are in
+# docs/performance.md#measured-constants-behind-the-code.
 NUMBA_KEY_MIN_LEAVES = 4
 
 
@@ -399,7 +400,7 @@ _UINT_OF_ITEMSIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 # Compiled lazily, one specialisation per item size (and source layout) that is
-# used: explicit signatures would compile all of them at import (~5 s cold).
+# used: explicit signatures would compile all of them at import (seconds, cold).
 @njit(cache=True, nogil=True)
 def _gather_shards(src, starts, stops, offsets, out):
     """Any strides: element by element through 4-D indexing."""
@@ -416,7 +417,8 @@ def _gather_shards(src, starts, stops, offsets, out):
 @njit(cache=True, nogil=True)
 def _gather_dense_shards(src, strides, starts, stops, offsets, out):
     """Source memory dense (C or F order), given flat with element strides:
-    rows along a unit-stride last axis are copied as slices (2-3x faster)."""
+    rows along a unit-stride last axis are copied as slices (faster than
+    element by element; bench_kernels.Gather)."""
     s0, s1, s2, s3 = strides[0], strides[1], strides[2], strides[3]
     for s in range(starts.shape[0]):
         pos = offsets[s]

@@ -16,8 +16,9 @@ The dispatcher's side of the interface:
 
 The profile states its own overhead per call (`Profile.overhead_ns`): the
 time of a probe call shaped like a profiled hit (six clock reads, the
-record), measured each time a profile starts (~5 ms). It bounds both what
-profiling adds to a call and the part of a call outside its five phases.
+record), measured each time a profile starts (a short calibration, paid
+once per profile, not per call). It bounds both what profiling adds to a
+call and the part of a call outside its five phases.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class Profile:
     def __enter__(self) -> Profile:
         global _active
         with _lock:
-            self.overhead_ns = _measure_overhead()  # ~5 ms, under the load of the moment
+            self.overhead_ns = _measure_overhead()  # under the machine's current load
             first = not _active
             _active = (*_active, self)
             if first:

@@ -118,8 +118,9 @@ class HostInput:
     """A host value bound for one device, at `index` of the inputs.
 
     The value goes to `batched_device_put` as it is: jaxlib converts it to
-    `aval`'s (canonical) dtype itself, which costs ~1 us less per leaf than
-    converting it in numpy first. A numpy array is copied during the call
+    `aval`'s (canonical) dtype itself, which costs less per leaf than
+    converting it in numpy first (docs/performance.md, "Measured constants
+    behind the code"). A numpy array is copied during the call
     (never aliased: the caller may mutate it as soon as the call returns);
     a scalar cannot be aliased.
 
@@ -131,7 +132,7 @@ class HostInput:
     handed to the caller. A guarded transfer (log, disallow) always goes
     through `batched_device_put`, which applies the guard as jaxlib does.
 
-    The array memo costs ~0.9 us a call (copy out the bytes, compare, keep
+    The array memo has a cost per call (copy out the bytes, compare, keep
     them), all of it wasted in a loop that passes new values every call.
     After `MEMO_PATIENCE` misses in a row it sleeps for `MEMO_REST` calls
     (plain transfers), then looks again: values that start repeating are

@@ -4,9 +4,9 @@ The counters live with a cache namespace (`nbjit._cache.Counters`: a
 function and its jit options; twins, two `jit` objects over the same
 function with the same options, share one namespace and so one record). A
 hit costs one attribute increment on the node it ran (``node.hits += 1``:
-the node is already in a local, so this skips a ``self._counters`` load;
-measured on args_1 before the binder rewrite, 1.011 vs 1.019 for
-``self._counters.hits += 1``); a node's hits move into the counters when it
+the node is already in a local, so this skips the ``self._counters`` load
+that ``self._counters.hits += 1`` pays; docs/performance.md, "Measured
+constants behind the code"); a node's hits move into the counters when it
 leaves the cache. Misses, slow calls and evictions are counted on their own
 (already slow) paths, and `calls` is derived: hits + misses + slow.
 

@@ -46,14 +46,14 @@ _ALIGN = 64  # bytes; the CPU client uses host memory in place when aligned to t
 _PLAN_CACHE_SIZE = 4096
 _SCALAR_TYPES = (bool, int, float, complex)
 
-# Big arrays (measured on a 2-core host, put alone, serial = 1):
-# from PARALLEL_COPY_MIN_BYTES the copy into staging is split into ~2 MiB
-# chunks that this thread and up to _COPY_THREADS - 1 copy threads claim
-# (put 0.81-0.86x at 8-25 MiB, 0.56x at 64 MiB; below 8 MiB the handoff cost
-# more than it saved), and staging buffers from STAGING_POOL_MIN_BYTES are
-# reused once the runtime has let go of them (a fresh buffer is memory the
-# kernel faults in and zeroes: put 0.69x at 64 MiB; two threads faulting a
-# fresh buffer were erratic, so both thresholds are equal).
+# Big arrays: from PARALLEL_COPY_MIN_BYTES the copy into staging is split
+# into chunks of about _COPY_CHUNK_BYTES that this thread and up to
+# _COPY_THREADS - 1 copy threads claim (below it the handoff costs more than
+# it saves), and staging buffers from STAGING_POOL_MIN_BYTES are reused once
+# the runtime has let go of them (a fresh buffer is memory the kernel faults
+# in and zeroes; two threads faulting a fresh buffer were erratic, so both
+# thresholds are equal). The measurements behind both thresholds:
+# docs/performance.md#measured-constants-behind-the-code.
 PARALLEL_COPY_MIN_BYTES = 8 << 20
 STAGING_POOL_MIN_BYTES = 8 << 20
 _STAGING_POOL_PER_SIZE = 2  # buffers kept per staging size (double buffering)
@@ -69,10 +69,11 @@ SINGLE_DEVICE_PLAN_MIN_BYTES = 20 << 20
 through `plan_for(SingleDeviceSharding(d), shape, dtype).put(x)` (aligned
 pooled staging, filled by the parallel copy, used in place) than through a
 plain `batched_device_put` of the input (the runtime copies a misaligned
-input itself). Measured as put + jitted `a * 2`, plan/plain: 1.15-1.26 from
-4 KiB to 4 MiB, 1.02-1.07 at 16 MiB, 0.91 at 24.5 MiB, 0.63 at 32-64 MiB."""
+input itself); below it the plan measured slower than the plain put.
+Measured as put + jitted `a * 2`, plan against plain; the ratios are in
+docs/performance.md#measured-constants-behind-the-code."""
 
-_kernels = None  # nbjit._kernels, imported on first plan (numba costs ~0.3 s to import)
+_kernels = None  # nbjit._kernels, imported on first plan (importing numba is not cheap)
 _kernels_lock = threading.Lock()
 
 
@@ -90,8 +91,9 @@ def _load_kernels():
 def warm_kernels() -> None:
     """Imports numba and loads (or, cold, compiles) the plan kernels now.
 
-    The first plan otherwise pays this on first use: ~0.8 s warm (numba's
-    import and target initialisation), several seconds cold (compilation).
+    The first plan otherwise pays this on first use: numba's import and
+    target initialisation (warm), plus compilation (cold, much longer);
+    docs/performance.md, "Numba kernels: first-call cost".
     """
     kernels = _load_kernels()
     domains = kernels.index_domains(np.array([8], np.int64), np.array([2], np.int64),
@@ -182,7 +184,7 @@ class ShardingPlan:
         shards = [np.ndarray(s, dtype, buffer=staging, offset=o)
                   for s, o in zip(self._shard_shapes, self._byte_offsets, strict=True)]
         flags = x.flags
-        # Column-major sources: the Numba gather is ~1.5x numpy's copy.
+        # Column-major sources: the Numba gather beats numpy's copy.
         # Row-major and other strides: numpy's per-shard copy runs at memcpy
         # speed and, with <= 8 shards, costs less than one Numba call even at
         # 64x64 (bench_kernels.Gather).

@@ -105,11 +105,12 @@ def _twice(x):
 
 
 # Host inputs at a fixed alignment. jaxlib's fast path uses a 64-byte aligned
-# numpy array in place (no copy: ~2 us less per small input) and copies any
-# other; numpy places 1 in 4 arrays up to ~1 MB on a 64-byte boundary (and
-# large mmap'd ones almost never), so with fresh arrays a row's jax.jit time
-# changed between builds (numpy_args_2 read 1.04 or 1.14 by chance). Every
-# numpy input here sits 16 bytes past a 64-byte boundary: the usual case.
+# numpy array in place (no copy, so cheaper per small input) and copies any
+# other; numpy places only some fresh arrays on a 64-byte boundary (and large
+# mmap'd ones almost never), so with fresh arrays a row's jax.jit time
+# changed between builds by chance (docs/performance.md, "Measured constants
+# behind the code"). Every numpy input here sits 16 bytes past a 64-byte
+# boundary: the usual case.
 HOST_OFFSET = 16
 
 

@@ -4,7 +4,7 @@ A speed claim here is a ratio against a reference measured in the same
 process, interleaved: each round times ``k`` calls of every contender back to
 back, rotating which one goes first, and the claim is the median of the
 per-round ratios with its p10-p90 spread. Absolute times on shared machines
-drift by 2x between runs; the ratio of two things timed a few milliseconds
+drift a lot between runs; the ratio of two things timed a few milliseconds
 apart does not.
 
 Pure Python + numpy: nothing here knows about JAX. Contenders are zero-argument
