@@ -60,13 +60,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="multi-controller: processes also compare the bytes of host inputs "
                    "at each miss (docs/multi-controller.md)")
     r.add_argument("target", help="script path, or module name with -m")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     m = sub.add_parser(
         "report", help="merge the per-process reports of a multi-controller run",
         description="Print one dispatch report from the JSON reports that "
         "`python -m nbjit run --json FILE` wrote in each process (FILE.0, FILE.1, ...).")
     m.add_argument("reports", nargs="+", metavar="FILE", help="per-process JSON reports")
     m.add_argument("--json", metavar="FILE", help="also write the merged report as JSON")
-    r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
 
 

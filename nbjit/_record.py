@@ -528,28 +528,26 @@ def private_host_copies(args: tuple, kwargs: dict, static_positions: Sequence[in
     are left alone (they enter keys by ``==``). Arguments with no numpy
     array in them are returned as they are (same objects).
     """
-    new_args = None
-    for i, x in enumerate(args):
+    changed_args = _private_changes(enumerate(args), static_positions)
+    changed_kwargs = _private_changes(kwargs.items(), static_names)
+    if changed_args:
+        args = tuple(changed_args.get(i, x) for i, x in enumerate(args))
+    if changed_kwargs:
+        kwargs = {**kwargs, **changed_kwargs}
+    return args, kwargs
+
+
+def _private_changes(items: Any, static: Sequence[Any]) -> dict:
+    """position or name -> private copy, for the dynamic arguments with numpy in them."""
+    changed = {}
+    for where, x in items:
         t = type(x)
-        if t is ArrayImpl or t in _PYTHON_SCALAR_DTYPES or i in static_positions:
+        if t is ArrayImpl or t in _PYTHON_SCALAR_DTYPES or where in static:
             continue
         y = _private_tree(x)
         if y is not x:
-            if new_args is None:
-                new_args = list(args)
-            new_args[i] = y
-    new_kwargs = None
-    for k, x in kwargs.items():
-        t = type(x)
-        if t is ArrayImpl or t in _PYTHON_SCALAR_DTYPES or k in static_names:
-            continue
-        y = _private_tree(x)
-        if y is not x:
-            if new_kwargs is None:
-                new_kwargs = dict(kwargs)
-            new_kwargs[k] = y
-    return (args if new_args is None else tuple(new_args),
-            kwargs if new_kwargs is None else new_kwargs)
+            changed[where] = y
+    return changed
 
 
 def _private_tree(x: Any) -> Any:
