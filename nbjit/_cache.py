@@ -7,8 +7,10 @@ the result handlers hand back the same sharding objects on every call.
 Nodes with the same key form a chain from `Namespace.entries[key]`.
 
 Invariants:
-  * Only the miss path (`nbjit.dispatch`) links nodes; a node's key, context
-    and record never change after it is linked. A hit stores its (equal)
+  * Only the miss path (`nbjit.dispatch`) links nodes; a node's key and
+    context never change after it is linked, and its record (frozen) is
+    only ever replaced whole, by one attribute store (packed host inputs,
+    `nbjit._packed`), never edited. A hit stores its (equal)
     shardings list in the node, so that the next call's comparison is by
     identity (`jax.device_put` hands out equal but distinct sharding objects,
     whose ``==`` costs far more than an identity check; measured in

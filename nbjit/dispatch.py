@@ -13,7 +13,8 @@ signature that cannot take the fast path, goes to `_miss_or_slow`.
 
 Invariants:
   * Only the miss path links nodes into the cache (`nbjit._cache`); a
-    node's record (`nbjit._record.FastPath`) never changes.
+    node's record (a frozen `nbjit._record.FastPath`) is only ever replaced
+    whole, in one attribute store (packed host inputs, `nbjit._packed`).
   * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
   * JAX's own path answers everything else, so JAX raises what it raises.
 """
