@@ -47,7 +47,10 @@ HEADLINE: list[tuple[str, str]] = [
     ("static_args_kwargs", "static argument + keywords"),
     ("numpy_args_2", "2 numpy arrays, same values each call"),
     ("numpy_args_2_new_values", "2 numpy arrays, new values each call"),
+    ("python_scalars_2_new_values", "2 Python scalars, new values each call"),
     ("workload_train_step", "train step: params + new numpy batch"),
+    ("workload_env_step", "env step: 3-array state + new int, float"),
+    ("workload_static_config", "static config + one new numpy batch"),
     ("workload_data_parallel_8_devices", "new numpy batch sliced over 8 devices"),
     ("jit_dispatch_with_transfer", "one 25 MB numpy array"),
 ]
