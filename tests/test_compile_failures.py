@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _diff import assert_same_outputs
 
 import nbjit
-from tests._diff import assert_same_outputs
 
 
 class _FailsOnce:

@@ -9,14 +9,13 @@ through a `ShardingPlan` instead. Every test compares with jax.jit.
 
 from __future__ import annotations
 
-import threading
-
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from _diff import assert_same_outputs, steps_of
+from _threads import run_threads
 from hypothesis import given, settings
 from jax import lax
 
@@ -163,24 +162,15 @@ def test_no_memo_for_donating_functions_or_big_inputs():
 def test_threads_passing_different_values():
     f = nbjit.jit(lambda x, y: x * 1000 + y)
     f(np.float32(0), np.arange(3, dtype=np.float32))
-    errors = []
 
     def work(t):
-        try:
-            y = np.arange(3, dtype=np.float32) + t
-            for i in range(200):
-                out = np.asarray(f(np.float32(t), y))
-                expected = np.float32(t) * 1000 + y
-                if not np.array_equal(out, expected):
-                    errors.append((t, i, out, expected))
-        except Exception as error:  # pragma: no cover - reported below
-            errors.append(error)
+        y = np.arange(3, dtype=np.float32) + t
+        for i in range(200):
+            out = np.asarray(f(np.float32(t), y))
+            expected = np.float32(t) * 1000 + y
+            assert np.array_equal(out, expected), (t, i, out, expected)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = run_threads(work, 4)
     assert not errors, errors[:3]
     assert f.miss_count == 1
 

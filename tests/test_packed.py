@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import warnings
 
 import jax
@@ -19,11 +18,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _diff import assert_same_call, assert_same_outputs
+from _threads import run_threads
 
 import nbjit
 from nbjit import _packed
 from nbjit import sharding as _sharding
-from tests._diff import assert_same_call, assert_same_outputs
 
 CALLS = 3 * _packed.PACK_AFTER  # enough fresh calls to pack, then run packed
 
@@ -353,28 +353,20 @@ def test_threads_sharing_one_function():
         return a * s + b, jnp.sum(a)
 
     f, g = nbjit.jit(fn), jax.jit(fn)
-    errors = []
 
     def worker(seed):
         rng = np.random.default_rng(seed)
-        try:
-            for i in range(80):
-                a = rng.standard_normal(6).astype(np.float32)
-                b = rng.standard_normal(6).astype(np.float32)
-                s = float(i) + seed
-                expected = g(a.copy(), b.copy(), s)
-                out = f(a, b, s)
-                a[:] = 0  # the caller reuses its buffers at once
-                b[:] = 0
-                assert_same_outputs(out, expected)
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for i in range(80):
+            a = rng.standard_normal(6).astype(np.float32)
+            b = rng.standard_normal(6).astype(np.float32)
+            s = float(i) + seed
+            expected = g(a.copy(), b.copy(), s)
+            out = f(a, b, s)
+            a[:] = 0  # the caller reuses its buffers at once
+            b[:] = 0
+            assert_same_outputs(out, expected)
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_threads(worker, 4)
     assert _packed.wait(120)
     assert not errors, errors[0]
     assert f.stats().packed_compiles == 1

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _diff import assert_same_call, assert_same_outputs
 
 import nbjit
-from tests._diff import assert_same_call, assert_same_outputs
 
 
 def _bump_and_matmul(r, w, x):

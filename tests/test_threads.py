@@ -14,32 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _diff import assert_same_outputs
+from _threads import JOIN_TIMEOUT, run_threads
 
 import nbjit
-
-JOIN_TIMEOUT = 120.0  # seconds; generous (shared 2-core machine), only bounds a deadlock
-
-
-def _run_threads(target, n: int) -> list[BaseException]:
-    """Runs `target(i)` in `n` threads started together; returns their errors."""
-    barrier = threading.Barrier(n)
-    errors: list[BaseException] = []
-
-    def body(i: int) -> None:
-        try:
-            barrier.wait(timeout=JOIN_TIMEOUT)
-            target(i)
-        except BaseException as e:  # noqa: BLE001  (reported by the main thread)
-            errors.append(e)
-
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_TIMEOUT)
-    stuck = [t.name for t in threads if t.is_alive()]
-    assert not stuck, f"threads still running after {JOIN_TIMEOUT}s (deadlock?): {stuck}"
-    return errors
 
 
 def _double_plus_one(x):
@@ -85,7 +62,7 @@ def test_eight_threads_mixed_signatures_compile_once():
         for k in order:
             assert_same_outputs(jitted(cases[k]), expected[k])
 
-    errors = _run_threads(worker, 8)
+    errors = run_threads(worker, 8)
     assert not errors, errors[0]
     assert len(traces) == len(cases), traces
     assert set(traces.values()) == {1}, f"a signature traced more than once: {traces}"
@@ -110,7 +87,7 @@ def test_upstream_also_traces_once_per_signature():
         for x in cases:
             jitted(x)
 
-    assert not _run_threads(worker, 8)
+    assert not run_threads(worker, 8)
     assert set(traces.values()) == {1} and len(traces) == len(cases)
     assert jitted._cache_size() == len(cases)
 
@@ -169,7 +146,7 @@ def test_many_threads_wait_on_one_compile():
     jitted = nbjit.jit(f)
     x = np.ones((4, 4), np.float32)
     results: list = []
-    errors = _run_threads(lambda i: results.append(jitted(x, x)), 8)
+    errors = run_threads(lambda i: results.append(jitted(x, x)), 8)
     assert not errors, errors
     assert len(traces) == 1 and jitted.miss_count == 1 and jitted._cache_size() == 1
     for out in results:
@@ -252,7 +229,7 @@ def test_eviction_and_clearing_under_contention():
     clearing = threading.Thread(target=clearer, daemon=True)
     clearing.start()
     try:
-        errors = _run_threads(worker, 6)
+        errors = run_threads(worker, 6)
     finally:
         stop.set()
         clearing.join(JOIN_TIMEOUT)
