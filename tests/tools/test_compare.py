@@ -409,3 +409,17 @@ def test_the_dispatcher_never_imports_the_bench_package():
             "assert nbjit.CompareResult.__module__ == 'nbjit.bench.user'\n"
             "assert 'nbjit.bench' in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_settle_brings_fresh_host_inputs_to_their_steady_state():
+    """Before timing, each contender runs long enough for nbjit to pack fresh
+    host inputs and the packed compile to finish (a quick run measured the
+    per-leaf path otherwise)."""
+    import nbjit
+    from nbjit.bench import runner
+
+    f = nbjit.jit(lambda a, b: a + b)
+    rng = np.random.default_rng(0)
+    runner._settle(lambda: f(rng.standard_normal(8).astype(np.float32),
+                             rng.standard_normal(8).astype(np.float32)))
+    assert f.stats().packed_compiles == 1
