@@ -44,6 +44,8 @@ from nbjit._keys import (
     SIGNATURE_SCOPE,
     UNROLL_MAX,
     flat_reads,
+    learn_mixed_keyer,
+    mixed_keyers,
     mixed_signatures,
     treedef_id,
     tuple_source,
@@ -205,9 +207,12 @@ _READ_FLATTENED = """\
                 except AttributeError:
                     pass
             if signatures is None:
-                mixed = mixed_signatures(leaves)
-                if mixed is None:
-                    return {via_unkeyable}args, kwargs, leaves)
+                if (keyer := mixed_keyers_get(tid)) is None or (mixed := keyer(leaves)) is None:
+                    mixed = mixed_signatures(leaves)
+                    if mixed is None:
+                        return {via_unkeyable}args, kwargs, leaves)
+                    if keyer is None:
+                        learn_mixed_keyer(tid, leaves)
                 signatures, shardings = mixed
             key = (LEAVES, KEY_SHAPE, {static_key}, tid, signatures)
 """
@@ -319,6 +324,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
              "flatten": _jax.flatten_for_dispatch,
              "treedef_ids_get": treedef_ids.get, "treedef_id": treedef_id,
              "mixed_signatures": mixed_signatures, "LEAF_TYPES": LEAF_TYPES,
+             "mixed_keyers_get": mixed_keyers.get, "learn_mixed_keyer": learn_mixed_keyer,
              "sequence_keyers_get": SEQUENCE_KEYERS.get,
              "LEAVES_TREEDEF_ID": split.leaves_treedef_id(), "refuse": _refuse}
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"

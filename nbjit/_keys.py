@@ -36,8 +36,8 @@ from nbjit._codegen import run_source
 from nbjit._record import canonical_dtypes, host_dtype
 
 __all__ = ["LEAF_TYPES", "LEAVES", "SEQUENCE", "SEQUENCE_KEYERS", "SIGNATURE", "SIGNATURE_SCOPE",
-           "UNROLL_MAX", "flat_reads", "leaf_signature", "mixed_signatures", "treedef_id",
-           "tuple_source"]
+           "UNROLL_MAX", "flat_reads", "leaf_signature", "learn_mixed_keyer", "mixed_keyers",
+           "mixed_signatures", "treedef_id", "tuple_source"]
 
 ArrayImpl = _jax.ArrayImpl
 LEAVES = object()  # first item of every leaves/flattened key
@@ -139,6 +139,68 @@ def mixed_signatures(leaves):
 """
 mixed_signatures: Callable[[list], tuple[tuple, list] | None] = run_source(
     _MIXED_SIGNATURES, "mixed_signatures", dict(SIGNATURE_SCOPE))["mixed_signatures"]
+
+
+# Keyers of one treedef's mixed leaves: `mixed_signatures` unrolled for the
+# leaf types the treedef's first mixed call had (a dict of jax.Arrays and a
+# numpy batch, say), each leaf in a local and its type checked. A call whose
+# leaves have other types gets None and takes `mixed_signatures`. Only dtypes
+# whose canonical dtype does not depend on x64 are checked by identity.
+MIXED_KEYER_MAX_LEAVES = UNROLL_MAX
+_MIXED_KEYERS_MAX = 4096
+
+
+def _no_keyer(leaves: list) -> None:
+    return None
+
+
+def _mixed_keyer_source(leaves: list) -> tuple[str, dict] | None:
+    names = [f"x{i}" for i in range(len(leaves))]
+    checks, signatures, shardings, scope = [], [], [], {}
+    for i, (name, x) in enumerate(zip(names, leaves, strict=True)):
+        t = type(x)
+        if t is ArrayImpl:
+            checks.append(f"type({name}) is ArrayImpl")
+            signatures.append(f"({name}.aval, {name}._committed)")
+            shardings.append(f"{name}._sharding")
+        elif t in _PYTHON_SCALARS:
+            checks.append(f"type({name}) is T{i}")
+            signatures.append(f"T{i}")
+            scope[f"T{i}"] = t
+        elif t is np.ndarray:
+            dtype = x.dtype
+            canonical = {x64: canonical_dtypes[x64].get(dtype) for x64 in (False, True)}
+            if canonical[False] is None or canonical[False] != canonical[True]:
+                return None
+            checks.append(f"type({name}) is ndarray and {name}.dtype is D{i}")
+            signatures.append(f"(C{i}, {name}.shape)")
+            scope[f"D{i}"], scope[f"C{i}"] = dtype, canonical[False]
+        else:
+            return None
+    source = (f"def keyer(leaves):\n    {tuple_source(names)[1:-1]} = leaves\n"
+              f"    if {' and '.join(checks)}:\n"
+              f"        return {tuple_source(signatures)}, [{', '.join(shardings)}]\n"
+              f"    return None\n")
+    return source, {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray, **scope}
+
+
+def learn_mixed_keyer(tid: int, leaves: list) -> None:
+    """Builds the keyer of treedef `tid` from one call's leaves (see above)."""
+    keyer: Callable[[list], Any] = _no_keyer
+    if 0 < len(leaves) <= MIXED_KEYER_MAX_LEAVES:
+        for x64 in (False, True):  # the canonical dtypes of both settings, seen once
+            for x in leaves:
+                if type(x) is np.ndarray:
+                    host_dtype(x, canonical_dtypes[x64])
+        made = _mixed_keyer_source(leaves)
+        if made is not None:
+            keyer = run_source(made[0], f"mixed keyer {len(leaves)}", made[1])["keyer"]
+    if len(mixed_keyers) >= _MIXED_KEYERS_MAX:
+        mixed_keyers.clear()
+    mixed_keyers[tid] = keyer
+
+
+mixed_keyers: dict[int, Callable[[list], Any]] = {}  # treedef id -> keyer (ids are never reused)
 
 
 # ---------------------------------------------------------------------------

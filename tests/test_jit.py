@@ -848,3 +848,47 @@ def test_leaves_keyed_inline_have_leaf_signatures():
             continue  # the all-array form: bare (aval, committed) pairs
         assert node.key[0] is _keys.LEAVES and node.key[-1] == expected
         assert _keys.mixed_signatures([a, b])[0] == expected
+
+
+def test_mixed_keyers_key_as_mixed_signatures():
+    """A treedef's mixed leaves are keyed by a keyer unrolled for the types its
+    first mixed call had: the same signatures and shardings as
+    `mixed_signatures` for every kind of leaf; leaves of other types take
+    `mixed_signatures`. No keyer for numpy scalars or for a dtype whose
+    canonical form depends on x64 (float64)."""
+    kinds = [jnp.ones(2), np.ones(2, np.float32), np.ones(2, np.float64), np.ones((1, 2), bool),
+             np.ones(2, ml_dtypes.bfloat16), np.float16(1), True, 3, 2.5, 1j]
+
+    def pattern(leaves):
+        return [(type(u), getattr(u, "dtype", None)) for u in leaves]
+
+    for tid, (a, b) in enumerate(itertools.product(kinds, repeat=2), start=1 << 40):
+        _keys.learn_mixed_keyer(tid, [a, b])
+        keyer = _keys.mixed_keyers.pop(tid)
+        learnt = not any(isinstance(u, np.generic) or getattr(u, "dtype", None) == np.float64
+                         for u in (a, b) if not isinstance(u, jax.Array))
+        assert (keyer is not _keys._no_keyer) == learnt, (a, b)
+        for x64 in (False, True):
+            with jax.enable_x64(x64):
+                for c, d in itertools.product(kinds, repeat=2):
+                    got = keyer([c, d])
+                    if learnt and pattern([c, d]) == pattern([a, b]):
+                        assert got == _keys.mixed_signatures([c, d]), (a, b, c, d)
+                    else:
+                        assert got is None, (a, b, c, d)
+
+
+def test_a_pytree_with_host_leaves_is_keyed_by_its_keyer():
+    """The flattened form learns a keyer on its first mixed call; a hit then
+    keys through it (same key), and another leaf type still hits its own entry."""
+    f_nb, f_jax = both(lambda p, x: (p["w"] * x, p["b"] + 1))
+    params = {"w": jnp.ones(3), "b": jnp.zeros(3)}
+    x = np.arange(3, dtype=np.float32)
+    assert_same_call(f_nb, f_jax, params, x)
+    node, _ = f_nb._entry_for((params, x), {})
+    assert node.key[3] in _keys.mixed_keyers
+    for _ in range(3):
+        assert_same_call(f_nb, f_jax, params, x + 1)
+    assert_same_call(f_nb, f_jax, params, 2.5)  # a Python float: the keyer refuses, a miss
+    assert_same_call(f_nb, f_jax, params, 3.5)
+    assert f_nb.miss_count == 2 and node.hits == 3
