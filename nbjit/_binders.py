@@ -125,6 +125,8 @@ _HIT_TEMPLATE = """\
     except Exception as error:
         return {via_failed}error, args, kwargs, inputs)
 {stamp_execute}    outs = consume(results, record.out_handlers)
+    if record.fence is not None:  # resident host inputs: their slot is free once this is ready
+        record.fence(inputs, outs)
     node.hits += 1
 {finish}"""
 

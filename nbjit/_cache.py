@@ -50,7 +50,7 @@ class Counters:
     """
 
     __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
-                 "evicted", "packed_compiles", "packed_seconds")
+                 "evicted", "packed_compiles", "packed_seconds", "resident")
 
     EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit._explain)
 
@@ -66,6 +66,7 @@ class Counters:
         self.miss_seconds = 0.0
         self.packed_compiles = 0  # packed executables compiled (nbjit._packed)
         self.packed_seconds = 0.0
+        self.resident = 0  # signatures given resident host inputs (nbjit._packed)
         self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
 
     def count_slow(self, reason: str) -> None:

@@ -1,10 +1,28 @@
-"""Packed host inputs: a signature's small host leaves in one transfer per call.
+"""Fresh host values without a transfer per leaf: resident slots, else packing.
 
 Every host leaf (a numpy array or scalar, a Python scalar) bound for one
 device normally becomes its own device buffer, one put each. When a cached
-signature keeps bringing new host values, its small host leaves are copied
-into one pooled, 64-byte-aligned staging buffer instead (each leaf at a
-64-byte-aligned offset, in its canonical dtype), the buffer is put once,
+signature keeps bringing new host values, its small host leaves take one
+of two ways instead, tried in this order:
+
+**Resident slots** (no compile; where a zero-copy put aliases host memory,
+i.e. the CPU). A slot is a 64-byte-aligned staging buffer with, made once,
+a device array over each leaf's view of it (each leaf at a 64-byte-aligned
+offset, in its canonical dtype). A call writes its host values into a free
+slot and runs the signature's own executable on the slot's arrays: no
+transfer at all. A slot is free again once the last call that read it is
+done, which its *fence* tells: that call's smallest output (at most
+`FENCE_MAX_BYTES`), kept by the slot until it is reused, since every
+output of a computation is ready exactly when the computation is. A fence
+that was deleted (donated elsewhere) cannot tell, so its slot is retired;
+after `ResidentSlots.MAX_RETIRED` retired slots the signature goes back to
+its per-leaf puts. At most `RESIDENT_CAP` slots per signature; a call that
+finds none free takes the per-leaf path. The first resident call checks
+that no output aliases a slot (XLA's outputs are new buffers unless
+donated, and nothing here donates).
+
+**Packing** (where slots cannot be: a device with memory of its own). The
+small host leaves are copied into one pooled staging buffer, put once,
 zero copy, and a second executable runs:
 
     g(packed, *other_leaves) = f_jaxpr(*unpack(packed), *other_leaves)
@@ -16,18 +34,19 @@ by the original record's result handlers, so values, dtypes, weak types,
 shardings, committedness and the tree are the original's.
 
 Policy (`Plan.fresh`):
-  * armed on a miss whose record has at least two packable host leaves
+  * armed on a miss whose record has a host leaf that qualifies
     (`SLOT_MAX_BYTES` each, `TOTAL_MAX_BYTES` together; a dtype whose bits
     XLA stores as numpy does), all inputs and outputs on one device, no
-    donation, no explicit in/out shardings; one host leaf gains nothing
-    from packing and is left to its own put;
+    donation, no explicit in/out shardings; packing needs two such leaves
+    (one leaf would still cost one put);
   * when the memo (`nbjit._record.HostInput`) has seen `PACK_AFTER` new
     values within ``2 * PACK_AFTER`` calls (leaves too big for a memo:
-    after `PACK_AFTER` calls), the next call starts the compile of the
-    packed executable on a thread of its own (XLA compiles without the
-    GIL) and calls go on on the per-leaf path; when it is done the node's
-    record is replaced (`node.record = packed`, one attribute store; the
-    hit path reads it once per call);
+    after `PACK_AFTER` calls), the next call makes the slots (a few puts,
+    once) and the node's record resident (`node.record = resident`, one
+    attribute store; the hit path reads it once per call); where slots
+    cannot be, it starts the compile of the packed executable on a thread
+    of its own (XLA compiles without the GIL) and calls go on on the
+    per-leaf path until it is done;
   * the thread compiles in the caller's exact trace context: it enters
     every config State of `trace_context()` with the node's value, then
     compiles only if its own `trace_context()` equals the node's context
@@ -37,27 +56,28 @@ Policy (`Plan.fresh`):
     False` does that always);
   * a compile that fails leaves the signature on its per-leaf path for
     good; an interrupted one (KeyboardInterrupt) re-arms it.
-Never packed: donation, effects (no fast path at all), debug_nans/infs
-(those calls never reach a record), more than one device, explicit
-layouts (no record either), dtypes not in `_PACKABLE_KINDS`.
+Never: donation, effects (no fast path at all), debug_nans/infs (those
+calls never reach a record), more than one device, explicit layouts (no
+record either), dtypes not in `_PACKABLE`.
 
-Per call the packed record claims a staging buffer from its
+Per call a packed record claims a staging buffer from its
 `nbjit.sharding.HostStaging` pool (reused only once nothing else holds
-it), writes every packed leaf into its slot (numpy's casts, as jaxlib's
-conversion of a host value), puts it, and hands the executable the packed
-buffer and the other inputs. A value the slot write would not convert as
-jaxlib does (a Python float beyond float32's range, an int that
-overflows), and any active host-to-device transfer guard, send the call to
-JAX's own path, which converts, logs or raises as jax.jit does.
+it), a resident one a slot; either writes every leaf into its view
+(numpy's casts, as jaxlib's conversion of a host value). A value the write
+would not convert as jaxlib does (a Python float beyond float32's range,
+an int that overflows), and any active host-to-device transfer guard, send
+the call to JAX's own path, which converts, logs or raises as jax.jit does.
 
 Switch: ``NBJIT_PACK_HOST_INPUTS=0`` in the environment (read at import),
 or `set_enabled(False)` at run time (no new plans are armed; records
-already packed stay packed until their entries are cleared).
+already resident or packed stay so until their entries are cleared);
+`RESIDENT = False` skips slots (packing only, as on a device without them).
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import dataclasses
 import os
@@ -65,6 +85,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -85,6 +106,10 @@ TOTAL_MAX_BYTES = 256 << 10  # a packed buffer's size limit
 BACKGROUND = True
 POOL_CAP = 64  # staging buffers pooled per packed record (calls in flight beyond: fresh ones)
 POOL_MAX_BYTES = 4 << 20  # ... and at most this many bytes of them
+# Resident host inputs (see "Resident slots"): tried before packing; False packs.
+RESIDENT = True
+RESIDENT_CAP = 8  # slots per signature (calls in flight beyond: per-leaf puts)
+FENCE_MAX_BYTES = 64 << 10  # the output a slot keeps alive to know its call is done
 _ALIGN = 64
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _COPY_DURING_CALL = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
@@ -212,7 +237,8 @@ class Plan:
 
     __slots__ = ("node_ref", "record", "jaxpr", "slots", "n_leaves", "options", "counters",
                  "out_avals", "out_shardings", "device_sharding", "state", "count",
-                 "window_start", "lock", "builder", "counter", "name", "sync", "__weakref__")
+                 "window_start", "lock", "builder", "counter", "name", "sync", "fastpath",
+                 "resident", "__weakref__")
 
     def __init__(self, node: Any, record: Any, jaxpr: Any, slots: list[_Slot], n_leaves: int,
                  options: dict, counters: Any, fastpath: Any, device_sharding: Any) -> None:
@@ -225,6 +251,8 @@ class Plan:
         self.counters = counters
         self.out_avals = list(fastpath.out_avals)
         self.out_shardings = list(fastpath.out_shardings)
+        self.fastpath = fastpath
+        self.resident: ResidentSlots | None = None
         self.device_sharding = device_sharding
         self.name = "function"
         self.sync = False  # compile on the calling thread (see `_start_background`)
@@ -276,6 +304,13 @@ class Plan:
     def _build_then_prepare(self, leaves: list) -> list:
         if self.lock.acquire(blocking=False):
             try:
+                if self.state == _DUE and RESIDENT and not self.sync:
+                    self._try_resident(leaves)
+                if self.state == _DUE and self.jaxpr is None:  # one leaf: nothing to pack
+                    self.state = _DONE
+                    node = self.node_ref()
+                    if node is not None and node.record is self.builder:
+                        node.record = self.record
                 if self.state == _DUE:
                     if BACKGROUND and not self.sync:
                         self._start_background(leaves)
@@ -284,6 +319,20 @@ class Plan:
             finally:
                 self.lock.release()
         return self.record.prepare(leaves)
+
+    def _try_resident(self, leaves: list) -> None:
+        """Makes the node's record resident (no compile) where this device allows it."""
+        node = self.node_ref()
+        if node is None:
+            return
+        try:
+            record = _resident_record(self, leaves)
+        except Exception:  # never breaks a call: packing (or today's path) goes on
+            record = None
+        if record is not None and node.record is self.builder:
+            self.state = _DONE
+            node.record = record  # one attribute store
+            self.counters.resident += 1
 
     def _start_background(self, leaves: list) -> None:
         """Compiles on a thread of its own while calls take today's path.
@@ -476,6 +525,274 @@ def _packed_preparer(slots: list[_Slot], n_leaves: int, inner: Any, staging: Any
 
 
 # ---------------------------------------------------------------------------
+# Resident slots
+#
+# On a device whose zero-copy put aliases host memory (the CPU), a slot is a
+# staging buffer with a device array over each leaf's view of it, made once.
+# A call writes its host values into a free slot and hands the executable
+# the slot's arrays: no transfer at all, and the signature's own executable.
+# A slot is free once the last call that read it is done. That call's
+# smallest output (the *fence*, kept by the slot) says so: every output of
+# a computation is ready exactly when the computation is. A fence that was
+# deleted (donated, say) says nothing, so its slot is never used again.
+
+
+_RETIRED = object()  # the fence of a slot that is never used again
+
+_RESIDENT_TEMPLATE = """\
+def prepare(leaves):
+{unpack}    if guard.value is not None and not unguarded():
+        raise Refused  # a guarded transfer: JAX's path logs or raises per leaf
+    try:
+        slot = popleft()
+    except IndexError:
+        slot = claim(None)
+    else:
+        if (fence := slot[0]) is not None:
+            try:
+                busy = not ready(fence)
+            except Exception:  # a deleted fence cannot tell: claim retires the slot
+                busy, slot[0] = True, RETIRED
+            if busy:
+                slot = claim(slot)
+    if slot is None:  # every slot still read by a call in flight: a put per leaf
+        return fallback(leaves)
+    try:
+{writes}    except BaseException:
+        append(slot)  # (its fence still holds: no call reads it)
+        raise
+    return {finish}
+"""
+
+
+class ResidentSlots:
+    """The slots of one resident record (see the section's comment).
+
+    A slot is a list ``[fence, *device arrays, *views, staging]``. `free`
+    is claimed with ``popleft`` and refilled with ``append`` (atomic under
+    the GIL); `by_array` finds a slot from its first device array (the
+    fence hook sees the call's inputs, nothing else). At most `cap` slots
+    exist; a call that finds none free takes the per-leaf path.
+    """
+
+    __slots__ = ("slots", "avals", "sharding", "devices", "nbytes", "cap", "free", "by_array",
+                 "made", "retired", "fence_index", "input_index", "broken", "on_broken", "fence",
+                 "__weakref__")
+
+    MAX_RETIRED = 8  # slots retired (deleted fences) before the signature gives slots up
+
+    def __init__(self, slots: list[_Slot], sharding: Any, fence_index: int,
+                 input_index: int) -> None:
+        self.slots = slots
+        self.avals = [_jax.ShapedArray(s.shape, s.dtype, weak_type=s.weak) for s in slots]
+        self.sharding = sharding
+        self.devices = list(sharding.device_set)
+        self.nbytes = nbytes = _packed_nbytes(slots)
+        self.cap = max(1, min(RESIDENT_CAP, POOL_MAX_BYTES // nbytes))
+        self.free: collections.deque = collections.deque()
+        self.by_array: dict[int, list] = {}
+        self.made = 0
+        self.fence_index = fence_index
+        self.input_index = input_index
+        self.retired = 0
+        self.broken = False
+        self.on_broken: Callable[[], None] | None = None
+        self.fence = self._make_fence()
+
+    def new_slot(self) -> list | None:
+        """A new slot, or None where a zero-copy put does not alias its view."""
+        raw = np.zeros(self.nbytes + _ALIGN, np.uint8)  # zeros: padding bytes are defined
+        skip = -raw.ctypes.data % _ALIGN
+        staging = raw[skip:skip + self.nbytes]
+        views = [staging[s.offset:s.offset + s.nbytes].view(s.dtype).reshape(s.shape)
+                 for s in self.slots]
+        arrays = []
+        for view, aval in zip(views, self.avals, strict=True):
+            array = _jax.batched_device_put(aval, self.sharding, [view], self.devices, False,
+                                            False, _jax.ZERO_COPY)
+            if array.unsafe_buffer_pointer() != view.ctypes.data:
+                return None  # a copy (device memory, or a runtime that copies): no slots
+            arrays.append(array)
+        slot = [None, *arrays, *views, staging]
+        self.by_array[id(arrays[0])] = slot
+        self.made += 1
+        return slot
+
+    def claim(self, busy: list | None) -> list | None:
+        """A free slot after `busy` (popped, still read) goes back; else a new one
+        under the cap; else None."""
+        free = self.free
+        if busy is not None:
+            if busy[0] is _RETIRED:
+                self.retire(busy)
+            else:
+                free.append(busy)
+        for _ in range(len(free)):
+            try:
+                slot = free.popleft()
+            except IndexError:
+                break
+            fence = slot[0]
+            try:
+                if fence is None or fence.is_ready():
+                    return slot
+            except Exception:
+                self.retire(slot)
+                continue
+            free.append(slot)
+        if self.made >= self.cap or self.broken:
+            return None
+        return self.new_slot()
+
+    def retire(self, slot: list) -> None:
+        """Never uses `slot` again (the runtime keeps its memory while anything reads it)."""
+        if self.by_array.pop(id(slot[1]), None) is not None:
+            self.made -= 1
+            self.retired += 1
+            if self.retired >= self.MAX_RETIRED:
+                self.give_up()
+
+    def give_up(self) -> None:
+        """No slots from now on: the signature goes back to its per-leaf record."""
+        self.broken = True
+        self.cap = 0
+        self.free.clear()
+        if (on_broken := self.on_broken) is not None:
+            on_broken()
+
+    def _make_fence(self) -> Callable[[Any, list], None]:
+        """``fence(inputs, outs)``, after a hit: the slot the call read (if any)
+        keeps its fence and is free again. The first fenced call checks its outputs."""
+        scope = {"get": self.by_array.get, "append": self.free.append, "CHECKED": False}
+
+        ref = weakref.ref(self)  # (the pool holds the fence: no cycle back)
+
+        def first(slot: list, outs: list) -> None:
+            pool = ref()
+            if pool is not None and pool._check_outputs(slot, outs):
+                scope["CHECKED"] = True
+                pool.free.append(slot)
+
+        scope["first"] = first
+        source = (f"def fence(inputs, outs):\n"
+                  f"    slot = get(id(x := inputs[{self.input_index}]))\n"
+                  f"    if slot is not None and slot[1] is x:\n"
+                  f"        slot[0] = outs[{self.fence_index}]\n"
+                  f"        if CHECKED:\n"
+                  f"            append(slot)\n"
+                  f"        else:\n"
+                  f"            first(slot, outs)\n")
+        return run_source(source, "resident fence", scope)["fence"]
+
+    def _check_outputs(self, slot: list, outs: list) -> bool:
+        """Whether no output aliases the slot's memory (else slots are given up)."""
+        staging = slot[-1]
+        start = staging.ctypes.data
+        stop = start + staging.nbytes
+        try:
+            pointers = [o.unsafe_buffer_pointer() for o in outs if o.size]
+        except Exception:
+            pointers = [start]
+        if any(start <= p < stop for p in pointers):
+            # (Never seen: XLA's outputs are new buffers unless donated.) This
+            # slot is never written again, so the caller's outputs stay valid.
+            self.by_array.pop(id(slot[1]), None)
+            self.give_up()
+            return False
+        return True
+
+
+def _resident_record(plan: Plan, leaves: list) -> Any:
+    """The plan's record with resident host inputs, or None where they cannot be."""
+    from nbjit._record import Unsupported, build_record  # (nbjit._record imports us)
+
+    slots = [s for s in plan.slots if s.nbytes]  # an empty leaf's put stays (nothing to write)
+    fence_index = _fence_index(plan.out_avals)
+    if not slots or fence_index is None:
+        return None
+    record = plan.record
+    # Offsets anew for the slots kept.
+    kept_slots, offset = [], 0
+    for s in slots:
+        kept_slots.append(dataclasses.replace(s, offset=offset))
+        offset += -(-s.nbytes // _ALIGN) * _ALIGN
+    n_consts = len(record.consts)
+    kept = record.kept
+    first = kept_slots[0].leaf
+    input_index = n_consts + (first if kept is None else kept.index(first))
+    pool = ResidentSlots(kept_slots, plan.device_sharding, fence_index, input_index)
+    slot = pool.claim(None)
+    if slot is None:
+        return None
+    pool.free.append(slot)
+    arrays = slot[1:1 + len(kept_slots)]
+    example = list(leaves)
+    for s, array in zip(kept_slots, arrays, strict=True):
+        example[s.leaf] = array
+    try:
+        inner = build_record(plan.fastpath, example, False)
+    except Unsupported:
+        return None
+    if inner.executable is not record.executable:
+        return None
+    moved = set()
+    for step in inner.step_objects():
+        moved.update(getattr(step, "indices", ()))
+        if getattr(step, "index", None) is not None:
+            moved.add(step.index)
+    if any(n_consts + (s.leaf if kept is None else kept.index(s.leaf)) in moved
+           for s in kept_slots):
+        return None  # a slot array would be moved: not where the executable wants it
+    prepare = _resident_preparer(kept_slots, plan.n_leaves, inner, pool, record.prepare)
+    resident = dataclasses.replace(record, steps=inner.steps, prepare=prepare, fence=pool.fence)
+    # A generated function and its scope form a cycle: what the scope holds
+    # (the pool) must not hold a record, or its executable waits for a gc pass.
+    plan_ref, fence = weakref.ref(plan), pool.fence
+
+    def on_broken() -> None:
+        live = plan_ref()
+        node = None if live is None else live.node_ref()
+        if node is not None and node.record.fence is fence:
+            node.record = live.record
+
+    pool.on_broken = on_broken
+    plan.resident = pool
+    return resident
+
+
+def _fence_index(out_avals: list) -> int | None:
+    """The smallest output no bigger than `FENCE_MAX_BYTES` (a slot keeps it alive)."""
+    best, best_bytes = None, FENCE_MAX_BYTES + 1
+    for i, aval in enumerate(out_avals):
+        try:
+            nbytes = int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+        except TypeError:  # an extended dtype (PRNG keys): not a plain buffer
+            continue
+        if nbytes < best_bytes:
+            best, best_bytes = i, nbytes
+    return best
+
+
+def _resident_preparer(slots: list[_Slot], n_leaves: int, inner: Any, pool: ResidentSlots,
+                       fallback: Any) -> Any:
+    names = [f"x{j}" for j in range(n_leaves)]
+    unpack = f"    {', '.join(names)}, = leaves\n"
+    m = len(slots)
+    writes = "".join(_write_source(s, 1 + m + j, names[s.leaf]).replace("item[", "slot[")
+                     for j, s in enumerate(slots))
+    arrays = {s.leaf: f"slot[{1 + j}]" for j, s in enumerate(slots)}
+    new_leaves = f"[{', '.join(arrays.get(j, names[j]) for j in range(n_leaves))}]"
+    finish = new_leaves if inner.leaves_are_inputs else f"inner({new_leaves})"
+    source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish)
+    scope = {"unguarded": _jax.host_transfers_unguarded,
+             "guard": _jax.transfer_guard_host_to_device, "Refused": _Refused,
+             "popleft": pool.free.popleft, "append": pool.free.append, "claim": pool.claim,
+             "ready": _jax.ArrayImpl.is_ready, "RETIRED": _RETIRED, "fallback": fallback,
+             "F32MAX": _FLOAT32_MAX, "inner": inner.prepare, "pool": pool}
+    return run_source(source, "resident prepare", scope)["prepare"]
+
+
+# ---------------------------------------------------------------------------
 # Arming (on a miss)
 
 
@@ -491,7 +808,7 @@ def arm(jitted: Any, node: Any, record: Any, fastpath: Any, leaves: list, args: 
         return None
     n_consts = len(record.consts)
     hosts = [s for s in record.step_objects() if type(s) is HostInput and s.index >= n_consts]
-    if len(hosts) < 2:
+    if not hosts:
         return None
     shardings = list(fastpath.in_shardings) + list(fastpath.out_shardings)
     device_sharding = hosts[0].sharding
@@ -512,19 +829,22 @@ def arm(jitted: Any, node: Any, record: Any, fastpath: Any, leaves: list, args: 
             continue
         slots.append(slot)
         offset += -(-slot.nbytes // _ALIGN) * _ALIGN
-    if len(slots) < 2:
+    if not slots:
         return None
-    try:
-        jaxpr = _jax.traced_jaxpr(jitted._jax_jitted, args, kwargs)
-    except Exception:
-        return None
-    in_avals = list(jaxpr.in_avals)
-    if len(in_avals) != len(leaves):
-        return None
-    for s in slots:
-        a = in_avals[s.leaf]
-        if (tuple(a.shape), np.dtype(a.dtype), bool(a.weak_type)) != (s.shape, s.dtype, s.weak):
+    jaxpr = None  # one slot: resident or nothing (packing one leaf gains nothing)
+    if len(slots) >= 2:
+        try:
+            jaxpr = _jax.traced_jaxpr(jitted._jax_jitted, args, kwargs)
+        except Exception:
             return None
+        in_avals = list(jaxpr.in_avals)
+        if len(in_avals) != len(leaves):
+            return None
+        for s in slots:
+            a = in_avals[s.leaf]
+            if (tuple(a.shape), np.dtype(a.dtype), bool(a.weak_type)) != (
+                    s.shape, s.dtype, s.weak):
+                return None
     g_options = {k: v for k, v in options.items()
                  if k in ("keep_unused", "device", "backend", "compiler_options")}
     plan = Plan(node, record, jaxpr, slots, len(leaves), g_options, jitted._counters,

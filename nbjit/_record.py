@@ -333,6 +333,9 @@ class FastPath:
     steps: tuple[Callable[[list], None], ...]
     leaves_are_inputs: bool
     prepare: Callable[[Sequence[Any]], list]
+    # ``fence(inputs, outs)`` after a hit's outputs are made, or None: resident
+    # host inputs (nbjit/_packed.py) learn from it when a slot may be reused.
+    fence: Callable[[Sequence[Any], list], None] | None = None
 
     def inputs(self, leaves: Sequence[Any]) -> list:
         """The executable's input list: consts, kept leaves, each step applied."""

@@ -66,7 +66,8 @@ def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> Dispatch
         slow_reasons=reasons, evictions=counters.evictions, entries=entries,
         miss_seconds=counters.miss_seconds,
         packed_compiles=getattr(counters, "packed_compiles", 0),
-        packed_seconds=getattr(counters, "packed_seconds", 0.0))
+        packed_seconds=getattr(counters, "packed_seconds", 0.0),
+        resident=getattr(counters, "resident", 0))
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class DispatchStats:
     miss_seconds: float = 0.0
     packed_compiles: int = 0  # second compiles for packed host inputs (nbjit/_packed.py)
     packed_seconds: float = 0.0
+    resident: int = 0  # signatures whose host inputs became resident (no compile)
 
     def __str__(self) -> str:
         return str(StatsTable({self.name: self}))

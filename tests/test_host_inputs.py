@@ -45,9 +45,13 @@ def test_same_scalar_object_reuses_the_device_copy():
     assert f.miss_count == 1
 
 
-def test_memo_rests_while_values_change_and_wakes_when_they_repeat():
+def test_memo_rests_while_values_change_and_wakes_when_they_repeat(monkeypatch):
     """New values on every call: after MEMO_PATIENCE misses the memo stops
-    copying bytes out for MEMO_REST calls; repeated values wake it again."""
+    copying bytes out for MEMO_REST calls; repeated values wake it again
+    (resident inputs, which would take over the new values, are off)."""
+    from nbjit import _packed
+
+    monkeypatch.setattr(_packed, "RESIDENT", False)
     f, g = nbjit.jit(lambda x: x * 2), jax.jit(lambda x: x * 2)
     for i in range(40):
         v = np.full(4, i, np.float32)

@@ -1,5 +1,8 @@
 """Packed host inputs (nbjit/_packed.py): fresh host values in one transfer per call.
 
+Resident inputs are switched off here (`_packing_only`): they come first
+on the CPU and are tested in tests/test_resident.py.
+
 A signature whose small host leaves keep bringing new values gets a second
 executable that unpacks them from one staging buffer. Every test compares
 with jax.jit, exactly (values, dtypes, weak types, shardings, committedness,
@@ -26,6 +29,13 @@ from nbjit import _packed
 from nbjit import sharding as _sharding
 
 CALLS = 3 * _packed.PACK_AFTER  # enough fresh calls to pack, then run packed
+
+
+@pytest.fixture(autouse=True)
+def _packing_only(monkeypatch):
+    """Packing as where resident inputs are not possible (a GPU): on the CPU
+    resident inputs come first (tests/test_resident.py)."""
+    monkeypatch.setattr(_packed, "RESIDENT", False)
 
 
 def _is_packed(f, *args, **kwargs) -> bool:
