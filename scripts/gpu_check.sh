@@ -118,7 +118,8 @@ run "$python" -c "$check_backend"
 status=0
 run "$python" -m pytest "${pytest_args[@]}" || status=$?
 run "$python" -m nbjit compare --quick --json compare-gpu.json || status=$?
-# Fresh host values: packed into one host-to-device copy per call (the default),
+# Fresh host values: packed into one host-to-device copy per call (the default
+# there: resident slots need puts that alias host memory, which a GPU's do not),
 # then per-leaf puts (packing off), to see what one copy instead of N gives there.
 for pack in 1 0; do
   NBJIT_PACK_HOST_INPUTS=$pack run "$python" -m nbjit compare --quick --only '^(.*_new_values|workload_.*)$' \

@@ -421,3 +421,16 @@ def test_slots_die_with_the_function_without_a_gc_pass():
         assert len(jax.live_arrays()) == arrays
     finally:
         gc.enable()
+
+
+def test_a_device_whose_puts_copy_gets_packing_instead(monkeypatch):
+    """Where a zero-copy put does not alias host memory (a GPU), no slot is
+    made: two or more leaves are packed (a second compile), one stays per-leaf."""
+    monkeypatch.setattr(_jax, "ZERO_COPY", _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
+    f, args = _run_fresh(lambda a, b: a * b, _fresh_pair)
+    assert _packed.wait(120)
+    assert_same_outputs(f(*args), jax.jit(lambda a, b: a * b)(*args))
+    assert not _is_resident(f, *args) and f.stats().resident == 0
+    assert f.stats().packed_compiles == 1
+    f, args = _run_fresh(lambda a: a + 1, lambda i: (np.full(3, i, np.float32),))
+    assert f.stats().resident == 0 and f.stats().packed_compiles == 0
