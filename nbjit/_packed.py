@@ -108,7 +108,7 @@ POOL_CAP = 64  # staging buffers pooled per packed record (calls in flight beyon
 POOL_MAX_BYTES = 4 << 20  # ... and at most this many bytes of them
 # Resident host inputs (see "Resident slots"): tried before packing; False packs.
 RESIDENT = True
-RESIDENT_CAP = 8  # slots per signature (calls in flight beyond: per-leaf puts)
+RESIDENT_CAP = 32  # slots per signature (calls in flight beyond: per-leaf puts)
 FENCE_MAX_BYTES = 64 << 10  # the output a slot keeps alive to know its call is done
 _ALIGN = 64
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -619,27 +619,18 @@ class ResidentSlots:
         return slot
 
     def claim(self, busy: list | None) -> list | None:
-        """A free slot after `busy` (popped, still read) goes back; else a new one
-        under the cap; else None."""
-        free = self.free
+        """A new slot under the cap, else None, after `busy` (the oldest free
+        slot, popped and found still read) goes back to the pool or is retired.
+
+        No other free slot is tried: they were freed later, so their calls
+        were dispatched later and are the less likely to be done (a loop
+        with many calls in flight would pay a readiness test per slot).
+        """
         if busy is not None:
             if busy[0] is _RETIRED:
                 self.retire(busy)
             else:
-                free.append(busy)
-        for _ in range(len(free)):
-            try:
-                slot = free.popleft()
-            except IndexError:
-                break
-            fence = slot[0]
-            try:
-                if fence is None or fence.is_ready():
-                    return slot
-            except Exception:
-                self.retire(slot)
-                continue
-            free.append(slot)
+                self.free.append(busy)
         if self.made >= self.cap or self.broken:
             return None
         return self.new_slot()

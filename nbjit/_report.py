@@ -4,8 +4,10 @@ Per live nbjit function (the script's, routed from `jax.jit`): calls, hits,
 misses, slow calls with their reasons (`nbjit.stats()`), and, when the run
 was profiled (the default), where the time of its calls went: in nbjit's
 dispatch (keying, lookup, inputs, outputs of hits), in `execute_sharded`,
-and in misses and slow calls, timed whole (`nbjit.profile()`); then the
-misses ranked by the compile time they cost (`nbjit.ranked_misses()`).
+and in misses and slow calls, timed whole (`nbjit.profile()`); signatures whose
+fresh host inputs became resident or packed (with the packed compiles'
+time); then the misses ranked by the compile time they cost
+(`nbjit.ranked_misses()`).
 Every row is one function, named as `nbjit.stats()` names it.
 """
 
@@ -38,7 +40,9 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
     for name, s in _stats.stats().items():  # the names profile.by_name() gives (function_label)
         row = {"name": name, "calls": s.calls, "hits": s.hits, "misses": s.misses,
                "slow": s.slow, "slow_reasons": dict(s.slow_reasons),
-               "evictions": s.evictions, "miss_seconds": s.miss_seconds}
+               "evictions": s.evictions, "miss_seconds": s.miss_seconds,
+               "resident": s.resident, "packed_compiles": s.packed_compiles,
+               "packed_seconds": s.packed_seconds}
         row.update(timing.get(name, {}))
         functions.append(row)
     functions.sort(key=lambda r: -r["calls"])
@@ -74,6 +78,11 @@ def format_text(report: dict[str, Any]) -> str:
     for row in [header, *body]:
         lines.append("  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+    for r in rows:
+        text = _stats.host_inputs_text(r.get("resident", 0), r.get("packed_compiles", 0),
+                                       r.get("packed_seconds", 0.0))
+        if text:
+            lines.append(f"fresh host inputs of {r['name']}: {text} (signatures)")
     if timed:
         lines.append(
             "dispatch = key + lookup + inputs + outputs of hits; execute = execute_sharded of "

@@ -109,6 +109,25 @@ def _reasons_text(reasons: dict[str, int]) -> str:
     return ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items(), key=lambda r: -r[1]))
 
 
+def host_inputs_text(resident: int, packed: int, packed_seconds: float) -> str:
+    """``"resident 1, packed 1 (0.14 s compiling)"``: what fresh host values got
+    (nbjit/_packed.py), or "" for nothing."""
+    parts = [f"resident {resident}"] if resident else []
+    if packed:
+        parts.append(f"packed {packed} ({packed_seconds:.2f} s compiling)")
+    return ", ".join(parts)
+
+
+def _host_lines(rows: dict[str, DispatchStats]) -> list[str]:
+    """A line per function whose fresh host inputs became resident or packed."""
+    lines = []
+    for name, s in rows.items():
+        text = host_inputs_text(s.resident, s.packed_compiles, s.packed_seconds)
+        if text:
+            lines.append(f"fresh host inputs of {name}: {text} (signatures)")
+    return lines
+
+
 def _row(s: DispatchStats) -> tuple[str, ...]:
     return (str(s.calls), str(s.hits), str(s.misses), str(s.slow), str(s.evictions),
             str(s.entries), f"{s.miss_seconds:.3f}")
@@ -141,6 +160,7 @@ class StatsTable(Mapping[str, DispatchStats]):
             numbers = [c.rjust(w) for c, w in zip(r[1:-1], widths[1:], strict=True)]
             cells = [r[0].ljust(widths[0]), *numbers]
             lines.append("  ".join([*cells, r[-1]]).rstrip())
+        lines += _host_lines(self._rows)
         from nbjit._agreement import process_label  # multi-controller: whose counts
 
         label = process_label()
@@ -156,8 +176,9 @@ class StatsTable(Mapping[str, DispatchStats]):
             cells.append(f"<td style='text-align:left'>"
                          f"{html.escape(_reasons_text(s.slow_reasons))}</td>")
             rows.append("<tr>" + "".join(cells) + "</tr>")
+        notes = "".join(f"<p>{html.escape(line)}</p>" for line in _host_lines(self._rows))
         return (f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}"
-                "</tbody></table>")
+                f"</tbody></table>{notes}")
 
 
 # ---------------------------------------------------------------------------

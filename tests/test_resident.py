@@ -218,11 +218,14 @@ def test_the_fence_is_the_smallest_output():
     assert any(slot[0] is out[1] for slot in pool.free)
 
 
-def test_caller_overwrites_its_arrays_right_after_each_call():
+@pytest.mark.parametrize("cap", [1, _packed.RESIDENT_CAP])
+def test_caller_overwrites_its_arrays_right_after_each_call(cap, monkeypatch):
     """Slow computations dispatched without waiting (many in flight); the
     caller overwrites its aligned arrays right after each call, the first
     (the miss) included: no result changes, and no slot is written while a
-    call in flight reads it."""
+    call in flight reads it. With one slot, reusing it without the fence
+    test gave 170 wrong results of 200 (a probe)."""
+    monkeypatch.setattr(_packed, "RESIDENT_CAP", cap)
     n = 1 << 12
 
     def fn(a, b):
@@ -434,3 +437,25 @@ def test_a_device_whose_puts_copy_gets_packing_instead(monkeypatch):
     assert f.stats().packed_compiles == 1
     f, args = _run_fresh(lambda a: a + 1, lambda i: (np.full(3, i, np.float32),))
     assert f.stats().resident == 0 and f.stats().packed_compiles == 0
+
+
+def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatch):
+    from nbjit import _report
+
+    f, args = _run_fresh(lambda a, b: a - b, _fresh_pair)
+    text = str(f.stats())
+    assert f"fresh host inputs of {f.stats().name}: resident 1 (signatures)" in text
+    assert "resident 1" in f.stats()._repr_html_()
+    monkeypatch.setattr(_packed, "RESIDENT", False)
+    g, args = _run_fresh(lambda a, b: a * b - 1, _fresh_pair)
+    assert _packed.wait(120)
+    assert "packed 1 (" in str(g.stats()) and ": resident" not in str(g.stats())
+    report = _report.build(None)
+    rows = {r["name"]: r for r in report["functions"]}
+    assert rows[f.stats().name]["resident"] == 1 and rows[g.stats().name]["packed_compiles"] == 1
+    out = _report.format_text(report)
+    assert f"fresh host inputs of {f.stats().name}: resident 1" in out
+    assert f"fresh host inputs of {g.stats().name}: packed 1 (" in out
+    h = nbjit.jit(lambda a: a + 1)
+    h(jnp.ones(2))
+    assert "fresh host inputs" not in str(h.stats())
