@@ -202,15 +202,21 @@ def _write_source(slot: _Slot, j: int, x: str) -> str:
     return f"        {view}[...] = {x}\n"
 
 
-_PREPARE_TEMPLATE = """\
-def prepare(leaves):
-{unpack}    if guard.value is not None and not unguarded():
+# Both preparers: a guarded transfer goes to JAX's path, then the oldest free
+# buffer or slot is popped (or, with none free, claimed).
+_GUARD_AND_POP = """\
+    if guard.value is not None and not unguarded():
         raise Refused  # a guarded transfer: JAX's path logs or raises per leaf
     try:
-        item = popleft()
+        {item} = popleft()
     except IndexError:
-        item = claim()
+        {item} = claim({busy})
     else:
+"""
+
+_PREPARE_TEMPLATE = """\
+def prepare(leaves):
+{unpack}""" + _GUARD_AND_POP.format(item="item", busy="") + """\
         if getrefcount(item[0]) != FREE:
             append(item)
             item = claim()
@@ -541,13 +547,7 @@ _RETIRED = object()  # the fence of a slot that is never used again
 
 _RESIDENT_TEMPLATE = """\
 def prepare(leaves):
-{unpack}    if guard.value is not None and not unguarded():
-        raise Refused  # a guarded transfer: JAX's path logs or raises per leaf
-    try:
-        slot = popleft()
-    except IndexError:
-        slot = claim(None)
-    else:
+{unpack}""" + _GUARD_AND_POP.format(item="slot", busy="None") + """\
         if (fence := slot[0]) is not None:
             try:
                 busy = not ready(fence)

@@ -1,7 +1,8 @@
 """Packed host inputs (nbjit/_packed.py): fresh host values in one transfer per call.
 
 Resident inputs are switched off here (`_packing_only`): they come first
-on the CPU and are tested in tests/test_resident.py.
+on the CPU and are tested in tests/test_resident.py; the differential tests
+over dtypes, layouts and scalar conversions run both ways (`mode`).
 
 A signature whose small host leaves keep bringing new values gets a second
 executable that unpacks them from one staging buffer. Every test compares
@@ -36,6 +37,22 @@ def _packing_only(monkeypatch):
     """Packing as where resident inputs are not possible (a GPU): on the CPU
     resident inputs come first (tests/test_resident.py)."""
     monkeypatch.setattr(_packed, "RESIDENT", False)
+
+
+@pytest.fixture(params=["packed", "resident"])
+def mode(request, monkeypatch):
+    """For the differential tests both ways share: packing, or resident slots."""
+    monkeypatch.setattr(_packed, "RESIDENT", request.param == "resident")
+    return request.param
+
+
+def _is_fast(f, mode, *args) -> bool:
+    """Whether `f`'s signature for `args` runs packed or resident, as `mode` says."""
+    if mode == "packed":
+        return _is_packed(f, *args)
+    node, _ = f._entry_for(args, {})
+    return node is not None and node.record.fence is not None and (
+        "<resident prepare " in node.record.prepare.__code__.co_filename)
 
 
 def _is_packed(f, *args, **kwargs) -> bool:
@@ -87,25 +104,29 @@ DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint32, np.int32, np.float16
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_dtypes_fresh_values_as_jax(dtype):
+def test_dtypes_fresh_values_as_jax(dtype, mode):
     rng = np.random.default_rng(0)
     f, args = _run_fresh(lambda a, b: _ops(a, b),
                          lambda i: (_values(rng, (5,), dtype), _values(rng, (3,), dtype)))
-    assert _is_packed(f, *args)
-    assert f.stats().packed_compiles == 1 and f.stats().packed_seconds > 0
+    assert _is_fast(f, mode, *args)
+    stats = f.stats()
+    if mode == "packed":
+        assert stats.packed_compiles == 1 and stats.packed_seconds > 0 and stats.resident == 0
+    else:
+        assert stats.resident == 1 and stats.packed_compiles == 0 and stats.misses == 1
 
 
 @pytest.mark.parametrize("x64", [False, True])
 @pytest.mark.parametrize("dtype", [np.int64, np.float64, np.uint64, np.complex128])
-def test_64_bit_dtypes_with_x64_on_and_off(x64, dtype):
+def test_64_bit_dtypes_with_x64_on_and_off(x64, dtype, mode):
     rng = np.random.default_rng(1)
     with jax.enable_x64(x64):
         f, args = _run_fresh(lambda a, b: _ops(a, b), lambda i: (_values(rng, (4,), dtype),
                                                                  _values(rng, (1, 3), dtype)))
-        assert _is_packed(f, *args)
+        assert _is_fast(f, mode, *args)
 
 
-def test_zero_d_empty_misaligned_strided_and_fortran_arrays():
+def test_zero_d_empty_misaligned_strided_and_fortran_arrays(mode):
     rng = np.random.default_rng(2)
 
     def fn(a, b, c, d, e, s):
@@ -122,10 +143,13 @@ def test_zero_d_empty_misaligned_strided_and_fortran_arrays():
                 np.asarray(rng.standard_normal(), np.float32))  # 0-d array
 
     f, args = _run_fresh(fn, make)
-    assert _is_packed(f, *args)
+    assert _is_fast(f, mode, *args)
+    if mode == "resident":  # the empty leaf keeps its put (nothing to write)
+        node, _ = f._entry_for(args, {})
+        assert [s.leaf for s in node.plan.resident.slots] == [0, 2, 3, 4, 5]
 
 
-def test_python_scalars_keep_weak_types():
+def test_python_scalars_keep_weak_types(mode):
     def fn(i, x, b, z, arr):
         return i, x, b, z, arr * x + i, jnp.where(b, arr, -arr) * z
 
@@ -136,21 +160,21 @@ def test_python_scalars_keep_weak_types():
                 rng.standard_normal(3).astype(np.float16))
 
     f, args = _run_fresh(fn, make)
-    assert _is_packed(f, *args)
+    assert _is_fast(f, mode, *args)
     out = f(*args)
     assert [o.weak_type for o in out[:4]] == [True, True, False, True]
 
 
 @pytest.mark.parametrize("x64", [False, True])
-def test_overflowing_ints_and_rounding_floats_as_jax(x64):
+def test_overflowing_ints_and_rounding_floats_as_jax(x64, mode):
     def fn(i, x, arr):
         return i + 0, x * 1, arr
 
     with jax.enable_x64(x64):
-        f, _ = _run_fresh(fn, lambda k: (k + 1000, k + 0.25, np.ones(2, np.float32)))
+        f, _ = _run_fresh(fn, lambda k: (k + 1000, k + 0.25, np.full(2, k, np.float32)))
         g = jax.jit(fn)
         arr = np.ones(2, np.float32)
-        assert _is_packed(f, 5, 1.5, arr)
+        assert _is_fast(f, mode, 5, 1.5, arr)
         big = 2 ** 63 if x64 else 2 ** 31
         for i in (big - 1, big, -big, -big - 1, 2 ** 64, True):
             assert_same_call(f, g, i, 1.0, arr)
@@ -161,6 +185,7 @@ def test_overflowing_ints_and_rounding_floats_as_jax(x64):
                 nb, jx = f(7, x, arr), g(7, x, arr)
             assert_same_outputs(nb, jx)
             assert np.asarray(nb[1]).tobytes() == np.asarray(jx[1]).tobytes()
+        assert_same_outputs(f(8, 2.5, arr), g(8, 2.5, arr))  # still packed or resident
 
 
 def test_reductions_dots_and_fused_chains_bit_for_bit():
@@ -253,16 +278,17 @@ def test_train_step_several_small_batch_leaves():
     assert _is_packed(f, *args)
 
 
-def test_repeated_values_keep_the_memo_and_do_not_pack():
+def test_repeated_values_keep_the_memo_and_do_not_pack(mode):
     f = nbjit.jit(lambda a, b: a + b)
     a, b = np.ones(4, np.float32), np.arange(4, dtype=np.float32)
     for _ in range(CALLS):
         f(a, b)
-    assert not _is_packed(f, a, b) and f.stats().packed_compiles == 0
+    assert not _is_fast(f, mode, a, b)
+    assert f.stats().packed_compiles == 0 and f.stats().resident == 0
     for s in range(CALLS):
-        f(1000 + s, 2.5)  # another signature, fresh values: packs
+        f(1000 + s, 2.5)  # another signature, fresh values: packed or resident
     assert _packed.wait(120)
-    assert _is_packed(f, 1, 2.5) and not _is_packed(f, a, b)
+    assert _is_fast(f, mode, 1, 2.5) and not _is_fast(f, mode, a, b)
 
 
 def test_one_host_leaf_is_not_packed():
@@ -296,21 +322,28 @@ def test_environment_switch():
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0
 
 
-def test_caller_overwrites_its_arrays_right_after_each_call():
-    """A slow computation; the caller overwrites its (64-byte aligned) arrays
-    right after each call, the first (the miss) included: no result changes."""
+@pytest.mark.parametrize("way", ["packed", "resident", "resident, one slot"])
+def test_caller_overwrites_its_arrays_right_after_each_call(way, monkeypatch):
+    """Slow computations dispatched without waiting (calls in flight); the
+    caller overwrites its (64-byte aligned) arrays right after each call, the
+    first (the miss) included: no result changes, and no staging buffer or
+    slot is written while a call in flight reads it. With one slot, reusing
+    it without the fence test gave 170 wrong results of 200 (a probe)."""
+    monkeypatch.setattr(_packed, "RESIDENT", way != "packed")
+    if way == "resident, one slot":
+        monkeypatch.setattr(_packed, "RESIDENT_CAP", 1)
     n = 1 << 12
 
     def fn(a, b):
         x = a
         for _ in range(30):
             x = jnp.sin(x) * 1.0001 + b
-        return x
+        return x, jnp.sum(b)
 
     f, g = nbjit.jit(fn), jax.jit(fn)
     a, b = _aligned((n,), np.float32), _aligned((n,), np.float32)
     results, expected = [], []
-    for i in range(120):
+    for i in range(200):
         a[:] = i
         b[:] = -i / 7
         expected.append(g(a.copy(), b.copy()))
@@ -319,8 +352,10 @@ def test_caller_overwrites_its_arrays_right_after_each_call():
         b[:] = -99.0
         if i == _packed.PACK_AFTER + 2:
             assert _packed.wait(120)  # the rest run packed
-    assert f.stats().packed_compiles == 1 and _is_packed(f, a, b)
-    wrong = sum(not np.array_equal(np.asarray(r), np.asarray(e))
+    assert _is_fast(f, "packed" if way == "packed" else "resident", a, b)
+    assert f.stats().packed_compiles == (way == "packed")
+    wrong = sum(not np.array_equal(np.asarray(r[0]), np.asarray(e[0]))
+                or not np.array_equal(np.asarray(r[1]), np.asarray(e[1]))
                 for r, e in zip(results, expected, strict=True))
     assert wrong == 0
 
@@ -358,7 +393,7 @@ def test_pool_is_capped_and_reused(monkeypatch):
     assert staging.made <= 3 and len(staging.free) >= 1  # free buffers are reused
 
 
-def test_threads_sharing_one_function():
+def test_threads_sharing_one_function(mode):
     def fn(a, b, s):
         return a * s + b, jnp.sum(a)
 
@@ -366,7 +401,7 @@ def test_threads_sharing_one_function():
 
     def worker(seed):
         rng = np.random.default_rng(seed)
-        for i in range(80):
+        for i in range(120):
             a = rng.standard_normal(6).astype(np.float32)
             b = rng.standard_normal(6).astype(np.float32)
             s = float(i) + seed
@@ -379,17 +414,20 @@ def test_threads_sharing_one_function():
     errors = run_threads(worker, 4)
     assert _packed.wait(120)
     assert not errors, errors[0]
-    assert f.stats().packed_compiles == 1
+    stats = f.stats()
+    assert (stats.packed_compiles, stats.resident) == ((1, 0) if mode == "packed" else (0, 1))
+    zeros = np.zeros(6, np.float32)
+    assert _is_fast(f, mode, zeros, zeros, 1.0)
 
 
 @pytest.mark.parametrize("level", ["log", "disallow"])
-def test_transfer_guards_as_jax(level, caplog):
+def test_transfer_guards_as_jax(level, caplog, mode):
     f, g = nbjit.jit(lambda a, b: a + b), jax.jit(lambda a, b: a + b)
     for i in range(CALLS):
         f(np.full(3, i, np.float32), np.ones(3, np.float32))
     assert _packed.wait(120)
     a, b = np.full(3, 5, np.float32), np.full(3, 6, np.float32)
-    assert _is_packed(f, a, b)
+    assert _is_fast(f, mode, a, b)
     with jax.transfer_guard(level):
         nb, jx = assert_same_call(f, g, a, b)
     if level == "disallow":
@@ -397,7 +435,7 @@ def test_transfer_guards_as_jax(level, caplog):
     else:
         assert_same_outputs(nb, jx)
     assert f.stats().slow_reasons.get("input_refused", 0) == 1
-    assert_same_outputs(f(a, b), g(a, b))  # unguarded again: packed
+    assert_same_outputs(f(a, b), g(a, b))  # unguarded again: packed or resident
 
 
 def test_failed_and_interrupted_compiles_leave_the_function_working(monkeypatch):
@@ -456,7 +494,7 @@ def test_a_context_the_thread_cannot_enter_compiles_on_the_calling_thread(monkey
         assert f(*args).dtype == np.float64
 
 
-def test_cache_clearing_the_lru_and_trace_context():
+def test_cache_clearing_the_lru_and_trace_context(mode):
     f = nbjit.jit(lambda a, b: a * 2 + b)
     g = jax.jit(lambda a, b: a * 2 + b)
 
@@ -467,25 +505,26 @@ def test_cache_clearing_the_lru_and_trace_context():
         assert _packed.wait(120)
         return args
 
+    count = "packed_compiles" if mode == "packed" else "resident"
     args = run()
-    assert _is_packed(f, *args)
+    assert _is_fast(f, mode, *args)
     f.clear_cache()
     assert f._cache_size() == 0
     run()
     jax.clear_caches()
     assert f._cache_size() == 0
     args = run()
-    assert _is_packed(f, *args) and f.stats().packed_compiles == 3
-    with jax.enable_x64(True):  # another trace context: its own node, packed on its own
+    assert _is_fast(f, mode, *args) and getattr(f.stats(), count) == 3
+    with jax.enable_x64(True):  # another trace context: its own node, packed or resident on its own
         for i in range(CALLS):
             a = (np.full(3, i, np.float64), np.full(3, -i, np.float64))
             assert_same_outputs(f(*a), g(*a))
         assert _packed.wait(120)
-        assert _is_packed(f, *a)
-    assert f._cache_size() == 2 and f.stats().packed_compiles == 4
+        assert _is_fast(f, mode, *a)
+    assert f._cache_size() == 2 and getattr(f.stats(), count) == 4
 
     cache = nbjit.PjitFunctionCache(1) if hasattr(nbjit, "PjitFunctionCache") else None
-    if cache is not None:  # the LRU: an evicted node takes its packed record with it
+    if cache is not None:  # the LRU: an evicted node takes its packed or resident record
         h = nbjit.dispatch.PjitFunction(lambda a, b: a - b, {}, cache)
         for i in range(CALLS):
             h(np.full(2, i, np.float32), np.ones(2, np.float32))
@@ -519,9 +558,11 @@ def test_slow_path_gets_private_copies():
                for r, e in zip(results, expected, strict=True))
 
 
-def test_packed_executables_die_with_the_function_and_clear_cache():
-    """No reference cycle: the function's death frees its packed executables
-    (and JAX's caches keyed on them) without a gc pass; so does clear_cache."""
+def test_packed_executables_and_slots_die_with_the_function_and_clear_cache(mode):
+    """No reference cycle holds an executable: the function's death frees its
+    executables, packed ones included (and JAX's caches keyed on them),
+    without a gc pass; its slots' and memos' device arrays with one (a
+    generated function and its scope form a cycle); so does clear_cache."""
     import gc
 
     from nbjit import _jax
@@ -533,19 +574,23 @@ def test_packed_executables_die_with_the_function_and_clear_cache():
         for i in range(CALLS):
             f(np.full(3000, i, np.float32), np.ones(3000, np.float32))  # no memo: counted
         assert _packed.wait(120)
-        assert f.stats().packed_compiles == 2
+        assert getattr(f.stats(), "packed_compiles" if mode == "packed" else "resident") == 2
         return f
 
     gc.collect()
     gc.disable()
     try:
-        live = len(_jax.live_executables())
+        live, arrays = len(_jax.live_executables()), len(jax.live_arrays())
         f = make()
-        assert len(_jax.live_executables()) == live + 4
+        assert len(_jax.live_executables()) == live + (4 if mode == "packed" else 2)
         del f
         assert len(_jax.live_executables()) == live
+        gc.collect()
+        assert len(jax.live_arrays()) == arrays
         f = make()
         f.clear_cache()
         assert len(_jax.live_executables()) == live
+        gc.collect()
+        assert len(jax.live_arrays()) == arrays
     finally:
         gc.enable()

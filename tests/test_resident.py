@@ -6,20 +6,16 @@ a staging buffer with a device array over each leaf's view, made once.
 Every test compares with jax.jit, exactly (values, dtypes, weak types,
 shardings, committedness, tree), and checks that the resident record really
 ran (its generated preparer, `stats().resident`), with no second compile.
+The differential tests over dtypes, layouts and scalar conversions run
+resident and packed in tests/test_packed.py (its `mode` fixture).
 """
 
 from __future__ import annotations
 
-import gc
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from _diff import assert_same_call, assert_same_outputs
-from _threads import run_threads
-from test_packed import DTYPES, _aligned, _ops, _values
+from _diff import assert_same_outputs
 
 import nbjit
 from nbjit import _jax, _packed
@@ -54,86 +50,6 @@ def _run_fresh(fn, make_args, calls=CALLS, **jit_options):
 
 def _fresh_pair(i):
     return np.full(3, i, np.float32), np.full(3, -i / 3, np.float32)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_dtypes_fresh_values_as_jax(dtype):
-    rng = np.random.default_rng(0)
-    f, args = _run_fresh(lambda a, b: _ops(a, b),
-                         lambda i: (_values(rng, (5,), dtype), _values(rng, (3,), dtype)))
-    assert _is_resident(f, *args)
-    stats = f.stats()
-    assert stats.resident == 1 and stats.packed_compiles == 0 and stats.misses == 1
-
-
-@pytest.mark.parametrize("x64", [False, True])
-@pytest.mark.parametrize("dtype", [np.int64, np.float64, np.uint64, np.complex128])
-def test_64_bit_dtypes_with_x64_on_and_off(x64, dtype):
-    rng = np.random.default_rng(1)
-    with jax.enable_x64(x64):
-        f, args = _run_fresh(lambda a, b: _ops(a, b), lambda i: (_values(rng, (4,), dtype),
-                                                                 _values(rng, (1, 3), dtype)))
-        assert _is_resident(f, *args)
-
-
-def test_zero_d_empty_misaligned_strided_and_fortran_arrays():
-    rng = np.random.default_rng(2)
-
-    def fn(a, b, c, d, e, s):
-        return a + 1, b.sum(), c * 2, d.T @ d, e + s, jnp.cumsum(d)
-
-    def make(i):
-        c = _aligned((7,), np.float32, misalign=4)
-        c[:] = rng.standard_normal(7)
-        return (np.float32(rng.standard_normal()),  # a numpy scalar
-                np.zeros((0, 3), np.float32),  # empty: keeps its put (nothing to write)
-                c,  # misaligned
-                np.asfortranarray(rng.standard_normal((3, 4)).astype(np.float32)),
-                rng.standard_normal(10).astype(np.float32)[::2],  # non-contiguous
-                np.asarray(rng.standard_normal(), np.float32))  # 0-d array
-
-    f, args = _run_fresh(fn, make)
-    assert _is_resident(f, *args)
-    assert [s.leaf for s in _pool(f, *args).slots] == [0, 2, 3, 4, 5]
-
-
-def test_python_scalars_keep_weak_types():
-    def fn(i, x, b, z, arr):
-        return i, x, b, z, arr * x + i, jnp.where(b, arr, -arr) * z
-
-    rng = np.random.default_rng(3)
-
-    def make(k):
-        return (1000 + k, 0.5 + k / 3, bool(k % 2), complex(k, -k / 7),
-                rng.standard_normal(3).astype(np.float16))
-
-    f, args = _run_fresh(fn, make)
-    assert _is_resident(f, *args)
-    out = f(*args)
-    assert [o.weak_type for o in out[:4]] == [True, True, False, True]
-
-
-@pytest.mark.parametrize("x64", [False, True])
-def test_overflowing_ints_and_rounding_floats_as_jax(x64):
-    def fn(i, x, arr):
-        return i + 0, x * 1, arr
-
-    with jax.enable_x64(x64):
-        f, _ = _run_fresh(fn, lambda k: (k + 1000, k + 0.25, np.full(2, k, np.float32)))
-        g = jax.jit(fn)
-        arr = np.ones(2, np.float32)
-        assert _is_resident(f, 5, 1.5, arr)
-        big = 2 ** 63 if x64 else 2 ** 31
-        for i in (big - 1, big, -big, -big - 1, 2 ** 64, True):
-            assert_same_call(f, g, i, 1.0, arr)
-        for x in (1e39, -1e39, float("inf"), float("nan"), 1 / 3, 5e-46, 1.0000000596046448,
-                  3.4028235e38, 3.4028235677973366e38):
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # jax.jit converts silently: so must we
-                nb, jx = f(7, x, arr), g(7, x, arr)
-            assert_same_outputs(nb, jx)
-            assert np.asarray(nb[1]).tobytes() == np.asarray(jx[1]).tobytes()
-        assert_same_outputs(f(8, 2.5, arr), g(8, 2.5, arr))  # the slot still works
 
 
 def test_one_host_leaf_and_a_static_config():
@@ -180,14 +96,6 @@ def test_no_second_compile_and_no_compile_log(caplog):
     assert _jax.jax_cache_misses()[1] - before[1] <= 1
 
 
-def test_repeated_values_keep_the_memo():
-    f = nbjit.jit(lambda a, b: a + b)
-    a, b = np.ones(4, np.float32), np.arange(4, dtype=np.float32)
-    for _ in range(CALLS):
-        f(a, b)
-    assert not _is_resident(f, a, b) and f.stats().resident == 0
-
-
 def test_donation_big_outputs_and_switch_off_stay_per_leaf():
     f = nbjit.jit(lambda a, b, c: (a + b, c * 2), donate_argnums=2)
     for i in range(CALLS):
@@ -216,39 +124,6 @@ def test_the_fence_is_the_smallest_output():
     assert pool.fence_index == 1
     assert all(slot[0] is None or slot[0].shape == () for slot in pool.free)
     assert any(slot[0] is out[1] for slot in pool.free)
-
-
-@pytest.mark.parametrize("cap", [1, _packed.RESIDENT_CAP])
-def test_caller_overwrites_its_arrays_right_after_each_call(cap, monkeypatch):
-    """Slow computations dispatched without waiting (many in flight); the
-    caller overwrites its aligned arrays right after each call, the first
-    (the miss) included: no result changes, and no slot is written while a
-    call in flight reads it. With one slot, reusing it without the fence
-    test gave 170 wrong results of 200 (a probe)."""
-    monkeypatch.setattr(_packed, "RESIDENT_CAP", cap)
-    n = 1 << 12
-
-    def fn(a, b):
-        x = a
-        for _ in range(30):
-            x = jnp.sin(x) * 1.0001 + b
-        return x, jnp.sum(b)
-
-    f, g = nbjit.jit(fn), jax.jit(fn)
-    a, b = _aligned((n,), np.float32), _aligned((n,), np.float32)
-    results, expected = [], []
-    for i in range(200):
-        a[:] = i
-        b[:] = -i / 7
-        expected.append(g(a.copy(), b.copy()))
-        results.append(f(a, b))
-        a[:] = 12345.0
-        b[:] = -99.0
-    assert _is_resident(f, a, b) and f.stats().packed_compiles == 0
-    wrong = sum(not np.array_equal(np.asarray(r[0]), np.asarray(e[0]))
-                or not np.array_equal(np.asarray(r[1]), np.asarray(e[1]))
-                for r, e in zip(results, expected, strict=True))
-    assert wrong == 0
 
 
 def test_a_busy_slot_is_never_written_and_the_cap_falls_back(monkeypatch):
@@ -326,104 +201,6 @@ def test_outputs_never_alias_slot_memory():
         for out in f(*_fresh_pair(i)):
             p = out.unsafe_buffer_pointer()
             assert not any(lo <= p < hi for lo, hi in ranges)
-
-
-def test_threads_sharing_one_function():
-    def fn(a, b, s):
-        return a * s + b, jnp.sum(a)
-
-    f, g = nbjit.jit(fn), jax.jit(fn)
-
-    def worker(seed):
-        rng = np.random.default_rng(seed)
-        for i in range(120):
-            a = rng.standard_normal(6).astype(np.float32)
-            b = rng.standard_normal(6).astype(np.float32)
-            s = float(i) + seed
-            expected = g(a.copy(), b.copy(), s)
-            out = f(a, b, s)
-            a[:] = 0  # the caller reuses its buffers at once
-            b[:] = 0
-            assert_same_outputs(out, expected)
-
-    errors = run_threads(worker, 4)
-    assert not errors, errors[0]
-    zeros = np.zeros(6, np.float32)
-    assert f.stats().resident == 1 and _is_resident(f, zeros, zeros, 1.0)
-
-
-@pytest.mark.parametrize("level", ["log", "disallow"])
-def test_transfer_guards_as_jax(level, caplog):
-    f, g = nbjit.jit(lambda a, b: a + b), jax.jit(lambda a, b: a + b)
-    for i in range(CALLS):
-        f(*_fresh_pair(i))
-    a, b = np.full(3, 5, np.float32), np.full(3, 6, np.float32)
-    assert _is_resident(f, a, b)
-    with jax.transfer_guard(level):
-        nb, jx = assert_same_call(f, g, a, b)
-    if level == "disallow":
-        assert isinstance(nb, Exception) and type(nb) is type(jx)
-    else:
-        assert_same_outputs(nb, jx)
-    assert f.stats().slow_reasons.get("input_refused", 0) == 1
-    assert_same_outputs(f(a, b), g(a, b))  # unguarded again: resident
-
-
-def test_cache_clearing_and_trace_context():
-    f = nbjit.jit(lambda a, b: a * 2 + b)
-    g = jax.jit(lambda a, b: a * 2 + b)
-
-    def run():
-        for i in range(CALLS):
-            args = _fresh_pair(i)
-            assert_same_outputs(f(*args), g(*args))
-        return args
-
-    assert _is_resident(f, *run())
-    f.clear_cache()
-    assert f._cache_size() == 0
-    run()
-    jax.clear_caches()
-    assert f._cache_size() == 0
-    assert _is_resident(f, *run()) and f.stats().resident == 3
-    with jax.enable_x64(True):  # another trace context: its own node and slots
-        for i in range(CALLS):
-            a = (np.full(3, i, np.float64), np.full(3, -i, np.float64))
-            assert_same_outputs(f(*a), g(*a))
-        assert _is_resident(f, *a)
-    assert f._cache_size() == 2 and f.stats().resident == 4
-
-
-def test_slots_die_with_the_function_without_a_gc_pass():
-    """No reference cycle holds an executable: the function's death frees its
-    executables without a gc pass, and its slots' device arrays with one (a
-    generated function and its scope form a cycle); so does clear_cache."""
-    def make():
-        f = nbjit.jit(lambda a, b: a * b)
-        for i in range(CALLS):
-            f(1000 + i, 0.5 + i)  # memo misses announce new values
-        for i in range(CALLS):
-            f(np.full(3000, i, np.float32), np.ones(3000, np.float32))  # no memo: counted
-        assert f.stats().resident == 2
-        return f
-
-    gc.collect()
-    gc.disable()
-    try:
-        live, arrays = len(_jax.live_executables()), len(jax.live_arrays())
-        f = make()
-        assert len(_jax.live_executables()) == live + 2
-        del f
-        assert len(_jax.live_executables()) == live
-        gc.collect()
-        assert len(jax.live_arrays()) == arrays
-        f = make()
-        f.clear_cache()
-        assert len(_jax.live_executables()) == live
-        gc.collect()
-        assert len(jax.live_arrays()) == arrays
-    finally:
-        gc.enable()
 
 
 def test_a_device_whose_puts_copy_gets_packing_instead(monkeypatch):
