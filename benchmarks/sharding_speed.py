@@ -14,7 +14,7 @@ Parts: `device_put` (nbjit.device_put vs jax.device_put) and `jit`
 
 from __future__ import annotations
 
-from nbjit._devices import request_host_devices
+from nbjit.routing.devices import request_host_devices
 
 request_host_devices(8)  # before anything starts jax's backend
 

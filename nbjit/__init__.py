@@ -10,14 +10,14 @@ Tracing, lowering and compiling are JAX's own; nbjit owns the cache-hit path.
 """
 
 from nbjit import _jax  # noqa: F401  (checks the jax version at import)
-from nbjit._agreement import AgreementError, AgreementWarning
-from nbjit._binders import binder_source
-from nbjit._explain import RankedMisses, assert_max_misses, explain_misses, ranked_misses
-from nbjit._patch import patch_jax, patched_jax, unpatch_jax
-from nbjit._profile import Profile, profile
-from nbjit._stats import DispatchStats, stats
-from nbjit.dispatch import PjitFunction, PjitFunctionCache, jit
-from nbjit.sharding import device_put
+from nbjit.core.binders import binder_source
+from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit
+from nbjit.host.plan import device_put
+from nbjit.multiprocess.agreement import AgreementError, AgreementWarning
+from nbjit.observe.explain import RankedMisses, assert_max_misses, explain_misses, ranked_misses
+from nbjit.observe.profile import Profile, profile
+from nbjit.observe.stats import DispatchStats, stats
+from nbjit.routing.patch import patch_jax, patched_jax, unpatch_jax
 
 __all__ = [
     "AgreementError", "AgreementWarning", "CompareResult", "DispatchStats", "PjitFunction",

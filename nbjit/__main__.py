@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from nbjit._devices import HOST_DEVICES, request_host_devices
+from nbjit.routing.devices import HOST_DEVICES, request_host_devices
 
 _XLA_FLAGS_AT_START = os.environ.get("XLA_FLAGS")  # `run` gives the script these
 request_host_devices()
@@ -124,7 +124,11 @@ def run(args: argparse.Namespace) -> int:
     """Runs the script with jax.jit routed to nbjit.jit; prints the dispatch report at exit."""
     import contextlib
 
-    from nbjit import _agreement, _explain, _profile, _report, _run
+    from nbjit.multiprocess import agreement as _agreement
+    from nbjit.observe import explain as _explain
+    from nbjit.observe import profile as _profile
+    from nbjit.observe import report as _report
+    from nbjit.routing import run as _run
 
     if args.check_agreement:
         _agreement.configure(check_host_values=True)
@@ -153,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
 def merge_reports(args: argparse.Namespace) -> int:
     """Prints (and with --json writes) one report from per-process JSON reports."""
-    from nbjit import _report
+    from nbjit.observe import report as _report
 
     merged = _report.merge([_report.read_json(path) for path in args.reports])
     print(_report.format_text(merged))

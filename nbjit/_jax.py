@@ -4,8 +4,8 @@ The rest of nbjit talks to JAX through the names this module exports (and
 its public API). When a new jax release moves something, this is the one
 file to mend, with one exception made for speed: the hit path reads two
 private attributes of a `jax.Array`, ``x._committed`` and ``x._sharding``,
-directly (in the generated binders and keyers, `nbjit._record` and
-`nbjit._explain`), as jaxlib's C++ reads the same fields.
+directly (in the generated binders and keyers, `nbjit.core.record` and
+`nbjit.observe.explain`), as jaxlib's C++ reads the same fields.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def addressable_device_assignment(sharding):
 # --- shardings: device lists, replication, avals ---
 try:
     from jax._src.sharding_impls import GSPMDSharding
-except ImportError:  # removed in some later jax; nbjit.sharding then skips it
+except ImportError:  # removed in some later jax; nbjit.host.plan then skips it
     GSPMDSharding = None
 from jax._src.lib import xla_client as _xla_client  # noqa: E402
 

@@ -9,7 +9,7 @@ A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``:
 - ``headline`` in README.md: a few rows of the committed compare run
   (docs/compare.json, written by ``python -m nbjit compare --json``);
 - ``compare`` in docs/performance.md: every row of that run;
-- ``slow-reasons`` in README.md: the names of `nbjit._stats.SLOW_REASONS`;
+- ``slow-reasons`` in README.md: the names of `nbjit.observe.stats.SLOW_REASONS`;
 - ``binder`` in docs/design.md: the binder nbjit generates for
   ``f(x, y)`` with two jax.Arrays.
 
@@ -110,7 +110,7 @@ def compare_block(data: dict[str, Any]) -> str:
 
 def slow_reasons_block() -> str:
     """The slow reasons' names, as the dispatcher counts them."""
-    from nbjit._stats import SLOW_REASONS
+    from nbjit.observe.stats import SLOW_REASONS
 
     return ", ".join(f"`{name}`" for name in SLOW_REASONS)
 

@@ -37,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nbjit  # noqa: E402
-from nbjit import _agreement  # noqa: E402
+from nbjit.multiprocess import agreement as _agreement  # noqa: E402
 
 MESH = Mesh(np.array(jax.devices()), ("x",))  # 8 devices, 4 per process
 MESH2 = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
@@ -389,7 +389,7 @@ def agreement_process_local_function_does_not_wait() -> None:
 
 @check
 def agreement_run_report_names_the_process() -> None:
-    from nbjit import _report
+    from nbjit.observe import report as _report
 
     nb = nbjit.jit(lambda x: x + 2)
     nb(global_array((8, 4), P("x")))
@@ -398,7 +398,7 @@ def agreement_run_report_names_the_process() -> None:
     assert _report.format_text(report).splitlines()[0] == (
         f"nbjit run: dispatch report (process {RANK} of 2)")
     assert str(nbjit.stats()).splitlines()[0] == f"(process {RANK} of 2)"
-    from nbjit import _explain
+    from nbjit.observe import explain as _explain
 
     description = _explain.describe_call((np.ones(2),), {}, (), (), ())
     message = _explain.explain(description, _explain.MissContext("f", []))

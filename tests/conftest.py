@@ -6,7 +6,7 @@ first device is used, so setting it here (before any test touches jax) works.
 
 import os
 
-from nbjit._devices import request_host_devices
+from nbjit.routing.devices import request_host_devices
 
 # NBJIT_TEST_HOST_DEVICES=1 runs the suite with one host device, which shows
 # the tests that need eight (they must carry the `cpu_devices` marker).

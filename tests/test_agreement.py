@@ -1,4 +1,4 @@
-"""nbjit._agreement without a second process: stable signatures, the exchange.
+"""nbjit.multiprocess.agreement without a second process: stable signatures, the exchange.
 
 The exchange runs here between threads that play processes over an in-memory
 key-value store with the client's methods; the real two-process cases are in
@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import nbjit
-from nbjit import _agreement, _jax
+from nbjit import _jax
+from nbjit.multiprocess import agreement as _agreement
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -242,7 +243,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import nbjit
-from nbjit import _agreement, _explain
+from nbjit.multiprocess import agreement as _agreement
+from nbjit.observe import explain as _explain
 
 mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "b"))
 x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("a", "b")))
@@ -352,7 +354,8 @@ def test_spanning_functions_exchange_on_misses_only(monkeypatch, timeout):
 
 def test_run_check_agreement_switches_host_values_on(tmp_path):
     script = tmp_path / "show.py"
-    script.write_text("from nbjit import _agreement, _report\n"
+    script.write_text("from nbjit.multiprocess import agreement as _agreement\n"
+                      "from nbjit.observe import report as _report\n"
                       "print(_agreement.configure()['check_host_values'])\n"
                       "print(_report.build(None)['process'])\n")
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])

@@ -14,7 +14,8 @@ from jax._src import config as jax_config
 from jax._src.pjit import make_jit_cpp_cache
 
 import nbjit
-from nbjit import _cache, dispatch
+from nbjit.core import cache as _cache
+from nbjit.core import dispatch as dispatch
 
 JITS = pytest.mark.parametrize("jit", [jax.jit, nbjit.jit], ids=["jax", "nbjit"])
 

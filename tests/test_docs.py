@@ -195,7 +195,7 @@ def test_readme_is_short_with_install_and_numbers_up_front():
 def test_readme_runs_examples_and_names_real_slow_reasons():
     readme = ROOT / "README.md"
     assert sum(lang == "python" for lang, _, _ in fenced_blocks(readme.read_text())) >= 4
-    from nbjit._stats import SLOW_REASONS
+    from nbjit.observe.stats import SLOW_REASONS
 
     block = re.search(r"<!-- slow-reasons:begin -->\n(.*?)\n<!-- slow-reasons:end -->",
                       readme.read_text(), re.S).group(1)

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nbjit
-from nbjit import _explain, _kernels
-from nbjit.dispatch import PjitFunction
+from nbjit import _kernels
+from nbjit.core.dispatch import PjitFunction
+from nbjit.observe import explain as _explain
 
 
 @pytest.fixture
@@ -288,7 +289,7 @@ def test_distance_matches_leaves_by_path():
 
 
 def test_the_twins_share_the_layout():
-    from nbjit import _distance
+    from nbjit.observe import distance as _distance
 
     assert (_kernels.DESCRIPTION_HEADER_WORDS, _kernels.DESCRIPTION_LEAF_WORDS) == (
         _distance.DESCRIPTION_HEADER_WORDS, _distance.DESCRIPTION_LEAF_WORDS)

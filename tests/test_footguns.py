@@ -20,7 +20,7 @@ import pytest
 from _diff import assert_same_outputs
 
 import nbjit
-from nbjit import sharding
+from nbjit.host import plan as sharding
 
 
 def _scale(x, y=2.0):

@@ -20,9 +20,10 @@ from hypothesis import given, settings
 from jax import lax
 
 import nbjit
-from nbjit import _packed, _record
-from nbjit import sharding as _sharding
-from nbjit._record import HostInput as _HostInput
+from nbjit.core import record as _record
+from nbjit.core.record import HostInput as _HostInput
+from nbjit.host import packing as _packed
+from nbjit.host import plan as _sharding
 
 
 def _host_inputs(f, *args):
@@ -49,7 +50,7 @@ def test_memo_rests_while_values_change_and_wakes_when_they_repeat(monkeypatch):
     """New values on every call: after MEMO_PATIENCE misses the memo stops
     copying bytes out for MEMO_REST calls; repeated values wake it again
     (resident inputs, which would take over the new values, are off)."""
-    from nbjit import _packed
+    from nbjit.host import packing as _packed
 
     monkeypatch.setattr(_packed, "RESIDENT", False)
     f, g = nbjit.jit(lambda x: x * 2), jax.jit(lambda x: x * 2)

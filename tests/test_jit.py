@@ -27,9 +27,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import nbjit
-from nbjit import _keys
-from nbjit._record import canonical_dtypes
-from nbjit.dispatch import PjitFunction
+from nbjit.core import keys as _keys
+from nbjit.core.dispatch import PjitFunction
+from nbjit.core.record import canonical_dtypes
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
           np.uint32, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64,
@@ -216,7 +216,7 @@ def test_static_and_dynamic_keywords_in_every_call_shape(monkeypatch):
     """Which arguments are static is worked out once per call shape (number of
     positional arguments, keyword names in order) and remembered, at most
     MAX_CALL_SHAPES of them: every shape must split as jax.jit does."""
-    from nbjit import _binders
+    from nbjit.core import binders as _binders
 
     monkeypatch.setattr(_binders, "MAX_CALL_SHAPES", 4)
 

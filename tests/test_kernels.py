@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from nbjit import _jax, _kernels
-from nbjit.sharding import addressable_index_domains
+from nbjit.host.plan import addressable_index_domains
 
 needs_8_devices = pytest.mark.skipif(
     len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS host device count)")

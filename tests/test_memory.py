@@ -17,7 +17,7 @@ import pytest
 
 import nbjit
 from nbjit import _jax
-from nbjit import dispatch as nb_dispatch
+from nbjit.core import dispatch as nb_dispatch
 
 MB = 2**20
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import nbjit
-from nbjit import _explain
-from nbjit._names import function_name
-from nbjit.dispatch import PjitFunction
+from nbjit.core.dispatch import PjitFunction
+from nbjit.observe import explain as _explain
+from nbjit.observe.names import function_name
 
 
 @pytest.fixture

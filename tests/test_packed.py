@@ -26,8 +26,8 @@ from _diff import assert_same_call, assert_same_outputs
 from _threads import run_threads
 
 import nbjit
-from nbjit import _packed
-from nbjit import sharding as _sharding
+from nbjit.host import packing as _packed
+from nbjit.host import plan as _sharding
 
 CALLS = 3 * _packed.PACK_AFTER  # enough fresh calls to pack, then run packed
 
@@ -316,7 +316,7 @@ def test_donation_big_leaves_and_switch_off_are_not_packed():
 
 
 def test_environment_switch():
-    code = ("import nbjit._packed as p, sys; sys.exit(0 if p.enabled() is False else 1)")
+    code = ("import nbjit.host.packing as p, sys; sys.exit(0 if p.enabled() is False else 1)")
     env = {"NBJIT_PACK_HOST_INPUTS": "0", "PATH": "/usr/bin:/bin",
            **{k: v for k, v in __import__("os").environ.items() if k.startswith(("PYTHON", "JAX"))}}
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0
@@ -525,7 +525,7 @@ def test_cache_clearing_the_lru_and_trace_context(mode):
 
     cache = nbjit.PjitFunctionCache(1) if hasattr(nbjit, "PjitFunctionCache") else None
     if cache is not None:  # the LRU: an evicted node takes its packed or resident record
-        h = nbjit.dispatch.PjitFunction(lambda a, b: a - b, {}, cache)
+        h = nbjit.core.dispatch.PjitFunction(lambda a, b: a - b, {}, cache)
         for i in range(CALLS):
             h(np.full(2, i, np.float32), np.ones(2, np.float32))
         h(1, 2.0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import nbjit
-from nbjit import _patch
+from nbjit.routing import patch as _patch
 
 JAX_JIT = jax._src.api.jit  # upstream's, wherever jax.jit points
 

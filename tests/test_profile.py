@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import nbjit
-from nbjit import _profile
-from nbjit.dispatch import PjitFunction
+from nbjit.core.dispatch import PjitFunction
+from nbjit.observe import profile as _profile
 
 
 def _fresh():

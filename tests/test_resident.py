@@ -18,7 +18,8 @@ import numpy as np
 from _diff import assert_same_outputs
 
 import nbjit
-from nbjit import _jax, _packed
+from nbjit import _jax
+from nbjit.host import packing as _packed
 
 CALLS = 3 * _packed.PACK_AFTER  # enough fresh calls to go resident, then run resident
 
@@ -217,7 +218,7 @@ def test_a_device_whose_puts_copy_gets_packing_instead(monkeypatch):
 
 
 def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatch):
-    from nbjit import _report
+    from nbjit.observe import report as _report
 
     f, args = _run_fresh(lambda a, b: a - b, _fresh_pair)
     text = str(f.stats())

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from nbjit import _run
+from nbjit.routing import run as _run
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT = 180
@@ -248,7 +248,7 @@ def test_report_merges_the_reports_of_every_process(tmp_path, capsys):
     """`python -m nbjit report F.0 F.1`: one table, each row with its process,
     misses ranked over all processes; --json writes the merged report."""
     from nbjit import __main__ as cli
-    from nbjit import _report
+    from nbjit.observe import report as _report
 
     paths = []
     for rank, calls, seconds in ((0, 10, 0.5), (1, 7, 0.9)):

@@ -7,7 +7,8 @@ import pytest
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from nbjit import _jax, sharding
+from nbjit import _jax
+from nbjit.host import plan as sharding
 
 pytestmark = pytest.mark.skipif(
     len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS host device count)")

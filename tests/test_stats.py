@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import nbjit
-from nbjit import _stats
-from nbjit._names import function_name
-from nbjit.dispatch import PjitFunction
+from nbjit.core.dispatch import PjitFunction
+from nbjit.observe import stats as _stats
+from nbjit.observe.names import function_name
 
 
 def add_one(x):
@@ -234,7 +234,7 @@ def test_slow_reason_compile_failed():
 
 def test_slow_reason_layout():
     """JAX's fast-path data with a non-default input layout keeps the node slow."""
-    from nbjit import _record
+    from nbjit.core import record as _record
 
     class FastPath:
         in_device_local_layouts = [object()]

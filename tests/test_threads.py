@@ -210,7 +210,7 @@ def test_eviction_and_clearing_under_contention():
     """A cache too small for the signatures in use, cleared meanwhile: every
     result still right, nothing wedges, the cache stays within capacity."""
     cache = nbjit.PjitFunctionCache(3)
-    jitted = nbjit.dispatch.PjitFunction(_double_plus_one, {}, cache=cache)
+    jitted = nbjit.core.dispatch.PjitFunction(_double_plus_one, {}, cache=cache)
     cases = _signature_mix()
     expected = [jax.jit(_double_plus_one)(x) for x in cases]
     stop = threading.Event()

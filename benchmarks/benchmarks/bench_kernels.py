@@ -110,7 +110,7 @@ class Gather(common.Prepared):
     number = 20  # ~10 us to ~10 ms a call
 
     def prepare(self, gather, layout, n, spec):
-        sharding = _nbjit_module("nbjit.sharding")
+        sharding = _nbjit_module("nbjit.host.plan")
         kernels = _nbjit_module("nbjit._kernels")
         spec = P("x", "y") if spec == "P(x,y)" else P()
         plan = sharding.plan_for(NamedSharding(_mesh_4x2(), spec), (n, n), np.dtype(np.float32))
@@ -146,7 +146,7 @@ class PlanBuild(common.Prepared):
     number = 100
 
     def prepare(self, spec):
-        sharding_mod = _nbjit_module("nbjit.sharding")
+        sharding_mod = _nbjit_module("nbjit.host.plan")
         spec = {"P(x,y)": P("x", "y"), "P(('x','y'))": P(("x", "y")),
                 "P(None,y)": P(None, "y"), "P()": P()}[spec]
         build = functools.partial(sharding_mod._build_plan, NamedSharding(_mesh_4x2(), spec),
@@ -175,7 +175,7 @@ class NumpyToSharding(common.Prepared):
         else:
             nbjit = _nbjit_module("nbjit")
             put = getattr(nbjit, "device_put", None) or _nbjit_module(
-                "nbjit.sharding").device_put
+                "nbjit.host.plan").device_put
 
         def run():
             jax.block_until_ready(put(x, s))

@@ -3,7 +3,7 @@
 - ClosestEntry: the closest cached call description to a new one (explained
   misses), plain-Python loop vs one Numba kernel call over all packed rows,
   by number of cached entries and leaves per entry (the crossover
-  `nbjit._explain.NUMBA_CLOSEST_MIN_WORDS` comes from here).
+  `nbjit.observe.explain.NUMBA_CLOSEST_MIN_WORDS` comes from here).
 - StatsCost: the hit path with its hit counter / the same hit path without
   it, on args_1 (`f(x)`, one jax.Array), paired and interleaved.
 - ProfileCost: a hit inside `nbjit.profile()` / a hit outside, on args_1,
@@ -80,10 +80,10 @@ def _args_1():
 
 def _without_hit_counter(jitted, *args):
     """Rebuilds `jitted`'s binder for `args` from the hit-path template minus its counter."""
-    try:  # the templates' module: nbjit._binders, nbjit._keys on older commits
-        keys = _nbjit_module("nbjit._binders")
+    try:  # the templates' module: nbjit.core.binders, nbjit.core.keys on older commits
+        keys = _nbjit_module("nbjit.core.binders")
     except NotImplementedError:
-        keys = _nbjit_module("nbjit._keys")
+        keys = _nbjit_module("nbjit.core.keys")
     template = getattr(keys, "_HIT_TEMPLATE", "")
     counter = "    node.hits += 1\n"
     if counter not in template:

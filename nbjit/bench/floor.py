@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbjit import _jax
-from nbjit.dispatch import PjitFunction
+from nbjit.core.dispatch import PjitFunction
 
 
 def floor_call(jitted: PjitFunction, /, *args: Any, **kwargs: Any) -> Callable[[], Any]:

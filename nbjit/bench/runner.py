@@ -8,7 +8,7 @@ A `Row` holds one scenario's result; `run` runs a matrix and returns its
 rows with the run's metadata (versions, machine, settings).
 
 Multi-device scenarios need 8 devices: the CLI asks for them
-(`nbjit._devices.request_host_devices`) before JAX's backend starts; where
+(`nbjit.routing.devices.request_host_devices`) before JAX's backend starts; where
 fewer devices exist they are skipped with a note.
 """
 
@@ -142,14 +142,14 @@ def _floor_contender(target: Any, floor_call: Callable[..., Callable[[], Any]], 
     return lambda: blk(floor())
 
 
-SETTLE_CALLS = 32  # > 2 * nbjit._packed.PACK_AFTER: enough fresh values to pack host inputs
+SETTLE_CALLS = 32  # > 2 * nbjit.host.packing.PACK_AFTER: enough fresh values to pack host inputs
 
 
 def _settle(call: Callable[[], Any]) -> None:
     """Brings a contender to the steady state a long loop sees: enough calls for
     nbjit to decide to pack fresh host inputs, then its background compiles
     finished (their cost is `stats().packed_seconds`, not a dispatch cost)."""
-    from nbjit import _packed
+    from nbjit.host import packing as _packed
 
     for _ in range(SETTLE_CALLS):
         jax.block_until_ready(call())

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from nbjit import __main__ as cli
-from nbjit import _devices, bench
+from nbjit import bench
 from nbjit._jax import jax_jit
 from nbjit.bench import matrix, user
+from nbjit.routing import devices as _devices
 
 TINY = bench.Settings(rounds=3, min_rounds=2, target_batch_s=0.0005, max_seconds=0.2,
                          warmup_calls=1)

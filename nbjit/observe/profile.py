@@ -179,7 +179,7 @@ class Profile:
         """name -> (phases_ns, whole_ns) of every function, in first-call order; twins
         (two jits of one function with the same options) share their name and row,
         as in `nbjit.stats()`."""
-        from nbjit._stats import function_label
+        from nbjit.observe.stats import function_label
 
         grouped: dict[str, tuple[list[np.ndarray], list[tuple[str, int]]]] = {}
         for jitted in self.functions():

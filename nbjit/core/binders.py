@@ -5,7 +5,7 @@ A call goes ``PjitFunction.__call__`` -> the binder of its call shape. A
 order: ``n`` for a positional call, ``(n, *names)`` with keywords. Each
 function builds, once per call shape, a binder (as Triton's `JITFunction`
 does): a small generated function that reads exactly the attributes that
-shape needs, keys the call (`nbjit._keys`), finds the node and runs it:
+shape needs, keys the call (`nbjit.core.keys`), finds the node and runs it:
 
     key -> lookup -> inputs -> execute -> outputs
 
@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbjit import _jax, _profile, _stats
-from nbjit._codegen import run_source
-from nbjit._keys import (
+from nbjit import _jax
+from nbjit.core.codegen import run_source
+from nbjit.core.keys import (
     LEAF_TYPES,
     LEAVES,
     SEQUENCE,
@@ -50,7 +50,9 @@ from nbjit._keys import (
     treedef_id,
     tuple_source,
 )
-from nbjit._keys import _treedef_ids as treedef_ids
+from nbjit.core.keys import _treedef_ids as treedef_ids
+from nbjit.observe import profile as _profile
+from nbjit.observe import stats as _stats
 
 __all__ = ["BinderTable", "Split", "binder_source", "call_shape", "make_binder"]
 

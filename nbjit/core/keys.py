@@ -1,6 +1,6 @@
 """Call keys: how a call's arguments become ``(key, shardings)``.
 
-The binders (`nbjit._binders`) build keys from the pieces here: leaf
+The binders (`nbjit.core.binders`) build keys from the pieces here: leaf
 signatures, treedef ids, the markers that keep the key forms apart, and
 the keyers of one list or tuple of jax.Arrays.
 
@@ -19,7 +19,7 @@ Keys never collide across the forms:
     signatures flat up to `UNROLL_MAX` elements, pairs beyond.
 Static values enter keys with their exact type, so ``1``, ``1.0`` and
 ``True`` are different signatures, as in jaxlib. The shardings are compared
-apart from the key (`nbjit._cache`).
+apart from the key (`nbjit.core.cache`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
-from nbjit._codegen import run_source
-from nbjit._record import canonical_dtypes, host_dtype
+from nbjit.core.codegen import run_source
+from nbjit.core.record import canonical_dtypes, host_dtype
 
 __all__ = ["LEAF_TYPES", "LEAVES", "SEQUENCE", "SEQUENCE_KEYERS", "SIGNATURE", "SIGNATURE_SCOPE",
            "UNROLL_MAX", "flat_reads", "leaf_signature", "learn_mixed_keyer", "mixed_keyers",

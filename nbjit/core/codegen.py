@@ -1,5 +1,5 @@
-"""Running generated source: the binders (`nbjit._binders`) and input preparers
-(`nbjit._record`) are small functions compiled from templates.
+"""Running generated source: the binders (`nbjit.core.binders`) and input preparers
+(`nbjit.core.record`) are small functions compiled from templates.
 
 Compiled code is shared by every scope that runs the same source (compiling
 costs far more than running the compiled code into a scope): generated names

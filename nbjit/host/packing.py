@@ -39,7 +39,7 @@ Policy (`Plan.fresh`):
     XLA stores as numpy does), all inputs and outputs on one device, no
     donation, no explicit in/out shardings; packing needs two such leaves
     (one leaf would still cost one put);
-  * when the memo (`nbjit._record.HostInput`) has seen `PACK_AFTER` new
+  * when the memo (`nbjit.core.record.HostInput`) has seen `PACK_AFTER` new
     values within ``2 * PACK_AFTER`` calls (leaves too big for a memo:
     after `PACK_AFTER` calls), the next call makes the slots (a few puts,
     once) and the node's record resident (`node.record = resident`, one
@@ -61,7 +61,7 @@ calls never reach a record), more than one device, explicit layouts (no
 record either), dtypes not in `_PACKABLE`.
 
 Per call a packed record claims a staging buffer from its
-`nbjit.sharding.HostStaging` pool (reused only once nothing else holds
+`nbjit.host.plan.HostStaging` pool (reused only once nothing else holds
 it), a resident one a slot; either writes every leaf into its view
 (numpy's casts, as jaxlib's conversion of a host value). A value the write
 would not convert as jaxlib does (a Python float beyond float32's range,
@@ -92,8 +92,8 @@ import jax
 import numpy as np
 
 from nbjit import _jax
-from nbjit import sharding as _sharding
-from nbjit._codegen import run_source
+from nbjit.core.codegen import run_source
+from nbjit.host import plan as _sharding
 
 __all__ = ["PACK_AFTER", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES", "arm", "enabled", "set_enabled",
            "wait"]
@@ -402,7 +402,7 @@ class Plan:
             node.record = self.record if packed is None else packed  # one attribute store
 
     def _compile(self, leaves: list) -> Any:
-        from nbjit._record import Unsupported, build_record  # (nbjit._record imports us)
+        from nbjit.core.record import Unsupported, build_record  # (nbjit.core.record imports us)
 
         slots = self.slots
         packed_leaves = {s.leaf for s in slots}
@@ -695,7 +695,7 @@ class ResidentSlots:
 
 def _resident_record(plan: Plan, leaves: list) -> Any:
     """The plan's record with resident host inputs, or None where they cannot be."""
-    from nbjit._record import Unsupported, build_record  # (nbjit._record imports us)
+    from nbjit.core.record import Unsupported, build_record  # (nbjit.core.record imports us)
 
     slots = [s for s in plan.slots if s.nbytes]  # an empty leaf's put stays (nothing to write)
     fence_index = _fence_index(plan.out_avals)
@@ -790,7 +790,7 @@ def _resident_preparer(slots: list[_Slot], n_leaves: int, inner: Any, pool: Resi
 def arm(jitted: Any, node: Any, record: Any, fastpath: Any, leaves: list, args: tuple,
         kwargs: dict) -> Plan | None:
     """Arms packing for a freshly linked node if it qualifies (see the module docs)."""
-    from nbjit._record import HostInput
+    from nbjit.core.record import HostInput
 
     if not _enabled or jitted._donates or _jax.post_hook_state.value is not None:
         return None

@@ -1,16 +1,16 @@
 """The executable cache: an LRU shared by many functions, namespaces, chain nodes.
 
 A call's signature is ``(key, shardings, trace context)``. The key is hashed
-(`nbjit._binders` builds it); the shardings list and the trace context are
+(`nbjit.core.binders` builds it); the shardings list and the trace context are
 compared per node, identity first, because their hashes are not cheap while
 the result handlers hand back the same sharding objects on every call.
 Nodes with the same key form a chain from `Namespace.entries[key]`.
 
 Invariants:
-  * Only the miss path (`nbjit.dispatch`) links nodes; a node's key and
+  * Only the miss path (`nbjit.core.dispatch`) links nodes; a node's key and
     context never change after it is linked, and its record (frozen) is
     only ever replaced whole, by one attribute store (packed host inputs,
-    `nbjit._packed`), never edited. A hit stores its (equal)
+    `nbjit.host.packing`), never edited. A hit stores its (equal)
     shardings list in the node, so that the next call's comparison is by
     identity (`jax.device_put` hands out equal but distinct sharding objects,
     whose ``==`` costs far more than an identity check; measured in
@@ -52,7 +52,7 @@ class Counters:
     __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
                  "evicted", "packed_compiles", "packed_seconds", "resident")
 
-    EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit._explain)
+    EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit.observe.explain)
 
     def __init__(self) -> None:
         self.reset()
@@ -64,9 +64,9 @@ class Counters:
         self.slow_reasons: collections.Counter[str] = collections.Counter()
         self.evictions = 0
         self.miss_seconds = 0.0
-        self.packed_compiles = 0  # packed executables compiled (nbjit._packed)
+        self.packed_compiles = 0  # packed executables compiled (nbjit.host.packing)
         self.packed_seconds = 0.0
-        self.resident = 0  # signatures given resident host inputs (nbjit._packed)
+        self.resident = 0  # signatures given resident host inputs (nbjit.host.packing)
         self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
 
     def count_slow(self, reason: str) -> None:
@@ -90,8 +90,8 @@ class Node:
         self.reason = reason  # why a node without a record takes JAX's path
         self.next: Node | None = None
         self.hits = 0  # hits served by this node (see `Counters`)
-        self.description: Any = None  # what `nbjit._explain` needs, set on the miss path
-        self.plan: Any = None  # packed host inputs armed for it (nbjit._packed)
+        self.description: Any = None  # what `nbjit.observe.explain` needs, set on the miss path
+        self.plan: Any = None  # packed host inputs armed for it (nbjit.host.packing)
 
 
 class Pending:

@@ -19,7 +19,7 @@ naming them.
 The closest entry among many (shape churn leaves thousands) is the one
 with the fewest differing fields (leaves matched by path; ties: the newest),
 found over packed int64 rows: by a Python loop for small caches
-(`nbjit._distance`, which loads no numba), by one Numba kernel call over
+(`nbjit.observe.distance`, which loads no numba), by one Numba kernel call over
 all rows (`_kernels.description_distances`) from `NUMBA_CLOSEST_MIN_WORDS`
 packed words on (the measured crossover, benchmarks/benchmarks/
 bench_observe.py `ClosestEntry`) once numba is loaded.
@@ -212,7 +212,7 @@ def closest(new: CallDescription, cached: Sequence[CallDescription]) -> tuple[in
     words = len(cached) * len(new.row)
     if words < NUMBA_CLOSEST_MIN_WORDS or (
             words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
-        from nbjit import _distance
+        from nbjit.observe import distance as _distance
 
         return _distance.closest_python(new.row, [d.row for d in cached])
     from nbjit import _kernels
@@ -352,7 +352,7 @@ def options_differences(old: Any, new: Any) -> list[str]:
 
 
 _SITE_PACKAGES = os.path.dirname(os.path.dirname(_jax.jax.__file__))
-_NOT_CALL_SITES = (os.path.dirname(__file__) + os.sep,
+_NOT_CALL_SITES = (_jax.NBJIT_DIR + os.sep,
                    os.path.join(_SITE_PACKAGES, "jax") + os.sep,
                    os.path.join(_SITE_PACKAGES, "jaxlib") + os.sep)
 
@@ -371,7 +371,7 @@ def call_site() -> str:
 class MissContext:
     """What the dispatcher knows about a miss beyond the call's description."""
 
-    name: str  # the function's name (`nbjit._names.function_name`, with its options)
+    name: str  # the function's name (`nbjit.observe.names.function_name`, with its options)
     cached: Sequence[CallDescription]  # descriptions of its entries now
     evicted: Sequence[CallDescription] = ()  # of its recently evicted entries
     twin_options: Sequence[tuple[Any, Any]] = ()  # (other global key, own) with entries
@@ -409,7 +409,7 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
 
 
 def _message(name: str, site: str, why: str, miss: MissContext) -> str:
-    from nbjit._agreement import process_label  # multi-controller: whose miss
+    from nbjit.multiprocess.agreement import process_label  # multi-controller: whose miss
 
     label = process_label()
     where = f" ({label})" if label else ""
@@ -573,7 +573,7 @@ class _MissBudget:
         self.misses, self.slow = misses, slow
 
     def __enter__(self) -> _MissBudget:
-        from nbjit import _stats
+        from nbjit.observe import stats as _stats
 
         self._serial = last_serial()
         self._slow_before = {name: s.slow_reasons for name, s in _stats.stats().items()} \
@@ -583,7 +583,7 @@ class _MissBudget:
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         if kind is not None:
             return  # the block's own exception goes first
-        from nbjit import _stats
+        from nbjit.observe import stats as _stats
 
         problems = []
         records = misses_since(self._serial)

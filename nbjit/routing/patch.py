@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 
-from nbjit import dispatch
+from nbjit.core import dispatch as dispatch
 
 __all__ = ["patch_jax", "unpatch_jax", "patched_jax", "is_jax_patched"]
 

@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
-from nbjit._names import function_name
+from nbjit.observe.names import function_name
 
 __all__ = ["AgreementError", "AgreementWarning", "check", "configure", "counters",
            "describe_signature", "process_label"]
@@ -72,7 +72,7 @@ _MAX_TEXT = 240  # characters per described value
 _FIRST_POLL_S = 0.02
 _MAX_POLL_S = 0.5
 _MASK64 = (1 << 64) - 1
-_NOT_CALLER = (os.path.dirname(__file__) + os.sep,)  # warnings point past nbjit's frames
+_NOT_CALLER = (_jax.NBJIT_DIR + os.sep,)  # warnings point past nbjit's frames
 
 
 class AgreementError(ValueError):
@@ -414,7 +414,7 @@ def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description:
     start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
                                    _config["check_host_values"])
-    from nbjit._explain import call_site
+    from nbjit.observe.explain import call_site
 
     _counters.describe_seconds += time.perf_counter() - start
     try:

@@ -1,6 +1,6 @@
 """Dispatch statistics: what every nbjit function did with its calls.
 
-The counters live with a cache namespace (`nbjit._cache.Counters`: a
+The counters live with a cache namespace (`nbjit.core.cache.Counters`: a
 function and its jit options; twins, two `jit` objects over the same
 function with the same options, share one namespace and so one record). A
 hit costs one attribute increment on the node it ran (``node.hits += 1``:
@@ -53,7 +53,7 @@ SLOW_REASONS: dict[str, str] = {
 }
 
 def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> DispatchStats:
-    """A `DispatchStats` from a namespace's counters (`nbjit._cache.Counters`).
+    """A `DispatchStats` from a namespace's counters (`nbjit.core.cache.Counters`).
 
     `live_hits`: the hits counted on the namespace's live nodes; `entries`:
     how many nodes it holds.
@@ -161,7 +161,7 @@ class StatsTable(Mapping[str, DispatchStats]):
             cells = [r[0].ljust(widths[0]), *numbers]
             lines.append("  ".join([*cells, r[-1]]).rstrip())
         lines += _host_lines(self._rows)
-        from nbjit._agreement import process_label  # multi-controller: whose counts
+        from nbjit.multiprocess.agreement import process_label  # multi-controller: whose counts
 
         label = process_label()
         return "\n".join([f"({label})", *lines] if label else lines)
@@ -202,12 +202,12 @@ def live_functions() -> list[Any]:
 
 
 def function_label(jitted: Any) -> str:
-    """How every report names a jitted function: `nbjit._names.function_name` of
+    """How every report names a jitted function: `nbjit.observe.names.function_name` of
     its Python function, plus the jit options that key its executables
     (JAX's global cache key: donation, shardings, device, ...) where they are
     not the defaults. Twins, which share one cache namespace, share the
     label; two jits of one function with other such options are two rows."""
-    from nbjit._names import function_name
+    from nbjit.observe.names import function_name
 
     name = function_name(jitted._fun)
     options = _keyed_options(getattr(jitted, "_global_key", None))

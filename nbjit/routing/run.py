@@ -20,7 +20,7 @@ import sys
 import types
 from collections.abc import Callable, Sequence
 
-from nbjit import _patch
+from nbjit.routing import patch as _patch
 
 __all__ = ["run_script"]
 

@@ -16,7 +16,7 @@ miss saw (`_STEP_BUILDERS`, a ``type -> builder`` table as JAX's
   * anything else: JAX's own `shard_args`, batched into one `_ShardArgs`.
 
 Host values are classified in one place, `host_dtype`: the keys
-(`nbjit._keys.leaf_signature`) and the steps agree on what a host value is.
+(`nbjit.core.keys.leaf_signature`) and the steps agree on what a host value is.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
-from nbjit import sharding as _sharding
-from nbjit._codegen import run_source
+from nbjit.core.codegen import run_source
+from nbjit.host import plan as _sharding
 
 __all__ = ["FastPath", "HostInput", "Unsupported", "build_record", "canonical_dtypes",
            "host_dtype"]
@@ -157,7 +157,7 @@ class HostInput:
         self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
         self.misses = 0  # array memo misses in a row
         self.rest = 0  # calls left before the array memo looks again
-        # On a memo miss (a new value) when packing is armed (nbjit._packed): a
+        # On a memo miss (a new value) when packing is armed (nbjit.host.packing): a
         # weak method (the plan lives with the node; no cycle through the record).
         self.on_fresh: Callable[[], Callable[[], None] | None] | None = None
 

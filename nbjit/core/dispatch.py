@@ -1,0 +1,441 @@
+"""The dispatcher: `jit` and `PjitFunction`, its miss path and its slow paths.
+
+`jit(fun)` returns a `PjitFunction`. Tracing, lowering and compiling stay
+JAX's own (`jax.jit(fun)._cache_miss`); what nbjit replaces is the per-call
+fast path that jaxlib writes in C++: key the call, find the executable, put
+the inputs on the right devices, run, wrap the outputs.
+
+A call goes: `__call__` -> the binder of its call shape (`nbjit.core.binders`:
+one generated function per positional count and keyword names, which keys
+the call and runs the hit path: lookup -> inputs -> execute -> outputs). A
+leaf no key can hold goes to `_unkeyable` (JAX's own path). A miss, or a
+signature that cannot take the fast path, goes to `_miss_or_slow`.
+
+Invariants:
+  * Only the miss path links nodes into the cache (`nbjit.core.cache`); a
+    node's record (a frozen `nbjit.core.record.FastPath`) is only ever replaced
+    whole, in one attribute store (packed host inputs, `nbjit.host.packing`).
+  * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
+  * JAX's own path answers everything else, so JAX raises what it raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+import types
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from nbjit import _jax
+from nbjit.core.binders import BinderTable, call_shape
+from nbjit.core.cache import Namespace, Node, Pending, PjitFunctionCache, cache_from_config
+from nbjit.core.keys import leaf_signature
+from nbjit.core.record import (
+    Unsupported,
+    build_record,
+    canonical_dtypes,
+    host_dtype,
+    private_host_copies,
+)
+from nbjit.host import packing as _packed
+from nbjit.multiprocess import agreement as _agreement
+from nbjit.observe import explain as _explain
+from nbjit.observe import stats as _stats
+
+__all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
+
+ArrayImpl = _jax.ArrayImpl
+_collect_garbage = _jax.collect_garbage
+_trace_context = _jax.trace_context
+_NOT_SET = object()  # marks jit options the caller did not pass
+
+
+_default_cache = PjitFunctionCache(8192)  # jit(f) with no explicit options
+_explicit_cache = PjitFunctionCache(8192)  # jit(f, donate_argnums=..., ...)
+
+
+class PjitFunction:
+    """A `jax.jit`-compatible callable with nbjit's own cache-hit dispatch."""
+
+    def __init__(self, fun: Callable, options: dict[str, Any],
+                 cache: PjitFunctionCache | None = None) -> None:
+        jitted = _jax.jax_jit(fun, **options)  # JAX validates the options, as upstream
+        functools.update_wrapper(self, fun)
+        info = _jax.jit_info(jitted)
+        global_key = _jax.jit_global_cache_key(info)
+        if cache is None:
+            cache = cache_from_config()
+        if cache is None:
+            cache = _explicit_cache if global_key.contains_explicit_attributes else _default_cache
+        self._fun = fun
+        self._options = options
+        self._jax_jitted = jitted
+        self._jax_cache_miss = _jax.cache_miss_of(jitted)
+        self._cache = cache
+        self._namespace: Namespace = cache.namespace_for(fun, global_key)
+        self._global_key = global_key
+        self._counters = self._namespace.counters
+        self._static_argnums = tuple(info.static_argnums)
+        self._static_argnames = frozenset(info.static_argnames)
+        self._binders = BinderTable(self._namespace, self._static_argnums,
+                                    self._static_argnames)
+        self._fun_signature = info.fun_signature
+        self._donates = bool(info.donate_argnums or info.donate_argnames)
+        self.miss_count = 0  # compiles through this jit object (its twins count their own)
+        self.slow_count = 0  # calls of this jit object that took JAX's own path
+        _stats.register(self)  # observability hooks: nbjit/_stats.py, _profile.py
+
+    # -- the hit path: the binder of the call shape keys the call and runs it
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
+        shape = (len(args), *kwargs) if kwargs else len(args)
+        try:
+            binder = self._binders[shape]
+        except KeyError:
+            binder = self._binders.build(shape)
+        try:  # costs nothing unless something raises (Python >= 3.11)
+            return binder(self, args, kwargs)
+        except Exception as error:  # a miss, slow path or bad input: jaxlib shows no frames
+            _jax.filter_dispatch_frames(error)
+            raise
+
+    def _unkeyable(self, args: tuple, kwargs: dict, leaves: Sequence) -> Any:
+        """A call with a leaf no key can hold (a tracer, a jax.Ref, an object): JAX's own path."""
+        return self._slow(args, kwargs,
+                          _unkeyable_reason(leaves, canonical_dtypes[_jax.enable_x64.value]))
+
+    # -- slow paths -------------------------------------------------------------
+
+    def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        """JAX's own path, uncached here; JAX raises what it raises."""
+        self._count_slow(reason)
+        args, kwargs = self._private(args, kwargs)
+        return self._jax_jitted(*args, **kwargs)
+
+    def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """JAX's path gets private copies of numpy arrays (it may use them in place)."""
+        split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
+        return private_host_copies(args, kwargs, split.static_positions, split.static_names)
+
+    def _count_slow(self, reason: str) -> None:
+        self.slow_count += 1
+        self._counters.count_slow(reason)
+
+    def _execute_failed(self, error: Exception, args: tuple, kwargs: dict,
+                        inputs: Sequence) -> Any:
+        """The executable refused a hit's inputs, or its execution failed.
+
+        Refused inputs (a deleted array; something not a jax.Array) go to
+        JAX's own path, which raises what it raises. A failure of the
+        execution itself (say, one buffer donated twice in a call) raises
+        ValueError with the runtime's message, as jaxlib's fast path does.
+        """
+        if isinstance(error, _jax.JaxRuntimeError) and all(
+                type(x) is ArrayImpl and not x.is_deleted() for x in inputs):
+            raise ValueError(str(error)) from error
+        deleted = any(type(x) is ArrayImpl and x.is_deleted() for x in inputs)
+        return self._slow(args, kwargs, "deleted_or_donated" if deleted else "execute_refused")
+
+    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
+                      node: Node | None) -> Any:
+        if node is not None:  # a slow node, a failed compile, or NaN/Inf checks are on
+            if node.record is not None:
+                return self._slow(args, kwargs,
+                                  "debug_nans" if _jax.debug_nans.value else "debug_infs")
+            if node.reason != "compile_failed":
+                self._count_slow(node.reason or "no_fastpath")
+                args, kwargs = self._private(args, kwargs)
+                return self._jax_cache_miss(*args, **kwargs)[0]
+        if _jax.disable_jit.value:
+            self._count_slow("disable_jit")
+            return self._fun(*args, **kwargs)
+        if not _jax.is_top_level_trace():
+            return self._slow(args, kwargs, "tracer")  # staged into an outer trace: never cached
+        return self._miss(args, kwargs, leaves, signature)
+
+    def _miss(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple) -> Any:
+        """Compiles once per signature across threads; only writer of the cache.
+
+        `signature` is ``(key, shardings, trace context)``. A node left by a
+        failed compile stands for its signature in the cache (its size is
+        upstream's) but is compiled again by the next call, which replaces it.
+        """
+        namespace = self._namespace
+        lock = namespace.cache._lock
+        key, shardings, context = signature
+        pending_key = (key, tuple(shardings), context)
+        with lock:
+            node = namespace.find(*signature)
+            failed = node if node is not None and node.reason == "compile_failed" else None
+            if failed is not None:
+                node = None
+            pending = namespace.pending.get(pending_key) if node is None else None
+            owner = node is None and pending is None
+            if owner:
+                pending = namespace.pending[pending_key] = Pending()
+        if not owner and node is None:
+            if pending.thread == threading.get_ident():
+                raise RecursionError(
+                    f"Recursively calling jit: {self.__name__} re-entered itself "
+                    "while compiling the same signature")
+            pending.done.wait()
+            node = namespace.find(*signature)
+        if not owner:  # another thread compiled it (or failed: JAX's path, as jaxlib's waiters)
+            if node is None or node.record is None:
+                return self._slow(args, kwargs, "compile_failed")
+            now = time.perf_counter_ns()  # the timed flavour records the hit from here
+            return self._binders.hit(self, args, kwargs, leaves, key, shardings, now, now)
+        try:
+            return self._compile(args, kwargs, leaves, signature, failed)
+        finally:
+            with lock:
+                namespace.pending.pop(pending_key, None)
+            pending.done.set()
+
+    def _compile(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
+                 failed: Node | None) -> Any:
+        """JAX's trace/lower/compile for one signature; links the node it gives
+        (in place of `failed`, the node an earlier failed compile left)."""
+        namespace = self._namespace
+        if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
+            return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
+        description, explaining = self._describe_miss(args, kwargs, signature[2])
+        _agreement.check(self, args, kwargs, leaves, description)  # multi-controller only
+        counters = self._counters
+        start = time.perf_counter()
+        private_args, private_kwargs = self._private(args, kwargs)
+        try:
+            outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
+        except BaseException:
+            # The signature keeps a node, as jaxlib's cache does, but not for good
+            # (jaxlib's `fall_back_to_python`): its next call compiles again and
+            # gets the fast path if that succeeds. The call counts as slow.
+            self._count_slow("compile_failed")
+            if failed is None:
+                node = Node(*signature, namespace, None, "compile_failed")
+                node.description = description
+                with namespace.cache._lock:
+                    namespace.link(node)
+            raise
+        finally:
+            counters.miss_seconds += (seconds := time.perf_counter() - start)
+        counters.misses += 1
+        self.miss_count += 1
+        try:
+            record, reason = build_record(fastpath, leaves, self._donates), None
+        except Unsupported as why:
+            record, reason = None, why.args[0]
+        except Exception:  # something nbjit cannot hold: JAX's path for good
+            record, reason = None, "no_fastpath"
+        if fastpath is None:  # effects, or something else JAX keeps on its own path
+            reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
+        _explain.miss_done(description, explaining(_jax.jax_cache_misses()), seconds)
+        if not rebuild:
+            node = Node(*signature, namespace, record, reason)
+            node.description = description
+            with namespace.cache._lock:
+                if failed is not None:
+                    namespace.drop(failed)
+                namespace.link(node)
+            if record is not None:
+                try:  # packed host inputs (nbjit/_packed.py); never breaks a miss
+                    _packed.arm(self, node, record, fastpath, leaves, args, kwargs)
+                except Exception:
+                    pass
+        elif failed is not None:
+            with namespace.cache._lock:
+                namespace.drop(failed)
+        return outs  # JAX's own outputs: required when arguments were donated
+
+    # -- observability (nbjit/_stats.py, _explain.py, _profile.py) -------------
+
+    def stats(self) -> _stats.DispatchStats:
+        """Calls, hits, misses, slow calls (with reasons), evictions of this function
+        and its twins (same function, same options)."""
+        with self._cache._lock:
+            nodes = self._namespace.nodes()
+            live_hits = sum(node.hits for node in nodes)
+        return _stats.snapshot(self._counters, _stats.function_label(self), len(nodes),
+                               live_hits)
+
+    def reset_stats(self) -> None:
+        """Zeroes the counters of this function and its twins (entries stay)."""
+        with self._cache._lock:
+            for node in self._namespace.nodes():
+                node.hits = 0
+            self._counters.reset()
+
+    def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
+        """(this call's description or None, and a function (JAX's cache misses
+        after the compile) -> `_explain.MissContext`: every miss is explained,
+        logged only while explaining is on)."""
+        split = self._binders.split(call_shape(args, kwargs))
+        try:
+            description = _explain.describe_call(args, kwargs, split.static_positions,
+                                                 split.static_names, context)
+        except Exception:  # describing must never break a call
+            description = None
+        namespace = self._namespace
+        with namespace.cache._lock:
+            cached = [n.description for n in namespace.nodes() if n.description is not None]
+        evicted = list(self._counters.evicted)
+        twins = [] if cached or evicted else self._other_options_with_entries()
+        before = _jax.jax_cache_misses()
+        return description, lambda after: _explain.MissContext(
+            _stats.function_label(self), cached, evicted, twins,
+            namespace.cache.capacity(), (before, after))
+
+    def _other_options_with_entries(self) -> list[tuple[Any, Any]]:
+        """(global key, own global key) of the same function's other namespaces with entries."""
+        found = []
+        for cache in {_default_cache, _explicit_cache, self._cache}:
+            with cache._lock:
+                for (fun_id, global_key), namespace in cache._namespaces.items():
+                    if (fun_id == id(self._fun) and namespace is not self._namespace
+                            and namespace.entries and namespace.fun_ref() is self._fun):
+                        found.append((global_key, self._global_key))
+        return found
+
+    # -- Python surface -------------------------------------------------------
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return types.MethodType(self, instance)
+
+    def __repr__(self) -> str:
+        try:  # jaxlib's format; a failing repr (or no __wrapped__) gives its fallback
+            return f"<PjitFunction of {self.__wrapped__!r}>"
+        except Exception:
+            return "<PjitFunction>"
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (self._fun, self._options))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Like jaxlib's: "function_name" is `fun`'s name (through functools.partial).
+
+        Pickling uses `__reduce__`; this is for code that inspects the state.
+        """
+        return {"function_name": _jax.fun_name(self._fun), "fun": self._fun,
+                "options": dict(self._options)}
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        if self._fun_signature is None:
+            raise ValueError(f"no signature found for {self._fun!r}")
+        return self._fun_signature
+
+    @_jax.api_boundary  # as upstream's: its traceback shows no nbjit or JAX frames
+    def lower(self, /, *args: Any, **kwargs: Any) -> Any:
+        return self._jax_jitted.lower(*args, **kwargs)
+
+    @_jax.api_boundary
+    def trace(self, /, *args: Any, **kwargs: Any) -> Any:
+        return self._jax_jitted.trace(*args, **kwargs)
+
+    @_jax.api_boundary
+    def eval_shape(self, /, *args: Any, **kwargs: Any) -> Any:
+        return self._jax_jitted.eval_shape(*args, **kwargs)
+
+    def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence]:
+        """The node a call would hit, and its dynamic leaves (no side effects)."""
+        signature = self._binders.key_only(call_shape(args, kwargs))(self, args, kwargs)
+        if type(signature) is str:
+            return None, []
+        leaves, key, shardings = signature
+        return self._namespace.find(key, shardings, _trace_context()), leaves
+
+    def _cache_size(self) -> int:
+        """Number of signatures cached for this function (and its twins)."""
+        with self._cache._lock:
+            return self._namespace.size()
+
+    def _clear_cache(self) -> None:
+        with self._cache._lock:
+            self._namespace.drop_all()
+
+    def clear_cache(self) -> None:
+        """Clears this function's entries and JAX's traces of it, as upstream."""
+        self._clear_cache()
+        self._jax_jitted.clear_cache()
+
+
+def _unkeyable_reason(leaves: Sequence, canonical: dict) -> str:
+    """Why a leaf has no signature: the slow reason counted for the call."""
+    for x in leaves:
+        if leaf_signature(x, canonical) is None:
+            if isinstance(x, _jax.Tracer):
+                return "tracer"
+            if isinstance(x, _jax.Ref):
+                return "ref"  # as jax.jit: Refs always take JAX's own path
+            if type(x) is ArrayImpl or host_dtype(x, canonical) is not None:
+                continue
+            return "unknown_leaf_type"
+    return "unknown_leaf_type"
+
+
+def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
+    """'effects' when JAX gave no fast-path data because the function has effects."""
+    try:
+        return "effects" if _jax.jaxpr_has_effects(jitted, args, kwargs) else "no_fastpath"
+    except Exception:
+        return "no_fastpath"
+
+
+def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
+    return PjitFunction(fun, options)
+
+
+# ---------------------------------------------------------------------------
+# Public constructor
+
+
+def jit(
+    fun: Callable | None = None,
+    /,
+    *,
+    in_shardings: Any = _NOT_SET,
+    out_shardings: Any = _NOT_SET,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Iterable[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Iterable[str] | None = None,
+    keep_unused: bool = False,
+    device: Any = None,
+    backend: str | None = None,
+    inline: bool = False,
+    compiler_options: dict[str, Any] | None = None,
+) -> Any:
+    """Drop-in `jax.jit`: same options, same results; nbjit's cache-hit path.
+
+    Works as ``@nbjit.jit``, ``@nbjit.jit(static_argnames=...)`` and
+    ``functools.partial(nbjit.jit, ...)``.
+    """
+    options: dict[str, Any] = {}
+    for name, value, default in (
+        ("in_shardings", in_shardings, _NOT_SET),
+        ("out_shardings", out_shardings, _NOT_SET),
+        ("static_argnums", static_argnums, None),
+        ("static_argnames", static_argnames, None),
+        ("donate_argnums", donate_argnums, None),
+        ("donate_argnames", donate_argnames, None),
+        ("keep_unused", keep_unused, False),
+        ("device", device, None),
+        ("backend", backend, None),
+        ("inline", inline, False),
+        ("compiler_options", compiler_options, None),
+    ):
+        if value is not default:
+            options[name] = value
+    if fun is None:
+        return functools.partial(_jit_with, options)
+    return PjitFunction(fun, options)
+
+
+def _jit_with(options: dict[str, Any], fun: Callable) -> PjitFunction:
+    return PjitFunction(fun, options)
