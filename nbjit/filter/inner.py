@@ -1,0 +1,194 @@
+"""The jitted function under a `filter_jit` wrapper, and what its key holds.
+
+`filter_jit(fun)` calls one nbjit `PjitFunction` per wrapped function (and
+layout, see below): ``inner(arrays, static)`` with `static` a static
+argument. `arrays` are the call's traced leaves (the function's own first,
+then the arguments'), one flat list, so nbjit's binder keys them as one
+sequence of `jax.Array`s; `static` is a `StaticKey`: the argument treedef and
+the non-array leaves, compared as equinox compares its static part (``==``
+and ``hash``, identity first). Under ``donate="*-except-first"`` the first
+argument's arrays come as a list of their own: ``inner(donated, kept, static)``.
+
+At trace time `inner` rebuilds the function and its arguments, calls it, and
+splits the output: its arrays are the jitted outputs; everything else rides
+in an `OutputRecipe` (a pytree node without children, so JAX keeps it in the
+output treedef and every hit returns the trace-time objects). The recipe also
+says whether the computation holds a host callback (an `eqx.error_if` check):
+then the outputs carry a marker that the caller waits on.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from nbjit import _jax
+from nbjit.core.dispatch import PjitFunction
+from nbjit.filter import describe
+from nbjit.filter.leaves import split_leaves
+
+__all__ = ["FilterPjitFunction", "FunStatic", "OutputRecipe", "StaticKey", "make_inner",
+           "merge", "partition_fun"]
+
+
+class StaticKey:
+    """What of a call is static: the treedef of ``(args, kwargs)``, its
+    non-array leaves (None where an array is) and the function's static part.
+
+    Equal when equinox's static parts are equal: treedefs equal and leaves
+    pairwise ``==`` (identity first, as tuples compare). A leaf whose
+    ``__hash__`` or ``__eq__`` raises makes the lookup raise; nbjit then takes
+    JAX's path, which raises what jax.jit raises for such a static argument.
+    """
+
+    __slots__ = ("fun", "treedef", "statics", "first_count", "_hash")
+
+    def __init__(self, fun: FunStatic, treedef: Any, statics: tuple,
+                 first_count: int = -1) -> None:
+        self.fun = fun
+        self.treedef = treedef
+        self.statics = statics
+        self.first_count = first_count  # arrays of args[0] (except-first layout) or -1
+        self._hash = None
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((self.fun, self.treedef, self.statics))
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (self is other or type(other) is StaticKey
+                and self.fun == other.fun and self.treedef == other.treedef
+                and self.statics == other.statics and self.first_count == other.first_count)
+
+    def rebuild(self, arrays: list) -> tuple[Callable, tuple, dict]:
+        """(fun, args, kwargs) from the traced arrays (trace time only)."""
+        count = self.fun.count
+        fun = self.fun.rebuild(arrays[:count])
+        args, kwargs = self.treedef.unflatten(merge(self.statics, arrays[count:]))
+        return fun, args, kwargs
+
+
+class FunStatic:
+    """The static part of the wrapped function (itself a pytree: a Module, a
+    bound method, a `jtu.Partial`). Its hash is computed once."""
+
+    __slots__ = ("treedef", "statics", "count", "_hash")
+
+    def __init__(self, treedef: Any, statics: tuple) -> None:
+        self.treedef = treedef
+        self.statics = statics
+        self.count = sum(1 for x in statics if x is None)
+        self._hash = hash((treedef, statics))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (self is other or type(other) is FunStatic and self._hash == other._hash
+                and self.treedef == other.treedef and self.statics == other.statics)
+
+    def rebuild(self, arrays: list) -> Any:
+        return self.treedef.unflatten(merge(self.statics, arrays))
+
+
+def partition_fun(fun: Any) -> tuple[tuple, FunStatic]:
+    """(the function's arrays, its static part), as equinox's hashable_partition."""
+    leaves, treedef = jax.tree_util.tree_flatten(fun)
+    arrays, statics = split_leaves(leaves)
+    return tuple(arrays), FunStatic(treedef, statics)
+
+
+def merge(statics: tuple, arrays: list) -> list:
+    """The leaves: `statics` with its Nones replaced by `arrays`, in order."""
+    it = iter(arrays)
+    return [next(it) if x is None else x for x in statics]
+
+
+class OutputRecipe:
+    """How the outputs rebuild: the output treedef, its non-array leaves and
+    whether a marker output is there to wait on. Compared by identity (each
+    trace makes its own)."""
+
+    __slots__ = ("treedef", "statics", "blocks", "all_arrays")
+
+    def __init__(self, treedef: Any, statics: tuple, blocks: bool) -> None:
+        self.treedef = treedef
+        self.statics = statics
+        self.blocks = blocks
+        self.all_arrays = all(x is None for x in statics)
+
+    def rebuild(self, arrays: list) -> Any:
+        if self.all_arrays:
+            return self.treedef.unflatten(arrays)
+        return self.treedef.unflatten(merge(self.statics, arrays))
+
+
+jax.tree_util.register_pytree_node(
+    OutputRecipe, lambda recipe: ((), recipe), lambda recipe, _: recipe)
+
+
+def split_output(out: Any) -> tuple[list, OutputRecipe]:
+    """Trace time: the output's arrays (and a marker when the computation has a
+    host callback) and the recipe that rebuilds it."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    arrays, statics = split_leaves(leaves)
+    blocks = _jax.traced_callbacks()
+    if blocks:
+        arrays.append(jnp.array(0))  # the marker, as equinox's
+    return arrays, OutputRecipe(treedef, statics, blocks)
+
+
+def make_inner(names: tuple[str, str, str], except_first: bool) -> Callable:
+    """The function nbjit jits: rebuilds the call from arrays + StaticKey."""
+    if except_first:
+        def fun_wrapped(donated: list, kept: list, static: StaticKey) -> tuple:
+            count = static.fun.count
+            arrays = [*donated[:count], *kept, *donated[count:]]
+            fun, args, kwargs = static.rebuild(arrays)
+            return split_output(fun(*args, **kwargs))
+    else:
+        def fun_wrapped(arrays: list, static: StaticKey) -> tuple:  # type: ignore[misc]
+            fun, args, kwargs = static.rebuild(arrays)
+            return split_output(fun(*args, **kwargs))
+    fun_wrapped.__name__, fun_wrapped.__qualname__, fun_wrapped.__module__ = names
+    return fun_wrapped
+
+
+class FilterPjitFunction(PjitFunction):
+    """The `PjitFunction` of one wrapped function: nbjit's dispatcher, with
+    (1) XLA's "Some donated buffers were not usable" warning hidden where
+    equinox hides it (donate="all" and "all-except-first"; only compiles
+    warn, so only the compile and JAX's own path are wrapped), and (2) misses
+    described by the wrapped function's arguments, each static leaf by its
+    path (`nbjit.filter.describe`)."""
+
+    def __init__(self, fun: Callable, options: dict[str, Any], filter_warning: bool) -> None:
+        super().__init__(fun, options)
+        self._filter_warning = filter_warning
+
+    def _compile(self, *args: Any) -> Any:
+        if not self._filter_warning:
+            return super()._compile(*args)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable*")
+            return super()._compile(*args)
+
+    def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        if not self._filter_warning:
+            return super()._slow(args, kwargs, reason)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable*")
+            return super()._slow(args, kwargs, reason)
+
+    def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
+        description, explaining = super()._describe_miss(args, kwargs, context)
+        try:
+            description = describe.describe_filter_call(args, context)
+        except Exception:  # describing must never break a call
+            pass
+        return description, explaining
