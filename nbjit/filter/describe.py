@@ -31,11 +31,12 @@ def describe_filter_call(inner_args: tuple, context: tuple) -> _explain.CallDesc
         arrays = [*donated[:count], *kept, *donated[count:]]
     else:
         arrays = list(inner_args[0])
-    fun, args, kwargs = static.rebuild(arrays)
+    fun, args, kwargs = static.rebuild(arrays, None)
     leaves: list[_explain.LeafDescription] = []
     statics: list[tuple[str, type, Any]] = []
     structure: list[tuple[str, str]] = []
-    parts = [("fun", fun)] + [(f"args[{i}]", a) for i, a in enumerate(args)] + [
+    parts = [("fun", fun)] if fun is not None else []  # a plain function: not in the key
+    parts += [(f"args[{i}]", a) for i, a in enumerate(args)] + [
         (f"kwargs[{name!r}]", kwargs[name]) for name in sorted(kwargs)]
     for path, value in parts:
         pairs, treedef = tree_util.tree_flatten_with_path(value)

@@ -19,7 +19,9 @@ then the outputs carry a marker that the caller waits on.
 
 from __future__ import annotations
 
+import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -65,10 +67,11 @@ class StaticKey:
                 and self.fun == other.fun and self.treedef == other.treedef
                 and self.statics == other.statics and self.first_count == other.first_count)
 
-    def rebuild(self, arrays: list) -> tuple[Callable, tuple, dict]:
-        """(fun, args, kwargs) from the traced arrays (trace time only)."""
+    def rebuild(self, arrays: list, plain: Callable | None) -> tuple[Any, tuple, dict]:
+        """(fun, args, kwargs) from the traced arrays (trace time only); `plain`
+        is the function when the key holds PLAIN_FUNCTION in its place."""
         count = self.fun.count
-        fun = self.fun.rebuild(arrays[:count])
+        fun = plain if self.fun is PLAIN_FUNCTION else self.fun.rebuild(arrays[:count])
         args, kwargs = self.treedef.unflatten(merge(self.statics, arrays[count:]))
         return fun, args, kwargs
 
@@ -77,13 +80,17 @@ class FunStatic:
     """The static part of the wrapped function (itself a pytree: a Module, a
     bound method, a `jtu.Partial`). Its hash is computed once."""
 
-    __slots__ = ("treedef", "statics", "count", "_hash")
+    __slots__ = ("treedef", "statics", "count", "_hash", "key")
 
-    def __init__(self, treedef: Any, statics: tuple) -> None:
+    def __init__(self, treedef: Any, statics: tuple, plain: bool = False) -> None:
         self.treedef = treedef
         self.statics = statics
         self.count = sum(1 for x in statics if x is None)
         self._hash = hash((treedef, statics))
+        # What a call's key holds: a plain Python function has a jitted
+        # function of its own (weakly keyed by it), so its key need not hold
+        # it, and must not (the cache entries would keep it alive).
+        self.key = PLAIN_FUNCTION if plain else self
 
     def __hash__(self) -> int:
         return self._hash
@@ -96,11 +103,14 @@ class FunStatic:
         return self.treedef.unflatten(merge(self.statics, arrays))
 
 
+PLAIN_FUNCTION = FunStatic(jax.tree_util.tree_structure(0), ("a plain function",))
+
+
 def partition_fun(fun: Any) -> tuple[tuple, FunStatic]:
     """(the function's arrays, its static part), as equinox's hashable_partition."""
     leaves, treedef = jax.tree_util.tree_flatten(fun)
     arrays, statics = split_leaves(leaves)
-    return tuple(arrays), FunStatic(treedef, statics)
+    return tuple(arrays), FunStatic(treedef, statics, type(fun) is types.FunctionType)
 
 
 def merge(statics: tuple, arrays: list) -> list:
@@ -143,19 +153,21 @@ def split_output(out: Any) -> tuple[list, OutputRecipe]:
     return arrays, OutputRecipe(treedef, statics, blocks)
 
 
-def make_inner(names: tuple[str, str, str], except_first: bool) -> Callable:
-    """The function nbjit jits: rebuilds the call from arrays + StaticKey."""
+def make_inner(names: tuple[str, str, str], except_first: bool, fun: Any) -> Callable:
+    """The function nbjit jits: rebuilds the call from arrays + StaticKey. It
+    holds a plain Python `fun` weakly (its wrappers hold it while they live)."""
+    plain = weakref.ref(fun) if type(fun) is types.FunctionType else lambda: None
     if except_first:
         def fun_wrapped(donated: list, kept: list, static: StaticKey) -> tuple:
             count = static.fun.count
             arrays = [*donated[:count], *kept, *donated[count:]]
-            fun, args, kwargs = static.rebuild(arrays)
+            fun, args, kwargs = static.rebuild(arrays, plain())
             return split_output(fun(*args, **kwargs))
     else:
         def fun_wrapped(arrays: list, static: StaticKey) -> tuple:  # type: ignore[misc]
-            fun, args, kwargs = static.rebuild(arrays)
+            fun, args, kwargs = static.rebuild(arrays, plain())
             return split_output(fun(*args, **kwargs))
-    fun_wrapped.__name__, fun_wrapped.__qualname__, fun_wrapped.__module__ = names
+    fun_wrapped.__name__, fun_wrapped.__qualname__, fun_wrapped.__module__ = names[:3]
     return fun_wrapped
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
-import os
 import types
 import weakref
 from collections.abc import Callable
@@ -35,10 +35,12 @@ from equinox._deprecate import deprecated_0_10
 from nbjit import _jax
 from nbjit.filter.inner import FilterPjitFunction, FunStatic, StaticKey, make_inner, partition_fun
 from nbjit.filter.leaves import array_kinds, is_array, split_leaves
+from nbjit.observe import names as _names
 
 __all__ = ["filter_jit"]
 
 _flatten = jax.tree_util.tree_flatten
+_call_ids = itertools.count(1)  # next() is atomic under the GIL
 _Tracer = _jax.Tracer
 _callback_logger = logging.getLogger("jax._src.callback")
 
@@ -143,7 +145,7 @@ def _prepare(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> tuple[CallPlan,
     fun_arrays = state["_dynamic_fun"]
     if fun_arrays:
         arrays = [*fun_arrays, *arrays]
-    return plan, (arrays, StaticKey(fun_static, treedef, statics))
+    return plan, (arrays, StaticKey(fun_static.key, treedef, statics))
 
 
 def _except_first_args(fun_arrays: tuple, fun_static: FunStatic, args: tuple,
@@ -154,12 +156,14 @@ def _except_first_args(fun_arrays: tuple, fun_static: FunStatic, args: tuple,
     arrays, statics = split_leaves(leaves)
     count = sum(1 for x in first if is_array(x))
     return ([*fun_arrays, *arrays[count:]], arrays[:count],
-            StaticKey(fun_static, treedef, statics, count))
+            StaticKey(fun_static.key, treedef, statics, count))
 
 
 def _call(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True
-    __equinox_jit_id__ = os.urandom(16)  # noqa: F841 (eqx.error_if finds it in this frame)
+    # eqx.error_if records this frame's id when it traces; bytes unique per call
+    # (equinox draws os.urandom(16); a counter is unique in the process and cheaper)
+    __equinox_jit_id__ = next(_call_ids).to_bytes(16, "little")
     plan, inner_args = _prepare(wrapper, args, kwargs)
     hide = _HideCallbackFailure()
     _callback_logger.addFilter(hide)
@@ -252,9 +256,11 @@ def _plan_for(fun: Callable, signature: inspect.Signature, jitkwargs: dict,
         options = dict(jitkwargs, static_argnums=2 if except_first else 1)
         if donate_rest:
             options["donate_argnums"] = 0
-        inner = make_inner((*names, getattr(fun, "__module__", None) or __name__), except_first)
-        plan = CallPlan(FilterPjitFunction(inner, options, filter_warning), signature,
-                        except_first)
+        inner = make_inner((*names, getattr(fun, "__module__", None) or __name__), except_first,
+                           fun)
+        pjit = FilterPjitFunction(inner, options, filter_warning)
+        _names.name_like(inner, fun)  # stats and misses name the wrapped function
+        plan = CallPlan(pjit, signature, except_first)
         if options_key is not None:
             table[key] = plan
     return plan

@@ -18,7 +18,7 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["definition_site", "function_name", "qualified_name"]
+__all__ = ["definition_site", "function_name", "name_like", "qualified_name"]
 
 
 def qualified_name(fun: Any) -> str:
@@ -76,3 +76,14 @@ def function_name(fun: Any) -> str:
         except TypeError:
             pass
     return name
+
+
+def name_like(fun: Any, like: Any) -> None:
+    """Reports name `fun` as they name `like`: for a function made to run
+    `like`'s calls (nbjit.filter_jit's inner function)."""
+    name = function_name(like)
+    with _lock:
+        try:
+            _assigned[fun] = name
+        except TypeError:
+            pass
