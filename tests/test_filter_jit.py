@@ -438,11 +438,19 @@ def test_wrapper_attributes():
     assert "f" in repr(w)
 
 
-def test_repeated_calls_are_nbjit_hits():
-    f = nbjit.filter_jit(lambda m, x: m(x))
+@pytest.mark.parametrize("returns", ["arrays", "module_and_statics"])
+def test_repeated_calls_are_nbjit_hits(returns):
+    """A hit takes nbjit's fast path, also when the output holds non-array leaves
+    (JAX gives fast-path data only when its outputs re-flatten to arrays)."""
+    if returns == "arrays":
+        f = nbjit.filter_jit(lambda m, x: m(x))
+    else:
+        f = nbjit.filter_jit(lambda m, x: (m, m(x), "text", 3))
     m, x = _mlp(), jnp.ones(3)
     f(m, x)
     for _ in range(5):
-        f(m, x)
+        out = f(m, x)
     stats = f._cached.pjit.stats()
     assert stats.hits == 5 and stats.misses == 1 and stats.slow == 0
+    if returns != "arrays":
+        assert out[0].activation is m.activation and out[2:] == ("text", 3)
