@@ -57,6 +57,8 @@ class Row:
     calls_per_batch: int = 0
     seconds: float = 0.0
     note: str = ""
+    # Contenders beyond a and b (Case.sides): name -> median of per-round a / it.
+    other_ratios: dict[str, float] | None = None
 
 
 Jit = Callable[..., Callable[..., Any]]
@@ -237,9 +239,11 @@ def _run_sides(row: Row, case: Case, block: bool, settings: measure.Settings) ->
     ratio = result.ratio("a", "b")
     row.a_us, row.b_us = result.median_us("a"), result.median_us("b")
     row.ratio, row.ratio_p10, row.ratio_p90 = ratio.median, ratio.p10, ratio.p90
+    row.other_ratios = {}
     for name in calls:
         if name not in ("a", "b"):
             other = result.ratio("a", name)
+            row.other_ratios[name] = other.median
             notes.append(f"{name} {result.median_us(name):.1f} us, a/{name} {other.median:.3f} "
                          f"[{other.p10:.3f}-{other.p90:.3f}]")
     row.rounds = result.per_call_s.shape[0]
