@@ -454,3 +454,15 @@ def test_repeated_calls_are_nbjit_hits(returns):
     assert stats.hits == 5 and stats.misses == 1 and stats.slow == 0
     if returns != "arrays":
         assert out[0].activation is m.activation and out[2:] == ("text", 3)
+
+
+def test_deliberate_difference_donation_modes_trace_apart():
+    """equinox shares one jax.jit between donation modes of a function; nbjit's
+    donation is a jit option, so each mode traces on its own."""
+    counts = []
+    for wrap in (nbjit.filter_jit, eqx.filter_jit):
+        fn, traces = _counted(lambda x: x * 2)
+        wrap(fn)(jnp.ones(2))
+        wrap(fn, donate="all")(jnp.ones(2))
+        counts.append(len(traces))
+    assert counts == [2, 1]

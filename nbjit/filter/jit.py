@@ -118,6 +118,10 @@ class _JitWrapper(Module):
         plan, inner_args = _prepare(self, args, kwargs)
         return Lowered(plan.pjit.lower(*inner_args), self)
 
+    def stats(self) -> Any:
+        """nbjit's statistics of this wrapped function (`nbjit.DispatchStats`)."""
+        return self._cached.pjit.stats()
+
     def __get__(self, instance: Any, owner: Any) -> Any:
         del owner
         if instance is None:
