@@ -17,7 +17,10 @@ __all__ = ["equinox_available", "filter_jit"]
 
 
 def equinox_available() -> bool:
-    return importlib.util.find_spec("equinox") is not None
+    try:
+        return importlib.util.find_spec("equinox") is not None
+    except (ImportError, ValueError):  # blocked (sys.modules["equinox"] = None) or broken
+        return False
 
 
 def filter_jit(fun: Any = None, *, donate: str = "none", **jitkwargs: Any) -> Any:
