@@ -456,13 +456,29 @@ def test_repeated_calls_are_nbjit_hits(returns):
         assert out[0].activation is m.activation and out[2:] == ("text", 3)
 
 
-def test_deliberate_difference_donation_modes_trace_apart():
-    """equinox shares one jax.jit between donation modes of a function; nbjit's
-    donation is a jit option, so each mode traces on its own."""
+def test_donation_modes_trace_as_equinox():
     counts = []
     for wrap in (nbjit.filter_jit, eqx.filter_jit):
         fn, traces = _counted(lambda x: x * 2)
         wrap(fn)(jnp.ones(2))
         wrap(fn, donate="all")(jnp.ones(2))
+        wrap(fn, donate="all-except-first")(jnp.ones(2))
         counts.append(len(traces))
-    assert counts == [2, 1]
+    assert counts[0] == counts[1]
+
+
+def test_deliberate_difference_donation_warning_once_per_mode():
+    """equinox's donation modes of one function share one jax.jit, so a compile
+    for `donate="all"` serves `donate="warn"` without warning again; nbjit
+    compiles per mode (donation is a jit option), so "warn" warns."""
+    seen = []
+    for wrap in (nbjit.filter_jit, eqx.filter_jit):
+        def unusable(x):
+            return x.sum()
+
+        wrap(unusable, donate="all")(jnp.ones(4))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrap(unusable, donate="warn")(jnp.ones(4))
+        seen.append(any("donated buffers" in str(w.message) for w in caught))
+    assert seen == [True, False]

@@ -17,6 +17,7 @@ import numpy as np
 from jax import tree_util
 
 from nbjit.filter.leaves import is_array
+from nbjit.filter.static import rebuild_call
 from nbjit.observe import explain as _explain
 
 __all__ = ["describe_filter_call"]
@@ -27,11 +28,11 @@ def describe_filter_call(inner_args: tuple, context: tuple) -> _explain.CallDesc
     static = inner_args[-1]
     if len(inner_args) == 3:  # except-first layout: (donated, kept, static)
         donated, kept = inner_args[0], inner_args[1]
-        count = static.fun.count
+        count = static[0].count
         arrays = [*donated[:count], *kept, *donated[count:]]
     else:
         arrays = list(inner_args[0])
-    fun, args, kwargs = static.rebuild(arrays, None)
+    fun, args, kwargs = rebuild_call(static, arrays, None)
     leaves: list[_explain.LeafDescription] = []
     statics: list[tuple[str, type, Any]] = []
     structure: list[tuple[str, str]] = []

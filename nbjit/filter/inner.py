@@ -4,9 +4,9 @@
 layout, see below): ``inner(arrays, static)`` with `static` a static
 argument. `arrays` are the call's traced leaves (the function's own first,
 then the arguments'), one flat list, so nbjit's binder keys them as one
-sequence of `jax.Array`s; `static` is a `StaticKey`: the argument treedef and
-the non-array leaves, compared as equinox compares its static part (``==``
-and ``hash``, identity first). Under ``donate="*-except-first"`` the first
+sequence of `jax.Array`s; `static` is a `static_key` tuple: the argument
+treedef and the non-array leaves, compared as equinox compares its static
+part (``==`` and ``hash``, identity first). Under ``donate="*-except-first"`` the first
 argument's arrays come as a list of their own: ``inner(donated, kept, static)``.
 
 At trace time `inner` rebuilds the function and its arguments, calls it, and
@@ -32,91 +32,9 @@ from nbjit import _jax
 from nbjit.core.dispatch import PjitFunction
 from nbjit.filter import describe
 from nbjit.filter.leaves import split_leaves
+from nbjit.filter.static import merge, rebuild_call
 
-__all__ = ["FilterPjitFunction", "FunStatic", "OutputRecipe", "StaticKey", "make_inner",
-           "merge", "partition_fun"]
-
-
-class StaticKey:
-    """What of a call is static: the treedef of ``(args, kwargs)``, its
-    non-array leaves (None where an array is) and the function's static part.
-
-    Equal when equinox's static parts are equal: treedefs equal and leaves
-    pairwise ``==`` (identity first, as tuples compare). A leaf whose
-    ``__hash__`` or ``__eq__`` raises makes the lookup raise; nbjit then takes
-    JAX's path, which raises what jax.jit raises for such a static argument.
-    """
-
-    __slots__ = ("fun", "treedef", "statics", "first_count", "_hash")
-
-    def __init__(self, fun: FunStatic, treedef: Any, statics: tuple,
-                 first_count: int = -1) -> None:
-        self.fun = fun
-        self.treedef = treedef
-        self.statics = statics
-        self.first_count = first_count  # arrays of args[0] (except-first layout) or -1
-        self._hash = None
-
-    def __hash__(self) -> int:
-        if self._hash is None:
-            self._hash = hash((self.fun, self.treedef, self.statics))
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return (self is other or type(other) is StaticKey
-                and self.fun == other.fun and self.treedef == other.treedef
-                and self.statics == other.statics and self.first_count == other.first_count)
-
-    def rebuild(self, arrays: list, plain: Callable | None) -> tuple[Any, tuple, dict]:
-        """(fun, args, kwargs) from the traced arrays (trace time only); `plain`
-        is the function when the key holds PLAIN_FUNCTION in its place."""
-        count = self.fun.count
-        fun = plain if self.fun is PLAIN_FUNCTION else self.fun.rebuild(arrays[:count])
-        args, kwargs = self.treedef.unflatten(merge(self.statics, arrays[count:]))
-        return fun, args, kwargs
-
-
-class FunStatic:
-    """The static part of the wrapped function (itself a pytree: a Module, a
-    bound method, a `jtu.Partial`). Its hash is computed once."""
-
-    __slots__ = ("treedef", "statics", "count", "_hash", "key")
-
-    def __init__(self, treedef: Any, statics: tuple, plain: bool = False) -> None:
-        self.treedef = treedef
-        self.statics = statics
-        self.count = sum(1 for x in statics if x is None)
-        self._hash = hash((treedef, statics))
-        # What a call's key holds: a plain Python function has a jitted
-        # function of its own (weakly keyed by it), so its key need not hold
-        # it, and must not (the cache entries would keep it alive).
-        self.key = PLAIN_FUNCTION if plain else self
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return (self is other or type(other) is FunStatic and self._hash == other._hash
-                and self.treedef == other.treedef and self.statics == other.statics)
-
-    def rebuild(self, arrays: list) -> Any:
-        return self.treedef.unflatten(merge(self.statics, arrays))
-
-
-PLAIN_FUNCTION = FunStatic(jax.tree_util.tree_structure(0), ("a plain function",))
-
-
-def partition_fun(fun: Any) -> tuple[tuple, FunStatic]:
-    """(the function's arrays, its static part), as equinox's hashable_partition."""
-    leaves, treedef = jax.tree_util.tree_flatten(fun)
-    arrays, statics = split_leaves(leaves)
-    return tuple(arrays), FunStatic(treedef, statics, type(fun) is types.FunctionType)
-
-
-def merge(statics: tuple, arrays: list) -> list:
-    """The leaves: `statics` with its Nones replaced by `arrays`, in order."""
-    it = iter(arrays)
-    return [next(it) if x is None else x for x in statics]
+__all__ = ["FilterPjitFunction", "OutputRecipe", "make_inner"]
 
 
 class OutputRecipe:
@@ -154,18 +72,18 @@ def split_output(out: Any) -> tuple[list, OutputRecipe]:
 
 
 def make_inner(names: tuple[str, str, str], except_first: bool, fun: Any) -> Callable:
-    """The function nbjit jits: rebuilds the call from arrays + StaticKey. It
+    """The function nbjit jits: rebuilds the call from arrays + static key. It
     holds a plain Python `fun` weakly (its wrappers hold it while they live)."""
     plain = weakref.ref(fun) if type(fun) is types.FunctionType else lambda: None
     if except_first:
-        def fun_wrapped(donated: list, kept: list, static: StaticKey) -> tuple:
-            count = static.fun.count
+        def fun_wrapped(donated: list, kept: list, static: tuple) -> tuple:
+            count = static[0].count
             arrays = [*donated[:count], *kept, *donated[count:]]
-            fun, args, kwargs = static.rebuild(arrays, plain())
+            fun, args, kwargs = rebuild_call(static, arrays, plain())
             return split_output(fun(*args, **kwargs))
     else:
-        def fun_wrapped(arrays: list, static: StaticKey) -> tuple:  # type: ignore[misc]
-            fun, args, kwargs = static.rebuild(arrays, plain())
+        def fun_wrapped(arrays: list, static: tuple) -> tuple:  # type: ignore[misc]
+            fun, args, kwargs = rebuild_call(static, arrays, plain())
             return split_output(fun(*args, **kwargs))
     fun_wrapped.__name__, fun_wrapped.__qualname__, fun_wrapped.__module__ = names[:3]
     return fun_wrapped

@@ -6,7 +6,7 @@ count). A call: bind the arguments as equinox does (skipped for positional
 calls the signature accepts as they are), flatten ``(args, kwargs)`` once,
 split the leaves into arrays and static leaves, and call the function's
 `FilterPjitFunction` (`nbjit.filter.inner`): nbjit keys the arrays and the
-`StaticKey` in its binder, and a hit runs without entering JAX's Python.
+static key in its binder, and a hit runs without entering JAX's Python.
 
 Deliberate difference from equinox: a call waits for its outputs only when
 the computation holds a host callback (an `eqx.error_if` check can raise
@@ -33,8 +33,9 @@ from equinox._custom_types import sentinel
 from equinox._deprecate import deprecated_0_10
 
 from nbjit import _jax
-from nbjit.filter.inner import FilterPjitFunction, FunStatic, StaticKey, make_inner, partition_fun
+from nbjit.filter.inner import FilterPjitFunction, make_inner
 from nbjit.filter.leaves import array_kinds, is_array, split_leaves
+from nbjit.filter.static import FunStatic, partition_fun, static_key
 from nbjit.observe import names as _names
 
 __all__ = ["filter_jit"]
@@ -149,7 +150,7 @@ def _prepare(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> tuple[CallPlan,
     fun_arrays = state["_dynamic_fun"]
     if fun_arrays:
         arrays = [*fun_arrays, *arrays]
-    return plan, (arrays, StaticKey(fun_static.key, treedef, statics))
+    return plan, (arrays, static_key(fun_static.key, treedef, statics))
 
 
 def _except_first_args(fun_arrays: tuple, fun_static: FunStatic, args: tuple,
@@ -160,7 +161,7 @@ def _except_first_args(fun_arrays: tuple, fun_static: FunStatic, args: tuple,
     arrays, statics = split_leaves(leaves)
     count = sum(1 for x in first if is_array(x))
     return ([*fun_arrays, *arrays[count:]], arrays[:count],
-            StaticKey(fun_static.key, treedef, statics, count))
+            static_key(fun_static.key, treedef, statics, count))
 
 
 def _call(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
