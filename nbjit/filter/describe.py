@@ -23,15 +23,9 @@ from nbjit.observe import explain as _explain
 __all__ = ["describe_filter_call"]
 
 
-def describe_filter_call(inner_args: tuple, context: tuple) -> _explain.CallDescription:
-    """The description of one call, from the inner function's arguments."""
-    static = inner_args[-1]
-    if len(inner_args) == 3:  # except-first layout: (donated, kept, static)
-        donated, kept = inner_args[0], inner_args[1]
-        count = static[0].count
-        arrays = [*donated[:count], *kept, *donated[count:]]
-    else:
-        arrays = list(inner_args[0])
+def describe_filter_call(static: tuple, arrays: list,
+                         context: tuple) -> _explain.CallDescription:
+    """The description of one call, from its static key and traced arrays."""
     fun, args, kwargs = rebuild_call(static, arrays, None)
     leaves: list[_explain.LeafDescription] = []
     statics: list[tuple[str, type, Any]] = []

@@ -3,8 +3,8 @@
 `filter_jit(fun)` calls one nbjit `PjitFunction` per wrapped function (and
 layout, see below): ``inner(arrays, static)`` with `static` a static
 argument. `arrays` are the call's traced leaves (the function's own first,
-then the arguments'), one flat list, so nbjit's binder keys them as one
-sequence of `jax.Array`s; `static` is a `static_key` tuple: the argument
+then the arguments'), each a positional argument (`make_inner`'s layouts),
+so nbjit's binder keys them without flattening; `static` is a `static_key` tuple: the argument
 treedef and the non-array leaves, compared as equinox compares its static
 part (``==`` and ``hash``, identity first). Under ``donate="*-except-first"`` the first
 argument's arrays come as a list of their own: ``inner(donated, kept, static)``.
@@ -71,15 +71,23 @@ def split_output(out: Any) -> tuple[list, OutputRecipe]:
     return arrays, OutputRecipe(treedef, statics, blocks)
 
 
-def make_inner(names: tuple[str, str, str], except_first: bool, fun: Any) -> Callable:
+def make_inner(names: tuple[str, str, str], layout: str, fun: Any) -> Callable:
     """The function nbjit jits: rebuilds the call from arrays + static key. It
-    holds a plain Python `fun` weakly (its wrappers hold it while they live)."""
+    holds a plain Python `fun` weakly (its wrappers hold it while they live).
+
+    Layouts: "spread" ``inner(static, *arrays)`` (no donation: each array a
+    positional argument, which nbjit's binder keys without flattening, numpy
+    ones too); "list" ``inner(arrays, static)`` (everything donated);
+    "except_first" ``inner(donated, kept, static)``.
+    """
     plain = weakref.ref(fun) if type(fun) is types.FunctionType else lambda: None
-    if except_first:
-        def fun_wrapped(donated: list, kept: list, static: tuple) -> tuple:
-            count = static[0].count
-            arrays = [*donated[:count], *kept, *donated[count:]]
-            fun, args, kwargs = rebuild_call(static, arrays, plain())
+    if layout == "spread":
+        def fun_wrapped(static: tuple, *arrays: Any) -> tuple:
+            fun, args, kwargs = rebuild_call(static, list(arrays), plain())
+            return split_output(fun(*args, **kwargs))
+    elif layout == "except_first":
+        def fun_wrapped(donated: list, kept: list, static: tuple) -> tuple:  # type: ignore[misc]
+            fun, args, kwargs = rebuild_call(static, join_arrays(static, donated, kept), plain())
             return split_output(fun(*args, **kwargs))
     else:
         def fun_wrapped(arrays: list, static: tuple) -> tuple:  # type: ignore[misc]
@@ -87,6 +95,24 @@ def make_inner(names: tuple[str, str, str], except_first: bool, fun: Any) -> Cal
             return split_output(fun(*args, **kwargs))
     fun_wrapped.__name__, fun_wrapped.__qualname__, fun_wrapped.__module__ = names[:3]
     return fun_wrapped
+
+
+def join_arrays(static: tuple, donated: list, kept: list) -> list:
+    """The except-first layout's arrays in flattening order: the function's
+    (donated), the first argument's (kept), the rest (donated)."""
+    count = static[0].count
+    return [*donated[:count], *kept, *donated[count:]]
+
+
+def split_inner_args(layout: str, inner_args: tuple) -> tuple[tuple, tuple, list]:
+    """(the arguments without the static key, the static key, the arrays in
+    flattening order) of one inner call."""
+    if layout == "spread":
+        return inner_args[1:], inner_args[0], list(inner_args[1:])
+    static = inner_args[-1]
+    if layout == "except_first":
+        return inner_args[:-1], static, join_arrays(static, *inner_args[:2])
+    return inner_args[:-1], static, list(inner_args[0])
 
 
 class FilterPjitFunction(PjitFunction):
@@ -97,9 +123,11 @@ class FilterPjitFunction(PjitFunction):
     described by the wrapped function's arguments, each static leaf by its
     path (`nbjit.filter.describe`)."""
 
-    def __init__(self, fun: Callable, options: dict[str, Any], filter_warning: bool) -> None:
+    def __init__(self, fun: Callable, options: dict[str, Any], filter_warning: bool,
+                 layout: str) -> None:
         super().__init__(fun, options)
         self._filter_warning = filter_warning
+        self._layout = layout
 
     def _compile(self, *args: Any) -> Any:
         if not self._filter_warning:
@@ -118,7 +146,8 @@ class FilterPjitFunction(PjitFunction):
     def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
         description, explaining = super()._describe_miss(args, kwargs, context)
         try:
-            description = describe.describe_filter_call(args, context)
+            _, static, arrays = split_inner_args(self._layout, args)
+            description = describe.describe_filter_call(static, arrays, context)
         except Exception:  # describing must never break a call
             pass
         return description, explaining

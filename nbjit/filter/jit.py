@@ -33,7 +33,7 @@ from equinox._custom_types import sentinel
 from equinox._deprecate import deprecated_0_10
 
 from nbjit import _jax
-from nbjit.filter.inner import FilterPjitFunction, make_inner
+from nbjit.filter.inner import FilterPjitFunction, make_inner, split_inner_args
 from nbjit.filter.leaves import array_kinds, is_array, split_leaves
 from nbjit.filter.static import FunStatic, partition_fun, static_key
 from nbjit.observe import names as _names
@@ -67,13 +67,13 @@ class CallPlan:
     """What a call of one wrapped function needs, worked out once: its
     `FilterPjitFunction`, the argument layout, and when binding can be skipped."""
 
-    __slots__ = ("pjit", "signature", "min_args", "max_args", "except_first", "__weakref__")
+    __slots__ = ("pjit", "signature", "min_args", "max_args", "layout", "__weakref__")
 
     def __init__(self, pjit: FilterPjitFunction, signature: inspect.Signature,
-                 except_first: bool) -> None:
+                 layout: str) -> None:
         self.pjit = pjit
         self.signature = signature
-        self.except_first = except_first
+        self.layout = layout  # nbjit.filter.inner.make_inner's
         self.min_args, self.max_args = _positional_range(signature)
 
 
@@ -138,7 +138,7 @@ def _prepare(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> tuple[CallPlan,
         bound = plan.signature.bind(*args, **kwargs)
         args, kwargs = bound.args, bound.kwargs
     fun_static = state["_static_fun"]
-    if plan.except_first:
+    if plan.layout == "except_first":
         return plan, _except_first_args(state["_dynamic_fun"], fun_static, args, kwargs)
     leaves, treedef = _flatten((args, kwargs))
     kinds = array_kinds
@@ -147,10 +147,13 @@ def _prepare(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> tuple[CallPlan,
         statics = tuple([None if kinds[type(x)] else x for x in leaves])
     except KeyError:  # a leaf type not learnt yet, or a tracer
         arrays, statics = split_leaves(leaves)
+    static = static_key(fun_static.key, treedef, statics)
+    if plan.layout == "spread":
+        return plan, (static, *state["_dynamic_fun"], *arrays)
     fun_arrays = state["_dynamic_fun"]
     if fun_arrays:
         arrays = [*fun_arrays, *arrays]
-    return plan, (arrays, static_key(fun_static.key, treedef, statics))
+    return plan, (arrays, static)
 
 
 def _except_first_args(fun_arrays: tuple, fun_static: FunStatic, args: tuple,
@@ -225,8 +228,8 @@ class Compiled:
         self._wrapper = wrapper
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _, inner_args = _prepare(self._wrapper, args, kwargs)
-        arrays, recipe = self.compiled(*inner_args[:-1])
+        plan, inner_args = _prepare(self._wrapper, args, kwargs)
+        arrays, recipe = self.compiled(*split_inner_args(plan.layout, inner_args)[0])
         if recipe.blocks:
             arrays.pop().block_until_ready()
         return recipe.rebuild(arrays)
@@ -258,14 +261,15 @@ def _plan_for(fun: Callable, signature: inspect.Signature, jitkwargs: dict,
         table, key = _plans_by_name, (names, options_key)
     plan = table.get(key) if options_key is not None else None
     if plan is None or plan.signature != signature:
-        options = dict(jitkwargs, static_argnums=2 if except_first else 1)
+        layout = "except_first" if except_first else "list" if donate_rest else "spread"
+        argnums = {"spread": 0, "list": 1, "except_first": 2}
+        options = dict(jitkwargs, static_argnums=argnums[layout])
         if donate_rest:
             options["donate_argnums"] = 0
-        inner = make_inner((*names, getattr(fun, "__module__", None) or __name__), except_first,
-                           fun)
-        pjit = FilterPjitFunction(inner, options, filter_warning)
+        inner = make_inner((*names, getattr(fun, "__module__", None) or __name__), layout, fun)
+        pjit = FilterPjitFunction(inner, options, filter_warning, layout)
         _names.name_like(inner, fun)  # stats and misses name the wrapped function
-        plan = CallPlan(pjit, signature, except_first)
+        plan = CallPlan(pjit, signature, layout)
         if options_key is not None:
             table[key] = plan
     return plan
