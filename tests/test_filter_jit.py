@@ -482,3 +482,38 @@ def test_deliberate_difference_donation_warning_once_per_mode():
             wrap(unusable, donate="warn")(jnp.ones(4))
         seen.append(any("donated buffers" in str(w.message) for w in caught))
     assert seen == [True, False]
+
+
+def test_profile_and_ranked_misses_cover_filter_jit():
+    def field_step(m, x):
+        return m(x)
+
+    f = nbjit.filter_jit(field_step)
+    x = jnp.ones(3)
+    with nbjit.profile() as profile:
+        for act in (_relu, _gelu, _gelu, _gelu):
+            f(_mlp(activation=act), x)
+    names = [name for name in profile.by_name() if "field_step" in name]
+    assert names, profile.by_name().keys()
+    phases, _ = profile.by_name()[names[0]]
+    assert len(phases) >= 2  # the hits were timed phase by phase
+    rows = [r for r in nbjit.ranked_misses() if "field_step" in r.function]
+    assert any("args[0].activation: static argument value" in r.fields for r in rows), rows
+
+
+def test_dropped_modules_leave_one_entry():
+    """Modules used as the function (or passed in) share their class's jitted
+    function; their arrays are not held by the cache, equal static parts hit."""
+    import weakref
+
+    refs = []
+    for i in range(300):
+        model = _mlp(key=i)
+        out = nbjit.filter_jit(model)(jnp.ones(3))
+        refs.append(weakref.ref(model))
+        wrapper = nbjit.filter_jit(model)
+        del model, out
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0
+    assert wrapper._cached.pjit._cache_size() == 1
+    assert wrapper.stats().misses == 1
