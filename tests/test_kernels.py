@@ -28,8 +28,11 @@ def test_kernels_module_does_not_import_jax(tmp_path):
     package = tmp_path / "nbjit"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    for module in ("_kernels.py", "_distance.py"):
-        (package / module).write_text((Path(_kernels.__file__).parent / module).read_text())
+    (package / "observe").mkdir()
+    (package / "observe" / "__init__.py").write_text("")
+    source = Path(_kernels.__file__).parent
+    for module in ("_kernels.py", "observe/distance.py"):
+        (package / module).write_text((source / module).read_text())
     code = (
         "import sys\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
