@@ -58,9 +58,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from jax import tree_util
 
 from nbjit import _jax
-from nbjit.observe.names import function_name
+from nbjit.observe.names import aval_text, call_site, function_name, process_label
 
 __all__ = ["AgreementError", "AgreementWarning", "check", "configure", "counters",
            "describe_signature", "process_label"]
@@ -141,13 +142,6 @@ def counters() -> Counters:
     return _counters
 
 
-def process_label() -> str | None:
-    """"process I of N" in a multi-controller run (jax.distributed), else None."""
-    if _jax.process_count() == 1 or _jax.distributed_client() is None:
-        return None
-    return f"process {_jax.process_index()} of {_jax.process_count()}"
-
-
 # ---------------------------------------------------------------------------
 # Which functions take part
 
@@ -193,7 +187,7 @@ def _function(jitted: Any) -> _Function:
     """The function's name and store key (named only once it takes part)."""
     info = _functions.get(jitted)
     if info is None:
-        from nbjit._kernels import stable_text_hash
+        from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
         name = function_name(jitted._fun)
         info = _Function(name, f"{stable_text_hash(name) & _MASK64:016x}",
@@ -205,8 +199,6 @@ def _function(jitted: Any) -> _Function:
 def _options_spans(jitted: Any) -> bool:
     spans = _options_span.get(jitted)
     if spans is None:
-        from jax import tree_util
-
         spans = _options_span[jitted] = any(
             _sharding_spans(s) for s in tree_util.tree_leaves(jitted._options)
             if isinstance(s, _jax.Sharding))
@@ -288,18 +280,8 @@ def _encode(value: Any) -> str:
     return f"{type(value).__qualname__} {text}"
 
 
-def _aval_text(leaf: Any) -> str:
-    if leaf.dtype is None:
-        return leaf.kind
-    shape = ",".join(str(d) for d in leaf.shape or ())
-    text = f"{np.dtype(leaf.dtype).name}[{shape}]"
-    if leaf.kind != "jax.Array":
-        text = f"{leaf.kind} {text}"
-    return text + (" weak" if leaf.weak_type else "")
-
-
 def _stable_text_hash(text: str) -> int:
-    from nbjit._kernels import stable_text_hash
+    from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
     return stable_text_hash(text)
 
@@ -322,7 +304,7 @@ def describe_signature(name: str, options_text: str, description: Any,
     With `host_values`, the bytes of every host leaf (numpy arrays and
     scalars, Python scalars) of `args` and `kwargs` enter it too.
     """
-    from nbjit import _kernels
+    from nbjit import _kernels  # deferred: importing numba is slow
 
     text_hash = _text_hash
     entries = [("jit options", options_text),
@@ -333,7 +315,7 @@ def describe_signature(name: str, options_text: str, description: Any,
     header = [text_hash(name)] + [text_hash(f"{p}\0{v}") for p, v in entries]
     packed = []
     for leaf in description.leaves:
-        aval = _aval_text(leaf)
+        aval = aval_text(leaf, kind=True, weak=True)
         entries.append((leaf.path, aval))
         sharding = ""
         if leaf.sharding is not None:
@@ -356,8 +338,6 @@ def describe_signature(name: str, options_text: str, description: Any,
 
 def _host_leaves(args: tuple, kwargs: dict | None, description: Any) -> list[tuple[str, Any]]:
     """(path, value) of the host leaves of a call, with `describe_call`'s paths."""
-    from jax import tree_util
-
     static = {path for path, _, _ in description.statics}
     kwargs = kwargs or {}
     arguments = [(f"args[{i}]", v) for i, v in enumerate(args)]
@@ -375,7 +355,7 @@ def _host_leaves(args: tuple, kwargs: dict | None, description: Any) -> list[tup
 
 def _host_value_text(x: Any) -> str:
     if isinstance(x, np.ndarray | np.generic):
-        from nbjit._kernels import hash_bytes
+        from nbjit._kernels import hash_bytes  # deferred: importing numba is slow
 
         data = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
         return f"bytes hash {int(hash_bytes(data)) & _MASK64:016x}"
@@ -385,7 +365,7 @@ def _host_value_text(x: Any) -> str:
 def _published_entries(entries: list[tuple[str, str]]) -> list[list[str]]:
     out = [[p, v if len(v) <= _MAX_TEXT else v[:_MAX_TEXT - 3] + "..."] for p, v in entries]
     if len(out) > _MAX_ENTRIES:
-        from nbjit._kernels import stable_text_hash
+        from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
         rest = stable_text_hash(json.dumps(out[_MAX_ENTRIES - 1:]))
         out[_MAX_ENTRIES - 1:] = [[f"(entries from {_MAX_ENTRIES} on)",
@@ -414,8 +394,6 @@ def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description:
     start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
                                    _config["check_host_values"])
-    from nbjit.observe.explain import call_site
-
     _counters.describe_seconds += time.perf_counter() - start
     try:
         _exchange(client, info, signature, call_site(), _jax.process_index(),

@@ -33,7 +33,6 @@ import dataclasses
 import html
 import itertools
 import logging
-import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -41,8 +40,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from jax import tree_util
 
 from nbjit import _jax
+from nbjit.observe import distance as _distance
+from nbjit.observe import stats as _stats
+from nbjit.observe.names import aval_text, call_site, process_label
 
 logger = logging.getLogger("nbjit")
 
@@ -147,8 +150,6 @@ def _describe_leaf(path: str, x: Any) -> LeafDescription:
 
 
 def _flatten_argument(path: str, value: Any, leaves: list, structure: list) -> None:
-    from jax import tree_util
-
     pairs, treedef = tree_util.tree_flatten_with_path(value)
     if treedef.num_nodes != 1 or treedef.num_leaves != 1:
         structure.append((path, str(treedef)))
@@ -212,10 +213,8 @@ def closest(new: CallDescription, cached: Sequence[CallDescription]) -> tuple[in
     words = len(cached) * len(new.row)
     if words < NUMBA_CLOSEST_MIN_WORDS or (
             words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
-        from nbjit.observe import distance as _distance
-
         return _distance.closest_python(new.row, [d.row for d in cached])
-    from nbjit import _kernels
+    from nbjit import _kernels  # deferred: importing numba is slow (see above)
 
     return _kernels.closest_numba(new.array, [d.array for d in cached])
 
@@ -228,13 +227,6 @@ def by_age(descriptions: Sequence[CallDescription]) -> list[CallDescription]:
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _aval_text(leaf: LeafDescription) -> str:
-    if leaf.dtype is None:
-        return leaf.kind
-    shape = ",".join(str(d) for d in leaf.shape or ())
-    return f"{np.dtype(leaf.dtype).name}[{shape}]"
 
 
 _WEAK_TYPE_FIX = ("a Python scalar (and what JAX computes from one alone) is weakly typed, "
@@ -257,9 +249,9 @@ def _leaf_differences(old: LeafDescription, new: LeafDescription) -> list[tuple[
         return [(f"{p}: kind", text)]
     out = []
     if old.dtype != new.dtype:
-        out.append((f"{p}: dtype", f"{p}: dtype {_aval_text(old)} -> {_aval_text(new)}"))
+        out.append((f"{p}: dtype", f"{p}: dtype {aval_text(old)} -> {aval_text(new)}"))
     if old.shape != new.shape:
-        out.append((f"{p}: shape", f"{p}: shape {_aval_text(old)} -> {_aval_text(new)}"))
+        out.append((f"{p}: shape", f"{p}: shape {aval_text(old)} -> {aval_text(new)}"))
     if old.weak_type != new.weak_type:
         out.append((f"{p}: weak type", f"{p}: weak type {old.weak_type} -> {new.weak_type} "
                                        f"({_WEAK_TYPE_FIX})"))
@@ -351,22 +343,6 @@ def options_differences(old: Any, new: Any) -> list[str]:
 # The message
 
 
-_SITE_PACKAGES = os.path.dirname(os.path.dirname(_jax.jax.__file__))
-_NOT_CALL_SITES = (_jax.NBJIT_DIR + os.sep,
-                   os.path.join(_SITE_PACKAGES, "jax") + os.sep,
-                   os.path.join(_SITE_PACKAGES, "jaxlib") + os.sep)
-
-
-def call_site() -> str:
-    """file:line of the first frame outside nbjit and jax."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_NOT_CALL_SITES):
-        frame = frame.f_back
-    if frame is None:
-        return "<unknown>"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
 @dataclass(frozen=True)
 class MissContext:
     """What the dispatcher knows about a miss beyond the call's description."""
@@ -409,9 +385,7 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
 
 
 def _message(name: str, site: str, why: str, miss: MissContext) -> str:
-    from nbjit.multiprocess.agreement import process_label  # multi-controller: whose miss
-
-    label = process_label()
+    label = process_label()  # multi-controller: whose miss
     where = f" ({label})" if label else ""
     parts = [f"nbjit cache miss of {name}{where} at {site}", why]
     if miss.jax_misses is not None:
@@ -573,8 +547,6 @@ class _MissBudget:
         self.misses, self.slow = misses, slow
 
     def __enter__(self) -> _MissBudget:
-        from nbjit.observe import stats as _stats
-
         self._serial = last_serial()
         self._slow_before = {name: s.slow_reasons for name, s in _stats.stats().items()} \
             if self.slow is not None else {}
@@ -583,8 +555,6 @@ class _MissBudget:
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         if kind is not None:
             return  # the block's own exception goes first
-        from nbjit.observe import stats as _stats
-
         problems = []
         records = misses_since(self._serial)
         count = last_serial() - self._serial

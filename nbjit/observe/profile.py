@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from nbjit.observe.stats import function_label
+
 __all__ = ["PHASES", "Profile", "profile", "active", "record", "record_whole", "on_switch"]
 
 PHASES = ("key", "lookup", "inputs", "execute", "outputs")
@@ -179,8 +181,6 @@ class Profile:
         """name -> (phases_ns, whole_ns) of every function, in first-call order; twins
         (two jits of one function with the same options) share their name and row,
         as in `nbjit.stats()`."""
-        from nbjit.observe.stats import function_label
-
         grouped: dict[str, tuple[list[np.ndarray], list[tuple[str, int]]]] = {}
         for jitted in self.functions():
             name = function_label(jitted) if hasattr(jitted, "_fun") else repr(jitted)

@@ -21,6 +21,7 @@ import numpy as np
 from nbjit.observe import explain as _explain
 from nbjit.observe import profile as _profile
 from nbjit.observe import stats as _stats
+from nbjit.observe.names import process_label
 
 __all__ = ["build", "format_text", "merge", "read_json", "write_json"]
 
@@ -48,8 +49,7 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
         row.update(timing.get(name, {}))
         functions.append(row)
     functions.sort(key=lambda r: -r["calls"])
-    from nbjit.multiprocess.agreement import process_label  # multi-controller: whose report this is
-
+    # "process": multi-controller, whose report this is
     return {"process": process_label(), "profiled": profile is not None,
             "profile_overhead_us": profile.overhead_ns / 1e3 if profile is not None else None,
             "functions": functions,

@@ -31,6 +31,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbjit import _jax
+from nbjit.observe.names import function_name, process_label
+
 __all__ = ["DispatchStats", "SLOW_REASONS", "StatsTable", "snapshot", "stats"]
 
 # Why a call took JAX's own path instead of nbjit's (the keys of
@@ -161,9 +164,7 @@ class StatsTable(Mapping[str, DispatchStats]):
             cells = [r[0].ljust(widths[0]), *numbers]
             lines.append("  ".join([*cells, r[-1]]).rstrip())
         lines += _host_lines(self._rows)
-        from nbjit.multiprocess.agreement import process_label  # multi-controller: whose counts
-
-        label = process_label()
+        label = process_label()  # multi-controller: whose counts
         return "\n".join([f"({label})", *lines] if label else lines)
 
     def _repr_html_(self) -> str:
@@ -207,8 +208,6 @@ def function_label(jitted: Any) -> str:
     (JAX's global cache key: donation, shardings, device, ...) where they are
     not the defaults. Twins, which share one cache namespace, share the
     label; two jits of one function with other such options are two rows."""
-    from nbjit.observe.names import function_name
-
     name = function_name(jitted._fun)
     options = _keyed_options(getattr(jitted, "_global_key", None))
     return f"{name} [{options}]" if options else name
@@ -224,8 +223,6 @@ def _keyed_options(key: Any) -> str:
     if key is None or not dataclasses.is_dataclass(key):
         return ""
     if _default_key is None:
-        from nbjit import _jax
-
         _default_key = _jax.jit_global_cache_key(_jax.jit_info(_jax.jax_jit(lambda x: x)))
     differing = {f.name: getattr(key, f.name) for f in dataclasses.fields(key)
                  if not f.name.endswith("_treedef")
