@@ -160,7 +160,7 @@ def addressable_device_assignment(sharding):
 try:
     from jax._src.sharding_impls import GSPMDSharding
 except ImportError:  # removed in some later jax; nbjit.host.plan then skips it
-    GSPMDSharding = None
+    GSPMDSharding = None  # type: ignore[misc, assignment]
 from jax._src.lib import xla_client as _xla_client  # noqa: E402
 
 OP_SHARDING_REPLICATED = _xla_client.OpSharding.Type.REPLICATED
@@ -313,7 +313,7 @@ def kv_dir_get(client, prefix: str) -> list[tuple[str, str]]:
     return client.key_value_dir_get(prefix)
 
 
-def kv_wait(client, key: str, timeout_ms: int) -> str | None:
+def kv_wait(client, key: str, timeout_ms: float) -> str | None:
     """The value of `key` once it is set, or None after `timeout_ms`."""
     try:
         return client.blocking_key_value_get(key, max(1, int(timeout_ms)))

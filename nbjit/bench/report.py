@@ -94,7 +94,7 @@ class Summary:
     @classmethod
     def of(cls, rows: Sequence[Row]) -> Summary:
         verdicts = [v for v in map(verdict, rows) if v is not None]
-        ratios = [r.ratio for r in rows if verdict(r) is not None]
+        ratios = [r.ratio for r in rows if verdict(r) is not None and r.ratio is not None]
         geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
         return cls(len(verdicts), geomean, verdicts.count(FASTER), verdicts.count(SLOWER),
                    verdicts.count(WITHIN_NOISE))
@@ -165,7 +165,7 @@ def _plot_ratios(ax: Any, timed: Sequence[Row], a: str) -> None:
     med = np.array([r.ratio for r in timed])
     err = (med - np.array([r.ratio_p10 for r in timed]),
            np.array([r.ratio_p90 for r in timed]) - med)
-    verdicts = [verdict(r) for r in timed]
+    verdicts = [verdict(r) or WITHIN_NOISE for r in timed]  # (timed rows have one)
     ax.errorbar(med, y, xerr=err, fmt="none", ecolor="0.7", capsize=2, lw=1)
     ax.scatter(med, y, c=[VERDICT_COLORS[v] for v in verdicts], zorder=3, s=22)
     ax.axvline(1.0, color="k", lw=1)

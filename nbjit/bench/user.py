@@ -51,7 +51,7 @@ class CompareResult:
     #: jax.jit against itself on the same call, measured the same way
     #: (``compare(..., self_check=True)``): (ratio, p10, p90), or None. How far
     #: it sits from 1 is how far this machine lets a ratio be trusted.
-    self_check: tuple[float, float, float] | None = None
+    self_check: tuple[float | None, float | None, float | None] | None = None
 
     def __str__(self) -> str:
         floor = "-" if self.floor_us is None else f"{self.floor_us:.3g} us"
@@ -129,6 +129,7 @@ def compare(fun: Callable[..., Any], *args: Any, jit_kwargs: dict[str, Any] | No
                         block=False)
     row = run_scenario(scenario, nbjit.jit, jax_jit, USER_SETTINGS, nbjit.jit, floor_call)
     assert row.ratio is not None and row.b_us is not None
+    assert row.ratio_p10 is not None and row.ratio_p90 is not None
     check = None
     if self_check:
         own = run_scenario(scenario, jax_jit, jax_jit, USER_SETTINGS)

@@ -138,7 +138,7 @@ class Namespace:
     def nodes(self) -> list[Node]:
         out = []
         for head in list(self.entries.values()):
-            node = head
+            node: Node | None = head
             while node is not None:
                 out.append(node)
                 node = node.next
@@ -154,7 +154,7 @@ class Namespace:
         """Removes `node` from its chain (called with the cache lock held)."""
         self.counters.hits += node.hits
         node.hits = 0
-        head = self.entries.get(node.key)
+        head: Node | None = self.entries.get(node.key)
         if head is node:
             if node.next is None:
                 del self.entries[node.key]
@@ -190,14 +190,14 @@ class Namespace:
     # -- the miss path's seams (the lock is taken here, nowhere else) -----------
 
     def claim(self, key: Any, shardings: list, context: tuple
-              ) -> tuple[Node | None, Node | None, Pending | None, bool]:
-        """Finds or claims a signature's compile: ``(node, failed, pending, owner)``.
+              ) -> tuple[Node | None, Node | None, Pending | None, Pending | None]:
+        """Finds or claims a signature's compile: ``(node, failed, waiting, owned)``.
 
         `node`: the usable node already cached (None when there is none, or
         only one a failed compile left, returned as `failed`). When nothing
-        is cached the first caller owns the compile (`owner`, a new
-        `pending` it must `release`); later callers get the owner's `pending`
-        to wait on.
+        is cached the first caller owns the compile (`owned`: a new `Pending`
+        it must `release`); later callers get the owner's (`waiting`) to
+        wait on.
         """
         with self.cache._lock:
             node = self.find(key, shardings, context)
@@ -205,13 +205,13 @@ class Namespace:
             if failed is not None:
                 node = None
             if node is not None:
-                return node, None, None, False
+                return node, None, None, None
             pending_key = (key, tuple(shardings), context)
             pending = self.pending.get(pending_key)
             if pending is not None:
-                return None, failed, pending, False
+                return None, failed, pending, None
             pending = self.pending[pending_key] = Pending(pending_key)
-            return None, failed, pending, True
+            return None, failed, None, pending
 
     def release(self, pending: Pending) -> None:
         """Ends the compile `pending` stood for; its waiters look again."""
@@ -260,6 +260,10 @@ class PjitFunctionCache:
     _instances: weakref.WeakSet[PjitFunctionCache] = weakref.WeakSet()
 
     def __init__(self, capacity: int = 4096) -> None:
+        self._setup(capacity)
+        PjitFunctionCache._instances.add(self)
+
+    def _setup(self, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self._capacity = int(capacity)
@@ -270,7 +274,6 @@ class PjitFunctionCache:
         # A hit moves its node to the LRU's recent end: the OrderedDict's own
         # bound method, so the generated hit path pays one call, no wrapper.
         self.mark_recent: Callable[[Node], None] = self._lru.move_to_end
-        PjitFunctionCache._instances.add(self)
 
     def size(self) -> int:
         """Number of entries (compiled signatures) held, over all functions."""
@@ -296,7 +299,8 @@ class PjitFunctionCache:
         return {"capacity": self._capacity}  # pickles empty, like jaxlib's
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["capacity"])
+        self._setup(state["capacity"])
+        PjitFunctionCache._instances.add(self)
 
     def __repr__(self) -> str:
         return f"PjitFunctionCache(size={self.size()}, capacity={self._capacity})"

@@ -51,6 +51,7 @@ from nbjit.core.record import (
     host_dtype,
     private_host_copies,
 )
+from nbjit.core.view import JitView
 from nbjit.host import packing as _packed
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.observe import explain as _explain
@@ -71,6 +72,9 @@ _explicit_cache = PjitFunctionCache(8192)  # jit(f, donate_argnums=..., ...)
 class PjitFunction:
     """A `jax.jit`-compatible callable with nbjit's own cache-hit dispatch."""
 
+    __name__: str  # these two from `functools.update_wrapper`, as upstream's
+    __wrapped__: Callable
+
     def __init__(self, fun: Callable, options: dict[str, Any],
                  cache: PjitFunctionCache | None = None) -> None:
         jitted = _jax.jax_jit(fun, **options)  # JAX validates the options, as upstream
@@ -83,7 +87,7 @@ class PjitFunction:
             cache = _explicit_cache if global_key.contains_explicit_attributes else _default_cache
         self._fun = fun
         self._options = options
-        self._jax_jitted = jitted
+        self._jax_jitted: Any = jitted  # (jax's stubs lack its clear_cache)
         self._jax_cache_miss = _jax.cache_miss_of(jitted)
         self._cache = cache
         self._namespace: Namespace = cache.namespace_for(fun, global_key)
@@ -151,7 +155,7 @@ class PjitFunction:
         deleted = any(type(x) is ArrayImpl and x.is_deleted() for x in inputs)
         return self._slow(args, kwargs, "deleted_or_donated" if deleted else "execute_refused")
 
-    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
+    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                       node: Node | None) -> Any:
         if node is not None:  # a slow node, a failed compile, or NaN/Inf checks are on
             if node.record is not None:
@@ -168,7 +172,7 @@ class PjitFunction:
             return self._slow(args, kwargs, "tracer")  # staged into an outer trace: never cached
         return self._miss(args, kwargs, leaves, signature)
 
-    def _miss(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple) -> Any:
+    def _miss(self, args: tuple, kwargs: dict, leaves: list, signature: tuple) -> Any:
         """Compiles once per signature across threads; only writer of the cache.
 
         `signature` is ``(key, shardings, trace context)``. A node left by a
@@ -176,18 +180,18 @@ class PjitFunction:
         upstream's) but is compiled again by the next call, which replaces it.
         """
         namespace = self._namespace
-        node, failed, pending, owner = namespace.claim(*signature)
-        if owner:
+        node, failed, waiting, owned = namespace.claim(*signature)
+        if owned is not None:
             try:
                 return self._compile(args, kwargs, leaves, signature, failed)
             finally:
-                namespace.release(pending)
-        if node is None and pending is not None:
-            if pending.thread == threading.get_ident():
+                namespace.release(owned)
+        if waiting is not None:
+            if waiting.thread == threading.get_ident():
                 raise RecursionError(
                     f"Recursively calling jit: {self.__name__} re-entered itself "
                     "while compiling the same signature")
-            pending.done.wait()
+            waiting.done.wait()
             node = namespace.find(*signature)
         # Another thread compiled it (or failed: JAX's path, as jaxlib's waiters).
         if node is None or node.record is None:
@@ -196,7 +200,7 @@ class PjitFunction:
         key, shardings, _ = signature
         return self._binders.hit(self, args, kwargs, leaves, key, shardings, now, now)
 
-    def _compile(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
+    def _compile(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                  failed: Node | None) -> Any:
         """JAX's trace/lower/compile for one signature; installs the node it gives
         (in place of `failed`, the node an earlier failed compile left) and tells
@@ -220,7 +224,8 @@ class PjitFunction:
             reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
         node = None
         if not rebuild:
-            node = Node(*signature, self._namespace, record, reason)
+            key, shardings, context = signature
+            node = Node(key, shardings, context, self._namespace, record, reason)
             node.description = description
         self._namespace.install(node, replacing=failed)
         outcome = MissOutcome(self, node, record, fastpath, leaves, args, kwargs, description,
@@ -237,7 +242,8 @@ class PjitFunction:
         self._counters.miss_seconds += seconds
         self._count_slow("compile_failed")
         if failed is None:
-            node = Node(*signature, self._namespace, None, "compile_failed")
+            key, shardings, context = signature
+            node = Node(key, shardings, context, self._namespace, None, "compile_failed")
             node.description = description
             self._namespace.install(node)
 
@@ -363,7 +369,7 @@ class MissOutcome:
     node: Node | None
     record: FastPath | None
     fastpath: Any
-    leaves: Sequence
+    leaves: list
     args: tuple
     kwargs: dict
     description: Any
@@ -435,6 +441,11 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
         return "effects" if _jax.jaxpr_has_effects(jitted, args, kwargs) else "no_fastpath"
     except Exception:
         return "no_fastpath"
+
+
+def _as_view(jitted: PjitFunction) -> JitView:
+    """Never called: the type checker proves here that `PjitFunction` is a `JitView`."""
+    return jitted
 
 
 def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:

@@ -61,6 +61,7 @@ import numpy as np
 from jax import tree_util
 
 from nbjit import _jax
+from nbjit.core.view import JitView
 from nbjit.observe.names import aval_text, call_site, function_name, process_label
 
 __all__ = ["AgreementError", "AgreementWarning", "check", "configure", "counters",
@@ -105,7 +106,7 @@ def _env_timeout() -> float:
         return DEFAULT_TIMEOUT_S
 
 
-_config = {"timeout_s": _env_timeout(),
+_config: dict[str, Any] = {"timeout_s": _env_timeout(),
            "check_host_values": os.environ.get("NBJIT_CHECK_AGREEMENT", "") not in ("", "0")}
 
 
@@ -183,7 +184,7 @@ _functions: weakref.WeakKeyDictionary[Any, _Function] = weakref.WeakKeyDictionar
 _options_span: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
-def _function(jitted: Any) -> _Function:
+def _function(jitted: JitView) -> _Function:
     """The function's name and store key (named only once it takes part)."""
     info = _functions.get(jitted)
     if info is None:
@@ -196,7 +197,7 @@ def _function(jitted: Any) -> _Function:
     return info
 
 
-def _options_spans(jitted: Any) -> bool:
+def _options_spans(jitted: JitView) -> bool:
     spans = _options_span.get(jitted)
     if spans is None:
         spans = _options_span[jitted] = any(
@@ -226,7 +227,7 @@ class _Process:
 _this_process = _Process()
 
 
-def _spans_processes(jitted: Any, leaves: Sequence) -> bool:
+def _spans_processes(jitted: JitView, leaves: Sequence) -> bool:
     for x in leaves:
         if type(x) is _jax.ArrayImpl and _sharding_spans(x.sharding):
             return True
@@ -242,12 +243,13 @@ def _describe_sharding(sharding: Any) -> str:
     memory = getattr(sharding, "memory_kind", None)
     suffix = f", memory {memory}" if memory not in (None, "device") else ""
     if isinstance(sharding, _jax.NamedSharding):
-        mesh = sharding.mesh
+        mesh: Any = sharding.mesh
         axes = ",".join(f"{n}={s}" for n, s in mesh.shape.items())
         ids = [d.id for d in mesh.devices.flat]
         return f"NamedSharding(mesh {axes} devices {_ids_text(ids)}, {sharding.spec}{suffix})"
     if isinstance(sharding, _jax.SingleDeviceSharding):
-        return f"SingleDeviceSharding(device {next(iter(sharding.device_set)).id}{suffix})"
+        device: Any = next(iter(sharding.device_set))  # (jax's stubs: Device has no id)
+        return f"SingleDeviceSharding(device {device.id}{suffix})"
     ids = [d.id for d in sharding._device_assignment]
     return f"{type(sharding).__name__}(devices {_ids_text(ids)}{suffix})"
 
@@ -377,7 +379,7 @@ def _published_entries(entries: list[tuple[str, str]]) -> list[list[str]]:
 # The check (the miss path calls it before JAX traces anything)
 
 
-def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description: Any) -> None:
+def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence, description: Any) -> None:
     """Returns when every process agrees on this call's signature (or is
     missing, after a warning); raises `AgreementError` when one differs.
 
@@ -456,7 +458,8 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str, ran
         store.set(f"latest/{rank}", json.dumps(entry))
         seen, rejected = read_seen()
         missing = set(range(n)) - {rank} - seen
-        at_once, poll, latest = not (missing or rejected), _FIRST_POLL_S, {}
+        latest: dict[int, Any] = {}
+        at_once, poll = not (missing or rejected), _FIRST_POLL_S
         while missing or rejected:
             now = time.perf_counter()
             stuck = [q for q in missing if q in latest

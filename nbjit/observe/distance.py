@@ -42,7 +42,7 @@ def description_distance_python(a: Sequence[int], b: Sequence[int]) -> int:
     d = 0
     for i in range(1, DESCRIPTION_HEADER_WORDS):
         d += a[i] != b[i]
-    paths = None
+    paths: dict[int, int] | None = None
     for i in range(DESCRIPTION_HEADER_WORDS, len(a), DESCRIPTION_LEAF_WORDS):
         j = i
         if j >= len(b) or b[j] != a[i]:

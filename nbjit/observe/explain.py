@@ -136,7 +136,7 @@ def _word(value: Any) -> int:
 
 def _describe_leaf(path: str, x: Any) -> LeafDescription:
     if isinstance(x, _jax.ArrayImpl) or isinstance(x, _jax.Tracer):
-        aval = x.aval
+        aval: Any = x.aval
         if isinstance(x, _jax.Tracer):
             return LeafDescription(path, type(x).__name__, getattr(aval, "dtype", None),
                                    getattr(aval, "shape", None), getattr(aval, "weak_type", None))
@@ -150,7 +150,8 @@ def _describe_leaf(path: str, x: Any) -> LeafDescription:
 
 
 def _flatten_argument(path: str, value: Any, leaves: list, structure: list) -> None:
-    pairs, treedef = tree_util.tree_flatten_with_path(value)
+    pairs, treedef_ = tree_util.tree_flatten_with_path(value)
+    treedef: Any = treedef_  # (jax's stubs lack num_nodes and num_leaves)
     if treedef.num_nodes != 1 or treedef.num_leaves != 1:
         structure.append((path, str(treedef)))
     for key_path, leaf in pairs:
@@ -163,12 +164,12 @@ def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
 
     Called on misses only: flattening with paths costs more than a whole hit.
     """
-    static_positions = set(static_positions)
+    static = set(static_positions)
     leaves: list[LeafDescription] = []
     statics: list[tuple[str, type, Any]] = []
     structure: list[tuple[str, str]] = []
     for i, value in enumerate(args):
-        if i in static_positions:
+        if i in static:
             statics.append((f"args[{i}]", type(value), value))
         else:
             _flatten_argument(f"args[{i}]", value, leaves, structure)
@@ -235,7 +236,7 @@ _WEAK_TYPE_FIX = ("a Python scalar (and what JAX computes from one alone) is wea
 
 
 def _weak_text(weak: bool | None) -> str:
-    return {True: "weak", False: "strong"}.get(weak, "none")
+    return "none" if weak is None else "weak" if weak else "strong"
 
 
 def _leaf_differences(old: LeafDescription, new: LeafDescription) -> list[tuple[str, str]]:

@@ -22,6 +22,7 @@ import functools
 import os
 import sys
 import threading
+import types
 import weakref
 from typing import Any
 
@@ -105,7 +106,7 @@ _NOT_CALL_SITES = (_jax.NBJIT_DIR + os.sep,
 
 def call_site() -> str:
     """file:line of the first frame outside nbjit and jax."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_NOT_CALL_SITES):
         frame = frame.f_back
     if frame is None:

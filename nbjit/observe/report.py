@@ -34,14 +34,14 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
     timing: dict[str, dict[str, float]] = {}
     if profile is not None:
         for name, (phases, whole) in profile.by_name().items():
-            row = timing[name] = {"dispatch_ms": float(phases[:, _DISPATCH_PHASES].sum()) / 1e6,
+            times = timing[name] = {"dispatch_ms": float(phases[:, _DISPATCH_PHASES].sum()) / 1e6,
                                   "execute_ms": float(phases[:, _EXECUTE].sum()) / 1e6,
                                   "miss_ms": 0.0, "slow_ms": 0.0}
             for kind, ns in whole:
-                row[f"{kind}_ms"] += ns / 1e6
+                times[f"{kind}_ms"] += ns / 1e6
     functions = []
     for name, s in _stats.stats().items():  # the names profile.by_name() gives (function_label)
-        row = {"name": name, "calls": s.calls, "hits": s.hits, "misses": s.misses,
+        row: dict[str, Any] = {"name": name, "calls": s.calls, "hits": s.hits, "misses": s.misses,
                "slow": s.slow, "slow_reasons": dict(s.slow_reasons),
                "evictions": s.evictions, "miss_seconds": s.miss_seconds,
                "resident": s.resident, "packed_compiles": s.packed_compiles,
@@ -142,4 +142,10 @@ def read_json(path: str) -> dict[str, Any]:
 
 def write_json(path: str, report: dict[str, Any]) -> None:
     with open(path, "w") as f:
-        json.dump(report, f, indent=2, default=lambda o: float(o) if np.isscalar(o) else str(o))
+        json.dump(report, f, indent=2, default=_json_value)
+
+
+def _json_value(o: Any) -> Any:
+    """What json cannot write itself: numpy scalars as floats, the rest as text."""
+    scalar: Any = o  # (np.isscalar narrows to types float() does not take)
+    return float(scalar) if np.isscalar(o) else str(o)

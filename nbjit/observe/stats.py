@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core.view import JitView
 from nbjit.observe.names import function_name, process_label
 
 __all__ = ["DispatchStats", "SLOW_REASONS", "StatsTable", "snapshot", "stats"]
@@ -185,31 +186,31 @@ class StatsTable(Mapping[str, DispatchStats]):
 # ---------------------------------------------------------------------------
 # The registry of live functions (weak: registering keeps nothing alive)
 
-_live: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # -> creation order
+_live: weakref.WeakKeyDictionary[JitView, int] = weakref.WeakKeyDictionary()  # -> creation order
 _live_lock = threading.Lock()
 _registered = itertools.count()
 
 
-def register(jitted: Any) -> None:
+def register(jitted: JitView) -> None:
     """Called once per jitted function, at construction."""
     with _live_lock:
         _live[jitted] = next(_registered)
 
 
-def live_functions() -> list[Any]:
+def live_functions() -> list[JitView]:
     """The live jitted functions, oldest first."""
     with _live_lock:
         return sorted(_live, key=_live.__getitem__)
 
 
-def function_label(jitted: Any) -> str:
+def function_label(jitted: JitView) -> str:
     """How every report names a jitted function: `nbjit.observe.names.function_name` of
     its Python function, plus the jit options that key its executables
     (JAX's global cache key: donation, shardings, device, ...) where they are
     not the defaults. Twins, which share one cache namespace, share the
     label; two jits of one function with other such options are two rows."""
     name = function_name(jitted._fun)
-    options = _keyed_options(getattr(jitted, "_global_key", None))
+    options = _keyed_options(jitted._global_key)
     return f"{name} [{options}]" if options else name
 
 
