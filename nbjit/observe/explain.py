@@ -30,7 +30,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import html
 import itertools
 import logging
 import sys
@@ -46,6 +45,7 @@ from nbjit import _jax
 from nbjit.observe import distance as _distance
 from nbjit.observe import stats as _stats
 from nbjit.observe.names import aval_text, call_site, process_label
+from nbjit.observe.table import Table
 
 logger = logging.getLogger("nbjit")
 
@@ -494,31 +494,23 @@ class RankedMisses(Sequence[RankedMiss]):
                  "count": r.count, "seconds": r.seconds, "example": r.example}
                 for r in self._rows]
 
-    def _cells(self) -> tuple[list[str], list[list[str]]]:
+    def _table(self) -> Table:
         header = ["compile s", "misses", "function", "call site", "differs"]
         body = [[f"{r.seconds:.3f}", str(r.count), r.function, r.site, ", ".join(r.fields)]
                 for r in self._rows]
-        return header, body
+        text_columns = frozenset({2, 3, 4})
+        return Table(header, body, right=frozenset({0, 1}), left=text_columns,
+                     code=text_columns)
 
     def __str__(self) -> str:
         if not self._rows:
             return "no nbjit misses"
-        header, body = self._cells()
-        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-        return "\n".join("  ".join(c.rjust(w) if i < 2 else c.ljust(w)
-                                   for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-                         .rstrip() for row in [header, *body])
+        return self._table().text()
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        header, body = self._cells()
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
-        rows = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" if i < 2 else
-                             f"<td style='text-align:left'><code>{html.escape(c)}</code></td>"
-                             for i, c in enumerate(row)) + "</tr>" for row in body)
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        return self._table().html()
 
 
 def ranked_misses(top: int | None = None) -> RankedMisses:

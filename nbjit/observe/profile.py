@@ -24,7 +24,6 @@ call and the part of a call outside its five phases.
 from __future__ import annotations
 
 import gc
-import html
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from nbjit.observe.stats import function_label
+from nbjit.observe.table import Table
 
 __all__ = ["PHASES", "Profile", "profile", "active", "record", "record_whole", "on_switch"]
 
@@ -217,7 +217,7 @@ class Profile:
             rows.append(row)
         return rows
 
-    def _table(self) -> tuple[list[str], list[list[str]]]:
+    def _table(self) -> Table:
         header = ["function", "calls", "hits", "misses", "slow"]
         header += [f"{p} us" for p in PHASES] + ["hit us", "miss/slow us", "total ms"]
         body = []
@@ -229,16 +229,10 @@ class Profile:
             cells += [
                       "/".join(f"{v:.0f}" for v in whole) or "-", f"{r['total_ms']:.2f}"]
             body.append(cells)
-        return header, body
+        return Table(header, body, right=frozenset(range(1, len(header))))
 
     def __str__(self) -> str:
-        header, body = self._table()
-        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-                 for row in [header, *body]]
-        lines.append(self._note())
-        return "\n".join(lines)
+        return "\n".join([*self._table().lines(), self._note()])
 
     __repr__ = __str__  # the table, as pandas shows a DataFrame
 
@@ -247,12 +241,7 @@ class Profile:
                 f"profiler overhead ~{self.overhead_ns / 1e3:.2f} us per call, not subtracted")
 
     def _repr_html_(self) -> str:
-        header, body = self._table()
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                       for row in body)
-        note = f"<p>{html.escape(self._note())}</p>"
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{note}"
+        return self._table().html([self._note()])
 
     def plot(self, path: str | None = None) -> Any:
         """A stacked bar per function: median us per phase of its hits. Saves to `path` if given.

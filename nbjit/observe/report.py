@@ -22,6 +22,7 @@ from nbjit.observe import explain as _explain
 from nbjit.observe import profile as _profile
 from nbjit.observe import stats as _stats
 from nbjit.observe.names import process_label
+from nbjit.observe.table import Table
 
 __all__ = ["build", "format_text", "merge", "read_json", "write_json"]
 
@@ -74,12 +75,9 @@ def format_text(report: dict[str, Any]) -> str:
                                                       "slow_ms")]
         cells.append(", ".join(f"{k} {v}" for k, v in sorted(r["slow_reasons"].items())) or "-")
         body.append(cells)
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     lines = ["nbjit run: dispatch report" + (f" ({report['process']})"
                                              if report.get("process") else "")]
-    for row in [header, *body]:
-        lines.append("  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+    lines += Table(header, body, right=frozenset(range(1, len(header) - 1))).lines()
     for r in rows:
         text = _stats.host_inputs_text(r.get("resident", 0), r.get("packed_compiles", 0),
                                        r.get("packed_seconds", 0.0))

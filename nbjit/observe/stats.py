@@ -23,7 +23,6 @@ function.
 from __future__ import annotations
 
 import dataclasses
-import html
 import itertools
 import threading
 import weakref
@@ -34,6 +33,7 @@ from typing import Any
 from nbjit import _jax
 from nbjit.core.view import JitView
 from nbjit.observe.names import function_name, process_label
+from nbjit.observe.table import Table
 
 __all__ = ["DispatchStats", "SLOW_REASONS", "StatsTable", "snapshot", "stats"]
 
@@ -155,32 +155,20 @@ class StatsTable(Mapping[str, DispatchStats]):
     def __repr__(self) -> str:  # the table, as pandas shows a DataFrame
         return str(self)
 
-    def __str__(self) -> str:
+    def _table(self) -> Table:
         header = ("function", *_COLUMNS, "slow reasons")
         body = [(name, *_row(s), _reasons_text(s.slow_reasons)) for name, s in self._rows.items()]
-        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header) - 1)]
-        lines = []
-        for r in [header, *body]:
-            numbers = [c.rjust(w) for c, w in zip(r[1:-1], widths[1:], strict=True)]
-            cells = [r[0].ljust(widths[0]), *numbers]
-            lines.append("  ".join([*cells, r[-1]]).rstrip())
-        lines += _host_lines(self._rows)
+        last = len(header) - 1
+        return Table(header, body, right=frozenset(range(1, last)), left=frozenset({0, last}),
+                     code=frozenset({0}))
+
+    def __str__(self) -> str:
+        lines = self._table().lines() + _host_lines(self._rows)
         label = process_label()  # multi-controller: whose counts
         return "\n".join([f"({label})", *lines] if label else lines)
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in ("function", *_COLUMNS,
-                                                               "slow reasons"))
-        rows = []
-        for name, s in self._rows.items():
-            cells = [f"<td style='text-align:left'><code>{html.escape(name)}</code></td>"]
-            cells += [f"<td>{c}</td>" for c in _row(s)]
-            cells.append(f"<td style='text-align:left'>"
-                         f"{html.escape(_reasons_text(s.slow_reasons))}</td>")
-            rows.append("<tr>" + "".join(cells) + "</tr>")
-        notes = "".join(f"<p>{html.escape(line)}</p>" for line in _host_lines(self._rows))
-        return (f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}"
-                f"</tbody></table>{notes}")
+        return self._table().html(_host_lines(self._rows))
 
 
 # ---------------------------------------------------------------------------
