@@ -55,6 +55,7 @@ from nbjit.core.view import JitView
 from nbjit.host import packing as _packed
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.observe import explain as _explain
+from nbjit.observe import profile as _profile
 from nbjit.observe import stats as _stats
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
@@ -441,6 +442,26 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
         return "effects" if _jax.jaxpr_has_effects(jitted, args, kwargs) else "no_fastpath"
     except Exception:
         return "no_fastpath"
+
+
+class _OverheadProbe(PjitFunction):
+    """A jitted function for `nbjit.profile()`'s overhead: its call is
+    `PjitFunction.__call__` itself (inherited, so it cannot drift from it) and
+    its one binder (call shape: one positional argument) stamps and records as
+    the timed flavour does, with no work (`nbjit.observe.profile.probe_binder`)."""
+
+    def __init__(self) -> None:  # no function, no cache: nothing of PjitFunction's own
+        self._binders = _ProbeBinders({1: _profile.probe_binder})  # type: ignore[assignment]
+
+
+class _ProbeBinders(dict):
+    """The probe's binder table: every call shape gets the probe binder."""
+
+    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        return self.setdefault(shape, _profile.probe_binder)
+
+
+_profile.set_overhead_probe(_OverheadProbe)
 
 
 def _as_view(jitted: PjitFunction) -> JitView:

@@ -70,49 +70,43 @@ def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
         prof._whole.setdefault(jitted, []).append((kind, nanoseconds))
 
 
-class _OverheadProbe:
-    """A call shaped like a timed hit that does no work (see `_measure_overhead`)."""
+def probe_binder(jitted: Any, args: tuple, kwargs: dict) -> Any:
+    """The only binder of the overhead probe: what the timed flavour adds to a
+    hit (six clock reads and the record), with no work between the stamps."""
+    clock = _clock
+    t0 = clock()
+    t1 = clock()
+    t2 = clock()
+    t3 = clock()
+    t4 = clock()
+    record(jitted, t0, t1, t2, t3, t4, clock())
+    return args
 
-    def __init__(self, collect_garbage: Callable[[], Any]) -> None:
-        self.binders: dict = {}
-        self.collect_garbage = collect_garbage
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        self.collect_garbage()  # as PjitFunction.__call__
-        shape = (len(args), *kwargs) if kwargs else len(args)
-        try:
-            binder = self.binders[shape]
-        except KeyError:
-            binder = self.binders[shape] = _OverheadProbe.bind
-        try:
-            return binder(self, args, kwargs)
-        except Exception:
-            raise
+_make_probe: Callable[[], Callable[..., Any]] | None = None
 
-    def bind(self, args: tuple, kwargs: dict) -> Any:
-        clock = _clock
-        t0 = clock()
-        t1 = clock()
-        t2 = clock()
-        t3 = clock()
-        t4 = clock()
-        record(self, t0, t1, t2, t3, t4, clock())
-        return args
+
+def set_overhead_probe(make: Callable[[], Callable[..., Any]]) -> None:
+    """The dispatcher registers how to make the overhead probe: a jitted
+    function whose call is the dispatcher's own ``PjitFunction.__call__``
+    (inherited, so it cannot drift) and whose one binder is `probe_binder`."""
+    global _make_probe
+    _make_probe = make
 
 
 def _measure_overhead(n: int = 1000) -> float:
     """Nanoseconds per call of a probe shaped like a timed hit that does no work.
 
-    The probe mirrors the dispatcher's timed flavour (nbjit/_binders.py
-    `_HIT_TEMPLATE`, timed): a ``__call__(*args, **kwargs)`` that looks up
-    and calls a binder, which stamps t0, its key, and four more phases and
-    records. It bounds both what profiling adds to a call and the part of a
-    call outside its five phases. Median of five batches, gc off.
+    The probe is the dispatcher's own call (`set_overhead_probe`: look up the
+    binder of the call shape, call it) into `probe_binder`, which stamps t0,
+    its key, and four more phases and records. It bounds both what profiling
+    adds to a call and the part of a call outside its five phases. Median of
+    five batches, gc off.
     """
     global _active
-    from nbjit._jax import collect_garbage
-
-    probe = _OverheadProbe(collect_garbage)
+    if _make_probe is None:  # nbjit.core.dispatch registers it when imported
+        raise RuntimeError("nbjit.core.dispatch is not imported: no overhead probe")
+    probe = _make_probe()
     saved, _active = _active, (Profile(),)
     try:
         estimates = []
