@@ -2,10 +2,16 @@
 
 The rest of nbjit talks to JAX through the names this module exports (and
 its public API). When a new jax release moves something, this is the one
-file to mend, with one exception made for speed: the hit path reads two
-private attributes of a `jax.Array`, ``x._committed`` and ``x._sharding``,
-directly (in the generated binders and keyers, `nbjit.core.record` and
-`nbjit.observe.explain`), as jaxlib's C++ reads the same fields.
+file to mend, except for the private attributes of JAX objects that other
+modules read directly, all of them listed here (docs/design.md, "Where JAX
+is touched"):
+  * ``x._committed`` and ``x._sharding`` of a `jax.Array`, for speed, as
+    jaxlib's C++ reads the same fields: in the generated binders and keyers
+    (`nbjit.core.binders`, `nbjit.core.keys`), `nbjit.core.record` and
+    `nbjit.observe.explain`;
+  * ``sharding._hlo_sharding`` and ``sharding._device_assignment`` in
+    `nbjit.host.plan` (host-side slicing), and ``sharding._device_assignment``
+    in `nbjit.multiprocess.agreement` (a sharding's device ids).
 """
 
 from __future__ import annotations

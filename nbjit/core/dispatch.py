@@ -102,7 +102,7 @@ class PjitFunction:
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
-        _stats.register(self)  # observability hooks: nbjit/_stats.py, _profile.py
+        _stats.register(self)  # observability: nbjit.observe (stats, profile)
 
     # -- the hit path: the binder of the call shape keys the call and runs it
 

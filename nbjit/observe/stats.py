@@ -10,10 +10,14 @@ constants behind the code"); a node's hits move into the counters when it
 leaves the cache. Misses, slow calls and evictions are counted on their own
 (already slow) paths, and `calls` is derived: hits + misses + slow.
 
-Under the GIL of CPython 3.12 ``obj.hits += 1`` on a ``__slots__`` object is
-not interrupted between its load and its store (no eval-breaker check
-between LOAD_ATTR, BINARY_OP on ints and STORE_ATTR), so counts from many
-threads add up exactly (tests/test_stats.py checks it).
+No counter takes a lock. Under the GIL of CPython 3.12/3.13, ``node.hits
++= 1`` on a ``__slots__`` object is not interrupted between its load and its
+store (no eval-breaker check between LOAD_ATTR, BINARY_OP on ints and
+STORE_ATTR), so hits from many threads add up exactly (tests/test_stats.py
+checks it). The language does not promise it (a free-threaded build can
+lose counts), and a slow reason counted for the first time runs
+``Counter.__missing__`` in Python, where a race can lose one: counts are
+statistics, not accounting (`nbjit.core.cache.Counters` says the same).
 
 Public: `DispatchStats` (a frozen snapshot), `stats()` (every live
 function), and the ``stats()`` / ``reset_stats()`` methods of a jitted
@@ -93,7 +97,7 @@ class DispatchStats:
     evictions: int = 0
     entries: int = 0
     miss_seconds: float = 0.0
-    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit/_packed.py)
+    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit.host.packing)
     packed_seconds: float = 0.0
     resident: int = 0  # signatures whose host inputs became resident (no compile)
 
@@ -115,7 +119,7 @@ def _reasons_text(reasons: dict[str, int]) -> str:
 
 def host_inputs_text(resident: int, packed: int, packed_seconds: float) -> str:
     """``"resident 1, packed 1 (0.14 s compiling)"``: what fresh host values got
-    (nbjit/_packed.py), or "" for nothing."""
+    (`nbjit.host.packing`), or "" for nothing."""
     parts = [f"resident {resident}"] if resident else []
     if packed:
         parts.append(f"packed {packed} ({packed_seconds:.2f} s compiling)")
