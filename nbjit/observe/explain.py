@@ -42,6 +42,7 @@ import numpy as np
 from jax import tree_util
 
 from nbjit import _jax
+from nbjit._common import PYTHON_SCALARS
 from nbjit.observe import distance as _distance
 from nbjit.observe import stats as _stats
 from nbjit.observe.names import aval_text, call_site, process_label
@@ -144,7 +145,7 @@ def _describe_leaf(path: str, x: Any) -> LeafDescription:
                                x.sharding, x._committed)
     if isinstance(x, np.ndarray | np.generic):
         return LeafDescription(path, "numpy", x.dtype, x.shape, False)
-    if type(x) in _jax.python_scalar_types:
+    if type(x) in PYTHON_SCALARS:
         return LeafDescription(path, type(x).__name__, None, (), True)
     return LeafDescription(path, type(x).__name__)
 
