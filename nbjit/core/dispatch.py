@@ -43,6 +43,7 @@ from nbjit.core.record import (
 from nbjit.host import packing as _packed
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.observe import explain as _explain
+from nbjit.observe import spans as _spans
 from nbjit.observe import stats as _stats
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
@@ -50,6 +51,7 @@ __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
 ArrayImpl = _jax.ArrayImpl
 _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
+_tracing = _jax.traceme_enabled  # a profiler session is collecting spans (nbjit/observe/spans.py)
 _NOT_SET = object()  # marks jit options the caller did not pass
 
 
@@ -83,6 +85,7 @@ class PjitFunction:
         self._binders = BinderTable(self._namespace, self._static_argnums,
                                     self._static_argnames)
         self._fun_signature = info.fun_signature
+        self._span_name = _spans.call_name(fun)  # jaxlib's span around each call, in a trace
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
@@ -91,6 +94,8 @@ class PjitFunction:
     # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        if _tracing():  # in a profiler trace: jaxlib's spans around the call, nbjit's inside
+            return _spans.traced_call(self, args, kwargs)
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
         shape = (len(args), *kwargs) if kwargs else len(args)
         try:
@@ -114,6 +119,8 @@ class PjitFunction:
         """JAX's own path, uncached here; JAX raises what it raises."""
         self._count_slow(reason)
         args, kwargs = self._private(args, kwargs)
+        if _tracing():  # in a profiler trace: a span naming the reason
+            return _spans.slow(self, reason, args, kwargs)
         return self._jax_jitted(*args, **kwargs)
 
     def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -149,10 +156,12 @@ class PjitFunction:
             if node.reason != "compile_failed":
                 self._count_slow(node.reason or "no_fastpath")
                 args, kwargs = self._private(args, kwargs)
-                return self._jax_cache_miss(*args, **kwargs)[0]
+                with _spans.slow_span(node.reason or "no_fastpath"):
+                    return self._jax_cache_miss(*args, **kwargs)[0]
         if _jax.disable_jit.value:
             self._count_slow("disable_jit")
-            return self._fun(*args, **kwargs)
+            with _spans.slow_span("disable_jit"):
+                return self._fun(*args, **kwargs)
         if not _jax.is_top_level_trace():
             return self._slow(args, kwargs, "tracer")  # staged into an outer trace: never cached
         return self._miss(args, kwargs, leaves, signature)
@@ -200,16 +209,23 @@ class PjitFunction:
                  failed: Node | None) -> Any:
         """JAX's trace/lower/compile for one signature; links the node it gives
         (in place of `failed`, the node an earlier failed compile left)."""
-        namespace = self._namespace
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
         description, explaining = self._describe_miss(args, kwargs, signature[2])
+        with _spans.miss_span(description, explaining):  # in a profiler trace: what changed
+            return self._compile_described(args, kwargs, leaves, signature, failed,
+                                           description, explaining)
+
+    def _compile_described(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
+                           failed: Node | None, description: Any, explaining: Any) -> Any:
+        namespace = self._namespace
         _agreement.check(self, args, kwargs, leaves, description)  # multi-controller only
         counters = self._counters
         start = time.perf_counter()
         private_args, private_kwargs = self._private(args, kwargs)
         try:
-            outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
+            with _spans.span(_spans.COMPILE):
+                outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
         except BaseException:
             # The signature keeps a node, as jaxlib's cache does, but not for good
             # (jaxlib's `fall_back_to_python`): its next call compiles again and

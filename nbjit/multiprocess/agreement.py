@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
+from nbjit.observe import spans as _spans
 from nbjit.observe.names import function_name
 
 __all__ = ["AgreementError", "AgreementWarning", "check", "configure", "counters",
@@ -418,8 +419,9 @@ def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description:
 
     _counters.describe_seconds += time.perf_counter() - start
     try:
-        _exchange(client, info, signature, call_site(), _jax.process_index(),
-                  _jax.process_count())
+        with _spans.span(_spans.AGREEMENT):  # in a profiler trace
+            _exchange(client, info, signature, call_site(), _jax.process_index(),
+                      _jax.process_count())
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
         warnings.warn(f"nbjit: multi-process agreement of {info.name} skipped: {error}",
                       AgreementWarning, skip_file_prefixes=_NOT_CALLER)
