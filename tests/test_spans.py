@@ -168,6 +168,28 @@ def test_slow_calls_name_their_reason_and_count_as_jax_jit(tmp_path):
                                                 "nbjit slow: disable_jit": 1}
 
 
+def test_slow_call_through_jaxlibs_own_path_shows_both_pairs(tmp_path):
+    """A deliberate difference (docs/compatibility.md): jaxlib's pair inside nbjit's."""
+
+    def checked(x):
+        return x * 2
+
+    nb, jx = nbjit.jit(checked), jax.jit(checked)
+    nb(jnp.ones(2)), jx(jnp.ones(2))  # compiled outside the traces
+
+    def run(g):
+        with jax.debug_nans(True):
+            return g(jnp.ones(2))
+
+    results = {}
+    nb_events = _traced(tmp_path, lambda: results.setdefault("nb", run(nb)), "nb")
+    jax_events = _traced(tmp_path, lambda: results.setdefault("jax", run(jx)), "jax")
+    assert_same_outputs(results["nb"], results["jax"])
+    name = "PjitFunction(checked)"
+    assert (_counts(nb_events, name)[name], _counts(jax_events, name)[name]) == (4, 2)
+    assert _counts(nb_events, "nbjit slow") == {"nbjit slow: debug_nans": 1}
+
+
 def test_no_traced_binder_outside_a_session():
     f, x = nbjit.jit(lambda x: x + 1), jnp.ones(3)
     f(x)
