@@ -190,6 +190,35 @@ def test_slow_call_through_jaxlibs_own_path_shows_both_pairs(tmp_path):
     assert _counts(nb_events, "nbjit slow") == {"nbjit slow: debug_nans": 1}
 
 
+def _shapes_step(x, n, scale=1.0, tree=None):
+    out = x * n * scale
+    return out if tree is None else (out, jax.tree.map(lambda t: t + n, tree))
+
+
+def _call_shapes(jitted, outputs: list) -> None:
+    """Traced binders of several call shapes: keywords, statics, pytrees, host values."""
+    x = jnp.arange(3.0)
+    for _ in range(2):  # a miss, then a hit, of each
+        outputs.append(jitted(x, 2))
+        outputs.append(jitted(x, 3, scale=0.5))
+        outputs.append(jitted(x, 2, tree={"a": x, "b": [x, x]}))
+        outputs.append(jitted(np.arange(3.0, dtype=np.float32), 2, scale=np.float32(2)))
+        outputs.append(jitted(x, n=4, scale=1.5))
+
+
+def test_traced_call_shapes_match_jax_jit(tmp_path):
+    nb_out, jax_out = [], []
+    nb = nbjit.jit(_shapes_step, static_argnames="n")
+    jx = jax.jit(_shapes_step, static_argnames="n")
+    nb_events = _traced(tmp_path, lambda: _call_shapes(nb, nb_out), "nb")
+    jax_events = _traced(tmp_path, lambda: _call_shapes(jx, jax_out), "jax")
+    assert_same_outputs(nb_out, jax_out)
+    name = "PjitFunction(_shapes_step)"
+    assert _counts(nb_events, name)[name] == _counts(jax_events, name)[name] == 20
+    assert _counts(nb_events, "nbjit outputs")["nbjit outputs"] == 5  # the second round hits
+    assert sum(_counts(nb_events, "nbjit miss").values()) == nb.stats().misses == 5
+
+
 def test_no_traced_binder_outside_a_session():
     f, x = nbjit.jit(lambda x: x + 1), jnp.ones(3)
     f(x)
