@@ -218,6 +218,7 @@ class PjitFunction:
 
     def _compile_described(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
                            failed: Node | None, description: Any, explaining: Any) -> Any:
+        """`_compile` once the call is described (inside the miss's span, in a trace)."""
         namespace = self._namespace
         _agreement.check(self, args, kwargs, leaves, description)  # multi-controller only
         counters = self._counters
