@@ -165,7 +165,7 @@ def test_slow_calls_name_their_reason_and_count_as_jax_jit(tmp_path):
     jax_events = _traced(tmp_path, lambda: results.setdefault("jax", run(jax.jit)), "jax")
     assert_same_outputs(results["nb"], results["jax"])
     name = "PjitFunction(inner_fn)"
-    # four calls of g (8), and 6 more that JAX's own path opens under both jits
+    # four calls of g (8); JAX's grad (4) and vmap (2) open more of that name under both
     assert _counts(nb_events, name)[name] == _counts(jax_events, name)[name] == 14
     assert _counts(nb_events, "nbjit slow") == {"nbjit slow: tracer": 3,
                                                 "nbjit slow: disable_jit": 1}
