@@ -48,6 +48,7 @@ from jax._src import util as _util
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import _jax as _jaxlib_ext
+from jax._src.lib import _profiler as _jaxlib_profiler
 
 NBJIT_DIR = __file__.rsplit("/", 1)[0]
 
@@ -224,6 +225,17 @@ def copy_to_devices_unguarded(arrays, device_lists, shardings):
     finally:
         state.device_to_device = old
 
+
+# --- profiler spans: jaxlib's TraceMe ---
+
+# A span on the profiler's host timeline: ``with TraceMe(name):``. The same
+# C++ TraceMe jaxlib's PjitFunction opens around every call; building one
+# costs a few hundred ns even when no profiler session is collecting.
+TraceMe = _jaxlib_profiler.TraceMe
+# True while any profiler session collects host spans: `jax.profiler.trace`,
+# `start_trace`, or a capture requested from outside the process through
+# `jax.profiler.start_server` (TensorBoard's capture button). One C++ read.
+traceme_enabled = TraceMe.is_enabled
 
 # --- the jit object's surface: names, config caches, tracebacks ---
 

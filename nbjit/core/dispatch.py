@@ -56,6 +56,7 @@ from nbjit.host import packing as _packed
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.observe import explain as _explain
 from nbjit.observe import profile as _profile
+from nbjit.observe import spans as _spans
 from nbjit.observe import stats as _stats
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
@@ -63,6 +64,7 @@ __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
 ArrayImpl = _jax.ArrayImpl
 _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
+_tracing = _jax.traceme_enabled  # a profiler session is collecting spans (nbjit/observe/spans.py)
 _NOT_SET = object()  # marks jit options the caller did not pass
 
 
@@ -99,6 +101,7 @@ class PjitFunction:
         self._binders = BinderTable(self._namespace, self._static_argnums,
                                     self._static_argnames)
         self._fun_signature = info.fun_signature
+        self._span_name = _spans.call_name(fun)  # jaxlib's span around each call, in a trace
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
@@ -107,6 +110,8 @@ class PjitFunction:
     # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        if _tracing():  # in a profiler trace: jaxlib's spans around the call, nbjit's inside
+            return _spans.traced_call(self, args, kwargs)
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
         shape = (len(args), *kwargs) if kwargs else len(args)
         try:
@@ -130,6 +135,8 @@ class PjitFunction:
         """JAX's own path, uncached here; JAX raises what it raises."""
         self._count_slow(reason)
         args, kwargs = self._private(args, kwargs)
+        if _tracing():  # in a profiler trace: a span naming the reason
+            return _spans.slow(self, reason, args, kwargs)
         return self._jax_jitted(*args, **kwargs)
 
     def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -165,10 +172,12 @@ class PjitFunction:
             if node.reason != "compile_failed":
                 self._count_slow(node.reason or "no_fastpath")
                 args, kwargs = self._private(args, kwargs)
-                return self._jax_cache_miss(*args, **kwargs)[0]
+                with _spans.slow_span(node.reason or "no_fastpath"):
+                    return self._jax_cache_miss(*args, **kwargs)[0]
         if _jax.disable_jit.value:
             self._count_slow("disable_jit")
-            return self._fun(*args, **kwargs)
+            with _spans.slow_span("disable_jit"):
+                return self._fun(*args, **kwargs)
         if not _jax.is_top_level_trace():
             return self._slow(args, kwargs, "tracer")  # staged into an outer trace: never cached
         return self._miss(args, kwargs, leaves, signature)
@@ -209,13 +218,21 @@ class PjitFunction:
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
         description, explaining = self._describe_miss(args, kwargs, signature[2])
+        with _spans.miss_span(description, explaining):  # in a profiler trace: what changed
+            return self._compile_described(args, kwargs, leaves, signature, failed,
+                                           description, explaining)
+
+    def _compile_described(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
+                           failed: Node | None, description: Any, explaining: Any) -> Any:
+        """`_compile` once the call is described (inside the miss's span, in a trace)."""
         # Before anything is traced: every process must agree on the signature
         # (multi-controller only); it raises AgreementError when they differ.
         _agreement.check(self, args, kwargs, leaves, description)
         start = time.perf_counter()
         private_args, private_kwargs = self._private(args, kwargs)
         try:
-            outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
+            with _spans.span(_spans.COMPILE):
+                outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
         except BaseException:
             self._compile_failed(signature, description, failed, time.perf_counter() - start)
             raise

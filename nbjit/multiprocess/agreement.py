@@ -62,6 +62,7 @@ from jax import tree_util
 
 from nbjit import _jax
 from nbjit.core.view import JitView
+from nbjit.observe import spans as _spans
 from nbjit.observe.names import aval_text, call_site, function_name, process_label
 
 __all__ = ["AgreementError", "AgreementWarning", "check", "configure", "counters",
@@ -398,8 +399,9 @@ def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence, descript
                                    _config["check_host_values"])
     _counters.describe_seconds += time.perf_counter() - start
     try:
-        _exchange(client, info, signature, call_site(), _jax.process_index(),
-                  _jax.process_count())
+        with _spans.span(_spans.AGREEMENT):  # in a profiler trace
+            _exchange(client, info, signature, call_site(), _jax.process_index(),
+                      _jax.process_count())
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
         warnings.warn(f"nbjit: multi-process agreement of {info.name} skipped: {error}",
                       AgreementWarning, skip_file_prefixes=_NOT_CALLER)

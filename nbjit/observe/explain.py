@@ -386,6 +386,12 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
     return (FIRST_CALL,), "no entry to compare with (the first compile of this function)"
 
 
+def what_changed(new: CallDescription | None, miss: MissContext) -> str:
+    """The sentence that explains why `new` missed (`miss.jax_misses` unread):
+    what the explained-miss log says after the function and call site."""
+    return _why(new, miss)[1]
+
+
 def _message(name: str, site: str, why: str, miss: MissContext) -> str:
     label = process_label()  # multi-controller: whose miss
     where = f" ({label})" if label else ""
