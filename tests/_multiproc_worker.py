@@ -15,8 +15,11 @@ exception type. Results go to OUT.json as {check: null or the failure}.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
+import pathlib
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -403,6 +406,24 @@ def agreement_run_report_names_the_process() -> None:
     description = _explain.describe_call((np.ones(2),), {}, (), (), ())
     message = _explain.explain(description, _explain.MissContext("f", []))
     assert message.startswith(f"nbjit cache miss of f (process {RANK} of 2) at "), message
+
+
+@check
+def agreement_span_in_a_profiler_trace() -> None:
+    """In a profiler trace a miss's exchange shows as `nbjit agreement` inside the miss's
+    span (nbjit/observe/spans.py)."""
+    x = global_array((8, 4), P("x"))
+    nb = nbjit.jit(lambda x: x + 1)
+    logdir = pathlib.Path(tempfile.mkdtemp())
+    with jax.profiler.trace(str(logdir), create_perfetto_trace=True):
+        nb(x)
+    (path,) = logdir.rglob("perfetto_trace.json.gz")
+    with gzip.open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    (exchange,) = [e for e in events if e["name"] == "nbjit agreement"]
+    (miss,) = [e for e in events if e["name"].startswith("nbjit miss: ")]
+    assert miss["ts"] <= exchange["ts"], (miss, exchange)
+    assert exchange["ts"] + exchange["dur"] <= miss["ts"] + miss["dur"] + 1e-3, (miss, exchange)
 
 
 COST: dict[str, float] = {}  # what agreement added to misses (results["_agreement_cost"])

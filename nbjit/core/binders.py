@@ -20,8 +20,10 @@ miss or a signature without a fast path to its `_miss_or_slow`.
 
 Flavours: "plain" is the hit path; "timed" (while a `nbjit.profile()` is
 active) adds clock stamps between the phases and times slow calls whole;
-"key_only" keys a call and returns ``(leaves, key, shardings)``, running
-nothing. `binder_source(f, *args, **kwargs)` shows the source a call runs.
+"traced" (calls made while a profiler session collects,
+`nbjit.observe.spans`) opens a profiler span per phase; "key_only" keys a
+call and returns ``(leaves, key, shardings)``, running nothing.
+`binder_source(f, *args, **kwargs)` shows the source a call runs.
 
 `BinderTable` is a function's shape -> binder dict: the dispatcher reads it
 with a plain subscript (a `__missing__` hook would make every lookup slower).
@@ -52,6 +54,7 @@ from nbjit.core.keys import (
 )
 from nbjit.core.keys import _treedef_ids as treedef_ids
 from nbjit.observe import profile as _profile
+from nbjit.observe import spans as _spans
 from nbjit.observe import stats as _stats
 
 __all__ = ["BinderTable", "Split", "binder_source", "call_shape", "make_binder"]
@@ -104,7 +107,8 @@ def call_shape(args: tuple, kwargs: dict) -> Any:
 # Templates
 #
 # `{via_slow}` and the like call a slow path: directly in the plain flavour,
-# through `timed_call(self, t0, fn, ...)` in the timed one (which times it whole).
+# through `timed_call(self, t0, fn, ...)` in the timed one (which times it whole),
+# through `leave_phase(span, fn, ...)` in the traced one (which closes the phase's span).
 
 _HIT_TEMPLATE = """\
     context = trace_context()
@@ -138,6 +142,21 @@ _TIMED_FINISH = """\
     record_hit(self, t0, t_key, t_lookup, t_inputs, t_execute, clock())
     return out
 """
+_TRACED_FINISH = """\
+    out = outs[0] if record.single_output else record.out_tree.unflatten(outs)
+    span.__exit__(None, None, None)
+    return out
+"""
+_FINISHES = {"plain": _PLAIN_FINISH, "timed": _TIMED_FINISH, "traced": _TRACED_FINISH}
+
+# What a flavour runs first, and after each phase: key, lookup, inputs, execute.
+_STARTS = {"timed": "    t0 = clock()\n", "traced": f"    span = phase({_spans.KEY!r})\n"}
+_STAMPS = {
+    "timed": tuple(f"    {t} = clock()\n" for t in ("t_key", "t_lookup", "t_inputs", "t_execute")),
+    "traced": tuple(f"    span = next_phase(span, {name!r})\n" for name in (
+        _spans.LOOKUP, _spans.INPUTS, _spans.EXECUTE, _spans.OUTPUTS)),
+}
+_NO_STAMPS = ("",) * 4
 
 _BINDER_TEMPLATE = """\
 def bind(self, args, kwargs):
@@ -228,19 +247,18 @@ def _via(fn: str, flavour: str) -> str:
     """How generated code calls slow path `fn` (the prefix, up to its first argument)."""
     if flavour == "key_only":
         return "refuse(" if fn == "self._unkeyable" else f"{fn}("
+    if flavour == "traced":
+        return f"leave_phase(span, {fn}, "
     return f"timed_call(self, t0, {fn}, " if flavour == "timed" else f"{fn}("
 
 
-def _hit_source(timed: bool) -> str:
-    flavour = "timed" if timed else "plain"
-    stamp = "    {} = clock()\n".format
+def _hit_source(flavour: str) -> str:
+    _, stamp_lookup, stamp_inputs, stamp_execute = _STAMPS.get(flavour, _NO_STAMPS)
     return _HIT_TEMPLATE.format(
         via_slow=_via("self._slow", flavour), via_miss=_via("self._miss_or_slow", flavour),
         via_failed=_via("self._execute_failed", flavour),
-        stamp_lookup=stamp("t_lookup") if timed else "",
-        stamp_inputs=stamp("t_inputs") if timed else "",
-        stamp_execute=stamp("t_execute") if timed else "",
-        finish=_TIMED_FINISH if timed else _PLAIN_FINISH)
+        stamp_lookup=stamp_lookup, stamp_inputs=stamp_inputs, stamp_execute=stamp_execute,
+        finish=_FINISHES[flavour])
 
 
 def _argument_names(split: Split, unroll: bool) -> tuple[list[str], dict[str, str], str]:
@@ -273,7 +291,6 @@ def _dynamic_tree(split: Split, unroll: bool, arg_names: list[str],
 def _source(split: Split, flavour: str = "plain") -> str:
     """The source of the binder for one call shape, in one flavour (see the
     module docstring)."""
-    timed = flavour == "timed"
     unroll = len(split.dynamic_positions) + len(split.dynamic_names) <= UNROLL_MAX
     arg_names, kw_names, unpack = _argument_names(split, unroll)
     dynamic = ([arg_names[i] for i in split.dynamic_positions]
@@ -309,10 +326,10 @@ def _source(split: Split, flavour: str = "plain") -> str:
     else:
         read = _READ_LOOP.format(dynamic=leaves, flattened=flattened,
                                  key=f"({', '.join(prefix)}, *pairs)" if marked else "pairs")
-    tail = _KEY_ONLY_FINISH if flavour == "key_only" else _hit_source(timed)
+    tail = _KEY_ONLY_FINISH if flavour == "key_only" else _hit_source(flavour)
     return _BINDER_TEMPLATE.format(
-        start="    t0 = clock()\n" if timed else "", unpack=unpack, read=read.rstrip("\n"),
-        stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
+        start=_STARTS.get(flavour, ""), unpack=unpack, read=read.rstrip("\n"),
+        stamp_key=_STAMPS.get(flavour, _NO_STAMPS)[0], tail=tail)
 
 
 def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
@@ -344,7 +361,7 @@ def _make_hit(env: dict[str, Any], timed: bool) -> Callable[..., Any]:
     """The hit path alone, ``hit(self, args, kwargs, leaves, key, shardings, t0, t_key)``:
     for a call keyed elsewhere (a miss another thread compiled meanwhile)."""
     source = ("def hit(self, args, kwargs, leaves, key, shardings, t0, t_key):\n"
-              + _hit_source(timed))
+              + _hit_source("timed" if timed else "plain"))
     return run_source(source, f"hit{' timed' if timed else ''}", dict(env))["hit"]
 
 
@@ -368,11 +385,14 @@ class BinderTable(dict):
         self.splits: dict[Any, Split] = {}
         self.env = {
             "lookup": namespace.entries.get,  # the dict is never replaced
-            "mark_recent": namespace.cache._lru.move_to_end,
+            "mark_recent": namespace.cache.mark_recent,
             "trace_context": _jax.trace_context, "post_hook": _jax.post_hook_state,
             "consume": _jax.ExecuteResults.consume_with_handlers,
             "timed_call": _timed_call, "clock": time.perf_counter_ns, "record_hit": _profile.record,
+            "phase": _spans.phase, "next_phase": _spans.next_phase,
+            "leave_phase": _spans.leave_phase,
         }
+        self.spanned: dict[Any, Callable[[Any, tuple, dict], Any]] = {}  # the traced flavour's
         self.flavour = "plain"
         self.hit = _make_hit(self.env, False)
         if _profile.active():
@@ -398,6 +418,20 @@ class BinderTable(dict):
         if len(self) >= MAX_CALL_SHAPES:
             self.clear()
         self[shape] = binder
+        return binder
+
+    def traced(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        """The binder for a call made while a profiler session collects: the
+        traced flavour (a span per phase), or the timed one while a
+        `nbjit.profile()` needs every hit's clock stamps."""
+        if self.flavour == "timed":
+            return self.get(shape) or self.build(shape)
+        binder = self.spanned.get(shape)
+        if binder is None:
+            binder = make_binder(self.split(shape), self.env, "traced")
+            if len(self.spanned) >= MAX_CALL_SHAPES:
+                self.spanned.clear()
+            self.spanned[shape] = binder
         return binder
 
     def key_only(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:

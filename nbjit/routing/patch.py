@@ -106,7 +106,7 @@ def _apply() -> None:
     _apply_filter_jit(want and _route_filter_jit)
     if want and not _saved:
         _saved.append(jax.jit)
-        jax.jit = dispatch.jit
+        jax.jit = dispatch.jit  # type: ignore[assignment]  # the patch itself
     elif not want and _saved:
         previous = _saved.pop()
         if jax.jit is dispatch.jit:
