@@ -1,6 +1,7 @@
 """`filter_jit` rows of the compare matrix: three contenders per step.
 
-Each case times the same equinox training step three ways (`Case.sides`):
+Each builder returns the `Case.sides` of one row (the matrix makes the Case):
+the same equinox training step timed three ways:
 ``a`` nbjit.filter_jit(step)(model, x, y); ``b`` the ideal: jax.jit on
 arrays partitioned beforehand (``eqx.partition`` outside the loop, the
 static part closed over, ``eqx.combine`` inside), what a hand-tuned loop
@@ -72,28 +73,20 @@ def _batches(numpy: bool, rows: int = 16, features: int = 8, out: int = 4) -> li
     return [(jnp.asarray(x), jnp.asarray(y)) for x, y in pool[:1]]
 
 
-def mlp_step(depth: int) -> Callable[[], Any]:
+def mlp_step(depth: int) -> tuple:
     """An eqx.nn.MLP(8 -> 4, width 32, `depth`) SGD step on one batch of jax Arrays."""
-    def build() -> Any:
-        from nbjit.bench.matrix import Case
-
-        model = _eqx().nn.MLP(8, 4, 32, depth, key=jax.random.PRNGKey(0))
-        return Case(_sgd, (), sides=_sides(_sgd, model, _batches(False)))
-    return build
+    model = _eqx().nn.MLP(8, 4, 32, depth, key=jax.random.PRNGKey(0))
+    return _sides(_sgd, model, _batches(False))
 
 
-def fresh_batch_step() -> Any:
+def fresh_batch_step() -> tuple:
     """The depth-2 MLP step with a new numpy batch each call."""
-    from nbjit.bench.matrix import Case
-
     model = _eqx().nn.MLP(8, 4, 32, 2, key=jax.random.PRNGKey(0))
-    return Case(_sgd, (), sides=_sides(_sgd, model, _batches(True)))
+    return _sides(_sgd, model, _batches(True))
 
 
-def static_fields_step() -> Any:
+def static_fields_step() -> tuple:
     """A Module with static fields (sizes, a name, activation functions) and a step."""
-    from nbjit.bench.matrix import Case
-
     eqx = _eqx()
 
     class Block(eqx.Module):
@@ -121,17 +114,15 @@ def static_fields_step() -> Any:
     blocks = tuple(Block(eqx.nn.Linear(8, 8, key=k), act, f"block{i}", 8)
                    for i, (k, act) in enumerate(zip(keys[:4], acts, strict=True)))
     model = Net(blocks, eqx.nn.Linear(8, 4, key=keys[4]), jax.nn.sigmoid)
-    return Case(_sgd, (), sides=_sides(_sgd, model, _batches(False)))
+    return _sides(_sgd, model, _batches(False))
 
 
 def _checked_sgd(model: Any, x: Any, y: Any) -> tuple[Any, Any]:
     return _sgd(model, x, y, check=True)
 
 
-def error_if_step() -> Any:
+def error_if_step() -> tuple:
     """The depth-2 MLP step with an eqx.error_if check on the loss (every contender
     waits for its outputs: equinox and nbjit.filter_jit do for such a step)."""
-    from nbjit.bench.matrix import Case
-
     model = _eqx().nn.MLP(8, 4, 32, 2, key=jax.random.PRNGKey(0))
-    return Case(_checked_sgd, (), sides=_sides(_checked_sgd, model, _batches(False)))
+    return _sides(_checked_sgd, model, _batches(False))

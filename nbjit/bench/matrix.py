@@ -25,6 +25,7 @@ import numpy as np
 
 # Upstream's own jit, captured where JAX defines it (see nbjit.bench.runner).
 from nbjit._jax import jax_jit
+from nbjit.bench import filter_cases as fc  # equinox is imported when a row is built
 
 
 @dataclass(frozen=True)
@@ -435,18 +436,21 @@ def scenarios() -> list[Scenario]:
 def _filter_jit_rows() -> list[Scenario]:
     """nbjit.filter_jit (a) against the ideal (b: jax.jit on pre-partitioned arrays),
     with equinox.filter_jit timed alongside (nbjit.bench.filter_cases)."""
-    from nbjit.bench import filter_cases as fc
+    def case(sides: Callable[..., tuple], *args: Any) -> Callable[[], Case]:
+        return lambda: Case(sides, (), sides=sides(*args))
 
     kind = "eqx Module step vs ideal"
     return [
-        Scenario("filter_jit_mlp_step_depth_2", 3, kind, fc.mlp_step(2), True, needs="equinox"),
-        Scenario("filter_jit_mlp_step_depth_8", 3, kind, fc.mlp_step(8), True, needs="equinox"),
+        Scenario("filter_jit_mlp_step_depth_2", 3, kind, case(fc.mlp_step, 2), True,
+                 needs="equinox"),
+        Scenario("filter_jit_mlp_step_depth_8", 3, kind, case(fc.mlp_step, 8), True,
+                 needs="equinox"),
         Scenario("filter_jit_static_fields_step", 3, kind + ", static fields",
-                 fc.static_fields_step, True, needs="equinox"),
+                 case(fc.static_fields_step), True, needs="equinox"),
         Scenario("filter_jit_fresh_numpy_batch", 3, kind + ", new numpy batch",
-                 fc.fresh_batch_step, True, needs="equinox"),
+                 case(fc.fresh_batch_step), True, needs="equinox"),
         Scenario("filter_jit_error_if_step", 3, kind + ", eqx.error_if",
-                 fc.error_if_step, True, needs="equinox"),
+                 case(fc.error_if_step), True, needs="equinox"),
     ]
 
 
