@@ -87,7 +87,7 @@ def fresh_batch_step() -> tuple:
 
 def static_fields_step() -> tuple:
     """A Module with static fields (sizes, a name, activation functions) and a step."""
-    eqx = _eqx()
+    eqx: Any = _eqx()
 
     class Block(eqx.Module):
         linear: Any

@@ -34,7 +34,8 @@ def describe_filter_call(static: tuple, arrays: list,
     parts += [(f"args[{i}]", a) for i, a in enumerate(args)] + [
         (f"kwargs[{name!r}]", kwargs[name]) for name in sorted(kwargs)]
     for path, value in parts:
-        pairs, treedef = tree_util.tree_flatten_with_path(value)
+        pairs, treedef_ = tree_util.tree_flatten_with_path(value)
+        treedef: Any = treedef_  # (jax's stubs lack num_nodes and num_leaves)
         if treedef.num_nodes != 1 or treedef.num_leaves != 1:
             structure.append((path, str(treedef)))
         for key_path, leaf in pairs:

@@ -125,11 +125,11 @@ def _apply_filter_jit(want: bool) -> None:
             return
         equinox = importlib.import_module("equinox")
         _saved_filter.append((equinox, equinox.filter_jit))
-        equinox.filter_jit = _filter.filter_jit
+        setattr(equinox, "filter_jit", _filter.filter_jit)  # noqa: B010 (a module typed loosely)
     elif not want and _saved_filter:
         equinox, previous = _saved_filter.pop()
         if equinox.filter_jit is _filter.filter_jit:
-            equinox.filter_jit = previous
+            setattr(equinox, "filter_jit", previous)  # noqa: B010
         else:  # someone rebound it after us: theirs stays
             warnings.warn(
                 f"nbjit: equinox.filter_jit was rebound to {equinox.filter_jit!r} while "
