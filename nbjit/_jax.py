@@ -313,6 +313,21 @@ def kv_dir_get(client, prefix: str) -> list[tuple[str, str]]:
     return client.key_value_dir_get(prefix)
 
 
+def kv_try_get(client, key: str) -> str | None:
+    """The value of `key`, or None when it is not set (one round trip, no wait)."""
+    try:
+        return client.key_value_try_get(key)
+    except JaxRuntimeError as error:
+        if "NOT_FOUND" in str(error):
+            return None
+        raise
+
+
+def kv_increment(client, key: str) -> int:
+    """Adds 1 to the counter at `key` (atomically, in the store); returns the new count."""
+    return int(client.key_value_increment(key, 1))
+
+
 def kv_wait(client, key: str, timeout_ms: int) -> str | None:
     """The value of `key` once it is set, or None after `timeout_ms`."""
     try:
