@@ -328,6 +328,38 @@ def kv_increment(client, key: str) -> int:
     return int(client.key_value_increment(key, 1))
 
 
+from jax._src import stages as _stages  # noqa: E402
+from jax._src.interpreters import mlir as _mlir  # noqa: E402
+
+
+def lower_as_called(jitted, fun, args: tuple, kwargs: dict) -> None:
+    """Traces and lowers a call of `jitted` (jax's jit of `fun`) on this process
+    alone, nothing compiled or run, raising what calling it would raise here.
+
+    `.lower()` names `fun` by its `__name__` in the incompatible-devices error;
+    the call names it by its `__qualname__` (pjit's `_run_python_pjit`): this
+    raises the call's message.
+    """
+    traced = jitted.trace(*args, **kwargs)
+    lo = getattr(traced, "lojax", None)
+    if lo is None:  # stages laid out otherwise: jax's own lowering and message
+        traced.lower()
+        return
+    mesh, platforms = lo._params.get("ctx_mesh"), None  # as Traced.lower picks them
+    if isinstance(mesh, _stages.AbstractMesh) and mesh.abstract_device is not None:
+        platforms = (mesh.abstract_device.platform,)
+    try:
+        _pjit._resolve_and_lower(
+            lo._meta_tys_flat, **lo._params, lowering_platforms=platforms,
+            lowering_parameters=_mlir.LoweringParameters(), pgle_profiler=None)
+    except _stages.DeviceAssignmentMismatchError as error:
+        fails, = error.args
+        name = getattr(fun, "__qualname__", getattr(fun, "__name__", str(fun)))
+        raise ValueError(_stages._device_assignment_mismatch_error(
+            name, fails, lo._meta_tys_flat, "jit",
+            lo.jaxpr.debug_info.safe_arg_names(len(lo.jaxpr.in_avals)))) from None
+
+
 def kv_wait(client, key: str, timeout_ms: int) -> str | None:
     """The value of `key` once it is set, or None after `timeout_ms`."""
     try:

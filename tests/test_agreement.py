@@ -361,3 +361,51 @@ def test_run_check_agreement_switches_host_values_on(tmp_path):
                              timeout=120, check=True)
         outputs.append(out.stdout.split())
     assert outputs == [["False", "None"], ["True", "None"]]
+
+
+# ---------------------------------------------------------------------------
+# An error JAX raises for one process's call alone comes before agreement
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices")
+def test_local_validation_raises_what_the_call_raises():
+    def add(x, y):
+        return x + y
+
+    x = jax.device_put(jnp.arange(4.0), jax.devices()[0])
+    y = jax.device_put(jnp.arange(4.0), jax.devices()[1])
+    jitted = jax.jit(add)
+    with pytest.raises(ValueError, match="Received incompatible devices") as called:
+        jitted(x, y)
+    with pytest.raises(ValueError) as lowered:
+        _jax.lower_as_called(jitted, add, (x, y), {})
+    assert str(lowered.value) == str(called.value)
+    assert "test_local_validation_raises_what_the_call_raises.<locals>.add" in str(called.value)
+    _jax.lower_as_called(jitted, add, (x, x), {})  # a valid call: nothing raised, nothing run
+
+
+def test_a_mismatch_raises_the_local_error_first(timeout):
+    """Both processes' calls are invalid on their own: each raises that error, not
+    AgreementError, on both sides of the mismatch."""
+    timeout(30)
+    store = FakeStore()
+    outcomes: dict = {}
+
+    def run(rank: int, sig: _agreement.Signature) -> None:
+        def validate() -> None:
+            raise ValueError(f"invalid on process {rank}")
+
+        try:
+            _exchange._exchange(store, INFO, sig, "model.py:1", rank, 2, _exchange._Process(),
+                                validate)
+        except Exception as error:  # noqa: BLE001 (the test inspects it)
+            outcomes[rank] = error
+
+    threads = [threading.Thread(target=run, args=(r, signature(s)))
+               for r, s in ((0, "8"), (1, "16"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert {r: (type(e), str(e)) for r, e in outcomes.items()} == {
+        0: (ValueError, "invalid on process 0"), 1: (ValueError, "invalid on process 1")}

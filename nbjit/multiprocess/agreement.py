@@ -161,6 +161,6 @@ def _local_validation(jitted: Any, args: tuple, kwargs: dict) -> Callable[[], No
     get wrong on its own (incompatible devices, bad types) with JAX's message.
     """
     def validate() -> None:
-        jitted.lower(*args, **kwargs)
+        _jax.lower_as_called(jitted._jax_jitted, jitted._fun, args, kwargs)
 
     return validate

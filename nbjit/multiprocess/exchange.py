@@ -118,7 +118,7 @@ class Counters:
     seconds: float = 0.0  # wall time in exchanges, waits included
     waited_seconds: float = 0.0  # of which waiting for other processes
     max_wait_seconds: float = 0.0
-    errors: int = 0
+    errors: int = 0  # AgreementErrors raised (not the errors JAX raised first)
     warnings: int = 0
 
 
@@ -379,10 +379,10 @@ class _Attempt:
                           AgreementWarning, skip_file_prefixes=_NOT_CALLER)
             return
         self._set_latest("differs")
-        with _counters_lock:
-            _counters.errors += 1
         if self.validate is not None:
             self.validate()  # an error JAX raises for this process's call alone comes first
+        with _counters_lock:
+            _counters.errors += 1  # AgreementErrors raised
         raise _error(self.info, self.rank, self.n, verdict)
 
 

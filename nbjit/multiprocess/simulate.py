@@ -202,14 +202,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--late", type=float, default=2.0, help="seconds (0: skip that column)")
     parser.add_argument("--leaves", type=int, default=100)
     parser.add_argument("--exchange", default=DEFAULT_EXCHANGE)
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="NBJIT_AGREEMENT_TIMEOUT of the simulated processes")
     parser.add_argument("--others", action="store_true",
                         help="also the 'shape' and 'never' scenarios (timeout 2 s)")
     args = parser.parse_args(argv)
     rows, others = [], []
     for n in args.processes:
-        agree = simulate(n, "agree", leaves=args.leaves, exchange=args.exchange)
+        agree = simulate(n, "agree", leaves=args.leaves, timeout_s=args.timeout,
+                         exchange=args.exchange)
         late = (simulate(n, "late", leaves=args.leaves, late_s=args.late,
-                         exchange=args.exchange) if args.late else None)
+                         timeout_s=args.timeout, exchange=args.exchange) if args.late else None)
         for r in (agree, late) if late else (agree,):
             bad = {q: o for q, o in r.outcomes.items() if o != "ok"}
             assert not bad and r.warned == 0, (r.scenario, bad, r.warned)
