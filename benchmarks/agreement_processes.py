@@ -25,8 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _worker(port: int, rank: int, count: int) -> None:
-    import warnings
-
     import jax
 
     jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=count,
@@ -70,28 +68,45 @@ def _worker(port: int, rank: int, count: int) -> None:
         seen["shape"] = [error.path, error.values]
     seen["shape_then_agrees"] = float(h(x)) == float(jnp.sum(x))
 
+    seen["local_error_as_jax"] = _local_error_as_jax(x)
+    seen["never_warned"] = _never_called_warns(x, skip=rank == count - 1)
+    counters = _agreement.counters()
+    seen["round_trips"], seen["checks"] = counters.round_trips, counters.checks
+    print("RESULT " + json.dumps(seen), flush=True)
+
+
+def _local_error_as_jax(x) -> bool:
+    """A locally committed array beside a global one: nbjit raises jax.jit's error."""
+    import jax
+    import jax.numpy as jnp
+
+    import nbjit
+
     local = jax.device_put(jnp.ones(4), jax.local_devices()[0])
-    pair = [nbjit.jit(lambda x, y: x.sum() + y), jax.jit(lambda x, y: x.sum() + y)]
     errors = []
-    for fn in pair:
+    for fn in (nbjit.jit(lambda x, y: x.sum() + y), jax.jit(lambda x, y: x.sum() + y)):
         try:
             fn(x, local)
             errors.append("no error")
         except Exception as error:  # noqa: BLE001 (compared below)
             errors.append(f"{type(error).__name__}: {error}")
-    seen["local_error_as_jax"] = errors[0] == errors[1] and errors[0].startswith("ValueError")
+    return errors[0] == errors[1] and errors[0].startswith("ValueError")
+
+
+def _never_called_warns(x, skip: bool) -> int:
+    """One process skips a call: the others warn after the (2 s) timeout."""
+    import warnings
+
+    import nbjit
+    from nbjit.multiprocess import agreement as _agreement
 
     _agreement.configure(timeout_s=2)
     k = nbjit.jit(lambda x: x + 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if rank != count - 1:
+        if not skip:
             k(x).block_until_ready()
-    seen["never_warned"] = sum(issubclass(w.category, _agreement.AgreementWarning)
-                               for w in caught)
-    counters = _agreement.counters()
-    seen["round_trips"], seen["checks"] = counters.round_trips, counters.checks
-    print("RESULT " + json.dumps(seen), flush=True)
+    return sum(issubclass(w.category, _agreement.AgreementWarning) for w in caught)
 
 
 def main() -> int:

@@ -409,3 +409,23 @@ def test_a_mismatch_raises_the_local_error_first(timeout):
         t.join(60)
     assert {r: (type(e), str(e)) for r, e in outcomes.items()} == {
         0: (ValueError, "invalid on process 0"), 1: (ValueError, "invalid on process 1")}
+
+
+def test_a_client_without_try_get_or_increment():
+    """try_get falls back to a 1 ms wait; a missing increment is a store failure, which
+    check() turns into a warning (agreement skipped), never a broken call."""
+
+    class Minimal:
+        def __init__(self) -> None:
+            self.store = CountingStore()
+
+        def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
+            return self.store.blocking_key_value_get(key, timeout_in_ms)
+
+    client = Minimal()
+    assert _jax.kv_try_get(client, "a") is None
+    client.store.key_value_set("a", "1")
+    assert _jax.kv_try_get(client, "a") == "1"
+    with pytest.raises(_jax.JaxRuntimeError, match="UNIMPLEMENTED"):
+        _jax.kv_increment(client, "n")
+    assert _jax.kv_increment(client.store, "n") == 1 and _jax.kv_increment(client.store, "n") == 2
