@@ -429,3 +429,25 @@ def test_a_client_without_try_get_or_increment():
     with pytest.raises(_jax.JaxRuntimeError, match="UNIMPLEMENTED"):
         _jax.kv_increment(client, "n")
     assert _jax.kv_increment(client.store, "n") == 1 and _jax.kv_increment(client.store, "n") == 2
+
+
+def test_a_process_that_arrives_after_the_decision_follows_it_cheaply(timeout):
+    """p0 and p1 differ and raise at once; p2 calls p0's signature afterwards: nobody
+    is left to tell it, so after its timeout (and grace) it follows the decision
+    stored for its signature (a few small gets, no directory read) and raises too,
+    naming its own value."""
+    timeout(0.5)
+    store = FakeStore()
+    p0, p1, p2 = (Process(store, r, n=3) for r in range(3))
+    a, b = both(p0, p1, signature("8"), signature("16"))
+    assert isinstance(a["error"], _agreement.AgreementError)
+    assert isinstance(b["error"], _agreement.AgreementError)
+    reads = []
+    read = store.key_value_dir_get
+    store.key_value_dir_get = lambda prefix: reads.append(prefix) or read(prefix)
+    with pytest.raises(_agreement.AgreementError) as raised:
+        p2.call(signature("8"))
+    assert raised.value.values == {0: "float32[8]", 1: "float32[16]", 2: "float32[8]"}
+    assert reads == []  # O(1) gets, not the O(N) reads of deciding
+    p1.call_in_thread(signature("8"))["thread"].join(60)  # p1 retries with p0's: agreed
+    p2.call(signature("8"))  # a re-miss of an agreed signature passes at once

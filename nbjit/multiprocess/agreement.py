@@ -58,6 +58,8 @@ from nbjit.multiprocess.exchange import (
     configure,
     counters,
 )
+from nbjit.multiprocess.exchange import _PREFIX as _PREFIX  # noqa: PLC0414
+from nbjit.multiprocess.exchange import _Process as _Process  # noqa: PLC0414
 from nbjit.multiprocess.signature import (
     Signature,
     _encode,
@@ -66,6 +68,9 @@ from nbjit.multiprocess.signature import (
     first_difference,
 )
 from nbjit.observe.names import function_name
+
+# `_exchange`, `_Process`, `_Function`, `Signature` and `_PREFIX` stay reachable here,
+# where the exchange lived before it moved to exchange.py (tests, simulations).
 
 __all__ = ["AgreementError", "AgreementWarning", "Counters", "Signature",
            "check", "configure", "counters", "describe_signature", "first_difference",
@@ -164,3 +169,6 @@ def _local_validation(jitted: Any, args: tuple, kwargs: dict) -> Callable[[], No
         _jax.lower_as_called(jitted._jax_jitted, jitted._fun, args, kwargs)
 
     return validate
+
+
+_first_difference = first_difference  # its name before the move to signature.py

@@ -246,7 +246,10 @@ class _Attempt:
         while True:
             now = time.perf_counter()
             if now >= end:  # the leader's timeout, or no leader decided: decide here
-                self._decide(early=False)
+                if self.leads:
+                    self._decide(early=False)
+                else:
+                    self._fallback()
                 return False
             if store.wait(f"agreed/{me}", min(poll, end - now)) is not None:
                 self._follow(store.get(self._outcome_key(self.rank, self.seq)))
@@ -340,21 +343,47 @@ class _Attempt:
         waiting = {q: e for q, e in latest.items() if q != self.rank
                    and e["state"] == "waiting" and (q in differing or e["sig"] == self.me)}
         if not differing:
-            verdict = json.dumps({"kind": "alone", "missing": missing, "by": self.rank})
-            for q, e in waiting.items():
-                store.set(self._outcome_key(q, e["seq"]), verdict)
-            self._follow(verdict)
-            return "alone"
-        signatures = {q: self.me for q in seen} | {q: e["sig"] for q, e in differing.items()}
-        sites = {q: e["site"] for q, e in latest.items() if signatures.get(q) == e["sig"]}
-        verdicts = _verdicts(self._entries(differing), signatures, sites | {self.rank: self.site},
-                             self.n, early, _config["timeout_s"], self.rank)
+            verdict = json.dumps({"kind": "alone", "missing": missing, "by": self.rank,
+                                  "check": [missing[0], None]})
+            verdicts = {self.me: verdict}
+        else:
+            signatures = {q: self.me for q in seen} | {q: e["sig"] for q, e in differing.items()}
+            sites = {q: e["site"] for q, e in latest.items() if signatures.get(q) == e["sig"]}
+            first = min(differing)  # a process whose next attempt makes these verdicts stale
+            checks = {self.me: [first, differing[first]["seq"]]}
+            verdicts = _verdicts(self._entries(differing), signatures,
+                                 sites | {self.rank: self.site}, self.n, early,
+                                 _config["timeout_s"], self.rank, checks, [self.rank, self.seq])
         for q, e in waiting.items():
             if q in differing:
                 self.process.rejected.add((self.info.key, q, e["seq"]))
             store.set(self._outcome_key(q, e["seq"]), verdicts[e["sig"]])
+        for sig, verdict in verdicts.items():  # for those that arrive after this read
+            store.set(f"verdict/{sig}", verdict)
         self._follow(verdicts[self.me])
-        return "differs"  # not reached: _follow raised
+        return "alone"  # when it did not raise
+
+    def _fallback(self) -> None:
+        """A waiting process that no leader told anything in time: follows the last
+        decision about its signature while it still holds (three small gets; the
+        leader decided before this process arrived), or decides itself."""
+        store, me = self.store, self.me
+        count = store.get(f"count/{me}")
+        if count is not None and int(count) >= self.n:
+            return  # every process published it: agreed
+        text = store.get(f"verdict/{me}")
+        if text is not None:
+            verdict = json.loads(text)
+            q, seq = verdict["check"]
+            if seq is None:  # alone: q had not called
+                holds = store.get(f"seen/{me}/{q}") is None
+            else:  # differs: q has made no attempt since
+                other = store.get(f"latest/{q}")
+                holds = other is not None and json.loads(other)["seq"] == seq
+            if holds:
+                self._follow(text)
+                return
+        self._decide(early=False)
 
     def _entries(self, differing: dict[int, dict]) -> dict[str, list]:
         """Signature -> its described entries: this one's and each differing one's
@@ -391,7 +420,8 @@ class _Attempt:
 
 
 def _verdicts(entries: dict[str, list], signatures: dict[int, str], sites: dict[int, str],
-              n: int, early: bool, timeout: float, by: int) -> dict[str, str]:
+              n: int, early: bool, timeout: float, by: int, checks: dict[str, list],
+              check: list) -> dict[str, str]:
     """Signature -> the verdict (JSON) its callers raise with, seen from it: the
     first difference in its entry order, each process's value there (ranks
     grouped), and the call sites. `signatures`: rank -> the signature it
@@ -406,8 +436,8 @@ def _verdicts(entries: dict[str, list], signatures: dict[int, str], sites: dict[
                    else values.get(signatures[q], own) if q in signatures
                    else "(not called yet)" for q in range(n)}
         out[sig] = json.dumps({"kind": "differs", "path": path, "values": _group(by_rank),
-                               "sites": _group(sites), "early": early, "timeout": timeout,
-                               "by": by})
+                               "own": own, "sites": _group(sites), "early": early,
+                               "timeout": timeout, "by": by, "check": checks.get(sig, check)})
     return out
 
 
@@ -436,7 +466,9 @@ def _ranks_text(ranges: list[list[int]]) -> str:
 
 
 def _error(info: _Function, rank: int, n: int, verdict: dict) -> AgreementError:
-    path, groups = verdict["path"], verdict["values"]
+    path, values = verdict["path"], _expand(verdict["values"])
+    values[rank] = verdict["own"]  # this process may have called after the decision
+    groups = _group(values)
     shown = ", ".join(f"{_ranks_text(r)}: {v}" for v, r in groups)
     called = ", ".join(f"{_ranks_text(r)}: {s}" for s, r in verdict["sites"])
     timeout = verdict["timeout"]
@@ -450,7 +482,7 @@ def _error(info: _Function, rank: int, n: int, verdict: dict) -> AgreementError:
         "order (build global arrays with the same global shape everywhere, e.g. "
         "jax.make_array_from_process_local_data). A process that is only late (still "
         f"compiling) needs a longer NBJIT_AGREEMENT_TIMEOUT (now {timeout:g} s).")
-    return AgreementError(message, info.name, path, _expand(groups))
+    return AgreementError(message, info.name, path, values)
 
 
 def _missing_message(info: _Function, rank: int, missing: list[int], timeout: float) -> str:

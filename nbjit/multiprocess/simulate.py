@@ -46,11 +46,16 @@ class CountingStore:
     are those of the values, plus the keys of a directory read.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, latency_s: float = 0.0) -> None:
+        self.latency_s = latency_s  # each call's round trip, slept outside the lock
         self._data: dict[str, str] = {}
         self._lock = threading.Lock()
         self._events: dict[str, threading.Event] = {}  # key -> set once it is written
         self.round_trips = self.entries = self.bytes = 0
+
+    def _trip(self) -> None:
+        if self.latency_s:
+            time.sleep(self.latency_s)
 
     def _serve(self, entries: int, size: int) -> None:
         self.entries += entries
@@ -63,6 +68,7 @@ class CountingStore:
             event.set()
 
     def key_value_set(self, key: str, value: str, allow_overwrite: bool = False) -> None:
+        self._trip()
         with self._lock:
             self.round_trips += 1
             if not allow_overwrite and key in self._data:
@@ -70,6 +76,7 @@ class CountingStore:
             self._write(key, value)
 
     def key_value_try_get(self, key: str) -> str:
+        self._trip()
         with self._lock:
             self.round_trips += 1
             if key not in self._data:
@@ -79,6 +86,7 @@ class CountingStore:
             return value
 
     def key_value_increment(self, key: str, increment: int) -> int:
+        self._trip()
         with self._lock:
             self.round_trips += 1
             value = int(self._data.get(key, "0")) + increment
@@ -87,6 +95,7 @@ class CountingStore:
             return value
 
     def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
+        self._trip()
         with self._lock:
             self.round_trips += 1
             if key not in self._data:
@@ -102,6 +111,7 @@ class CountingStore:
             return value
 
     def key_value_dir_get(self, prefix: str) -> list[tuple[str, str]]:
+        self._trip()
         with self._lock:
             self.round_trips += 1
             found = sorted((k, v) for k, v in self._data.items() if k.startswith(prefix))
@@ -141,12 +151,13 @@ def _signature(module: ModuleType, leaves: int, processes: int, rows: int) -> An
 
 def simulate(processes: int, scenario: str = "agree", *, leaves: int = 100,
              late_s: float = 2.0, timeout_s: float = 30.0, odd: int | None = None,
-             exchange: str = DEFAULT_EXCHANGE) -> Run:
+             latency_s: float = 0.0, exchange: str = DEFAULT_EXCHANGE) -> Run:
     """One miss of one function by `processes` simulated processes, as `scenario` says;
-    `odd` is the rank that is late, differs or never calls (default: the middle one)."""
+    `odd` is the rank that is late, differs or never calls (default: the middle one);
+    `latency_s`: each store call's round trip."""
     module = importlib.import_module(exchange)
     odd = processes // 2 if odd is None else odd
-    store = CountingStore()
+    store = CountingStore(latency_s)
     info = module._Function("step (train.py:41)", "00000000000000f1", True, "{}")
     agreed, other = (_signature(module, leaves, processes, rows) for rows in (4096, 2048))
     callers = [r for r in range(processes) if not (scenario == "never" and r == odd)]
@@ -202,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--late", type=float, default=2.0, help="seconds (0: skip that column)")
     parser.add_argument("--leaves", type=int, default=100)
     parser.add_argument("--exchange", default=DEFAULT_EXCHANGE)
+    parser.add_argument("--latency", type=float, default=0.0,
+                        help="seconds each store call takes (the coordinator's round trip)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="NBJIT_AGREEMENT_TIMEOUT of the simulated processes")
     parser.add_argument("--others", action="store_true",
@@ -209,10 +222,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     rows, others = [], []
     for n in args.processes:
-        agree = simulate(n, "agree", leaves=args.leaves, timeout_s=args.timeout,
-                         exchange=args.exchange)
-        late = (simulate(n, "late", leaves=args.leaves, late_s=args.late,
-                         timeout_s=args.timeout, exchange=args.exchange) if args.late else None)
+        common = {"leaves": args.leaves, "latency_s": args.latency, "exchange": args.exchange}
+        agree = simulate(n, "agree", timeout_s=args.timeout, **common)
+        late = (simulate(n, "late", late_s=args.late, timeout_s=args.timeout, **common)
+                if args.late else None)
         for r in (agree, late) if late else (agree,):
             bad = {q: o for q, o in r.outcomes.items() if o != "ok"}
             assert not bad and r.warned == 0, (r.scenario, bad, r.warned)
@@ -220,8 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{n} processes: agree {agree.seconds:.2f} s"
               + (f", late {late.seconds:.2f} s" if late else ""), flush=True)
         if args.others:
-            others += [simulate(n, s, leaves=args.leaves, timeout_s=2.0,
-                                exchange=args.exchange) for s in ("shape", "never")]
+            others += [simulate(n, s, timeout_s=2.0, **common) for s in ("shape", "never")]
     print(_table(rows))
     for r in others:
         kinds = sorted(set(r.outcomes.values()))
