@@ -16,7 +16,9 @@ signature key in hex):
   ``latest/<rank>``: `rank`'s latest attempt that waited (a small JSON: its
       sequence number, signature, state and call site);
   ``out/<rank>.<seq>``: the outcome of `rank`'s waiting attempt `seq`, set by
-      the process that decided it (differs, rejected, alone).
+      the process that decided it (differs, rejected, alone);
+  ``verdict/<sig>``: the last decision about `<sig>`, for a process that
+      arrives after it (naming one process whose next attempt makes it stale).
 
 A miss of signature S: publish the marker, increment the count (the leader
 also sets ``desc/S``); the process that completes the count sets
@@ -32,8 +34,9 @@ for those of other signatures (they raise even if this process calls again
 with theirs, so both sides skip the same call), the same verdict for those
 of its own. After the timeout the leader decides as the old exchange did:
 raise when a missing process published another signature, warn when it
-never called. A process whose leader never decides (it hits, or crashed)
-decides for itself after the timeout and a grace.
+never called. A process that nobody told anything by its timeout and a
+grace (it arrived after the decision, or its leader hits or crashed)
+follows ``verdict/<sig>`` while that holds, and otherwise decides itself.
 
 Per miss when every process agrees: N markers and increments, one get of
 ``agreed/S`` per waiting process, and the leader's N-entry read and marker
