@@ -106,7 +106,7 @@ def output_difference(x: Any, y: Any) -> str | None:
     """Why two call results differ (structure, dtype, weak type, sharding, values), or None."""
     lx, tx = jax.tree.flatten(x)
     ly, ty = jax.tree.flatten(y)
-    if tx != ty:
+    if tx != ty:  # type: ignore[operator]  # (jax's stubs: PyTreeDef has no !=)
         return f"tree structure {tx} != {ty}"
     for i, (u, v) in enumerate(zip(lx, ly, strict=True)):
         for attr in ("dtype", "weak_type", "sharding"):

@@ -44,7 +44,10 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jax import tree_util
+
 from nbjit import _jax
+from nbjit.core.view import JitView
 from nbjit.multiprocess.exchange import (
     _MASK64,
     _NOT_CALLER,
@@ -67,7 +70,7 @@ from nbjit.multiprocess.signature import (
     describe_signature,
     first_difference,
 )
-from nbjit.observe.names import function_name
+from nbjit.observe.names import call_site, function_name, process_label
 
 # `_exchange`, `_Process`, `_Function`, `Signature` and `_PREFIX` stay reachable here,
 # where the exchange lived before it moved to exchange.py (tests, simulations).
@@ -75,13 +78,6 @@ from nbjit.observe.names import function_name
 __all__ = ["AgreementError", "AgreementWarning", "Counters", "Signature",
            "check", "configure", "counters", "describe_signature", "first_difference",
            "process_label"]
-
-
-def process_label() -> str | None:
-    """"process I of N" in a multi-controller run (jax.distributed), else None."""
-    if _jax.process_count() == 1 or _jax.distributed_client() is None:
-        return None
-    return f"process {_jax.process_index()} of {_jax.process_count()}"
 
 
 # ---------------------------------------------------------------------------
@@ -94,11 +90,11 @@ _functions: weakref.WeakKeyDictionary[Any, _Function] = weakref.WeakKeyDictionar
 _options_span: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
-def _function(jitted: Any) -> _Function:
+def _function(jitted: JitView) -> _Function:
     """The function's name and store key (named only once it takes part)."""
     info = _functions.get(jitted)
     if info is None:
-        from nbjit._kernels import stable_text_hash  # numba loads at the first miss, not at import
+        from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
         name = function_name(jitted._fun)
         info = _Function(name, f"{stable_text_hash(name) & _MASK64:016x}",
@@ -107,18 +103,16 @@ def _function(jitted: Any) -> _Function:
     return info
 
 
-def _options_spans(jitted: Any) -> bool:
+def _options_spans(jitted: JitView) -> bool:
     spans = _options_span.get(jitted)
     if spans is None:
-        from jax import tree_util
-
         spans = _options_span[jitted] = any(
             _sharding_spans(s) for s in tree_util.tree_leaves(jitted._options)
             if isinstance(s, _jax.Sharding))
     return spans
 
 
-def _spans_processes(jitted: Any, leaves: Sequence) -> bool:
+def _spans_processes(jitted: JitView, leaves: Sequence) -> bool:
     for x in leaves:
         if type(x) is _jax.ArrayImpl and _sharding_spans(x.sharding):
             return True
@@ -129,7 +123,8 @@ def _spans_processes(jitted: Any, leaves: Sequence) -> bool:
 # The check (the miss path calls it before JAX traces anything)
 
 
-def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description: Any) -> None:
+def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
+          description: Any) -> None:
     """Returns when every process agrees on this call's signature (or is
     missing, after a warning); raises `AgreementError` when one differs (or
     the error JAX raises for this process's call on its own).
@@ -147,8 +142,6 @@ def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description:
     start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
                                    _config["check_host_values"])
-    from nbjit.observe.explain import call_site
-
     _counters.describe_seconds += time.perf_counter() - start
     try:
         _exchange(client, info, signature, call_site(), _jax.process_index(),
@@ -158,7 +151,7 @@ def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description:
                       AgreementWarning, skip_file_prefixes=_NOT_CALLER)
 
 
-def _local_validation(jitted: Any, args: tuple, kwargs: dict) -> Callable[[], None]:
+def _local_validation(jitted: JitView, args: tuple, kwargs: dict) -> Callable[[], None]:
     """Raises what JAX's path raises for this call on this process alone, if anything.
 
     Run only when the processes disagree (lowering traces the function): JAX
@@ -166,7 +159,8 @@ def _local_validation(jitted: Any, args: tuple, kwargs: dict) -> Callable[[], No
     get wrong on its own (incompatible devices, bad types) with JAX's message.
     """
     def validate() -> None:
-        _jax.lower_as_called(jitted._jax_jitted, jitted._fun, args, kwargs)
+        upstream = _jax.jax_jit(jitted._fun, **jitted._options)  # as the dispatcher makes it
+        _jax.lower_as_called(upstream, jitted._fun, args, kwargs)
 
     return validate
 

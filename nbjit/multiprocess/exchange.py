@@ -95,8 +95,9 @@ def _env_timeout() -> float:
         return DEFAULT_TIMEOUT_S
 
 
-_config = {"timeout_s": _env_timeout(),
-           "check_host_values": os.environ.get("NBJIT_CHECK_AGREEMENT", "") not in ("", "0")}
+_config: dict[str, Any] = {"timeout_s": _env_timeout(),
+                           "check_host_values": os.environ.get("NBJIT_CHECK_AGREEMENT", "")
+                           not in ("", "0")}
 
 
 def configure(timeout_s: float | None = None, check_host_values: bool | None = None) -> dict:
@@ -432,7 +433,7 @@ def _verdicts(entries: dict[str, list], signatures: dict[int, str], sites: dict[
     out = {}
     for sig, mine in entries.items():
         path, values = first_difference(mine, {s: e for s, e in entries.items() if s != sig})
-        own = dict(map(tuple, mine)).get(path, "(absent)")
+        own = str(dict(map(tuple, mine)).get(path, "(absent)"))
         if path == "signature":  # equal as published (truncated): name the keys
             own, values = f"key {sig}", {s: f"key {s}" for s in entries}
         by_rank = {q: own if signatures.get(q) == sig

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from jax import tree_util
 
 from nbjit import _jax
+from nbjit.observe.names import aval_text
 
 __all__ = ["Signature", "describe_signature", "first_difference", "published_entries"]
 
@@ -56,12 +58,13 @@ def _describe_sharding(sharding: Any) -> str:
     memory = getattr(sharding, "memory_kind", None)
     suffix = f", memory {memory}" if memory not in (None, "device") else ""
     if isinstance(sharding, _jax.NamedSharding):
-        mesh = sharding.mesh
+        mesh: Any = sharding.mesh
         axes = ",".join(f"{n}={s}" for n, s in mesh.shape.items())
         ids = [d.id for d in mesh.devices.flat]
         return f"NamedSharding(mesh {axes} devices {_ids_text(ids)}, {sharding.spec}{suffix})"
     if isinstance(sharding, _jax.SingleDeviceSharding):
-        return f"SingleDeviceSharding(device {next(iter(sharding.device_set)).id}{suffix})"
+        device: Any = next(iter(sharding.device_set))  # (jax's stubs: Device has no id)
+        return f"SingleDeviceSharding(device {device.id}{suffix})"
     ids = [d.id for d in sharding._device_assignment]
     return f"{type(sharding).__name__}(devices {_ids_text(ids)}{suffix})"
 
@@ -94,18 +97,8 @@ def _encode(value: Any) -> str:
     return f"{type(value).__qualname__} {text}"
 
 
-def _aval_text(leaf: Any) -> str:
-    if leaf.dtype is None:
-        return leaf.kind
-    shape = ",".join(str(d) for d in leaf.shape or ())
-    text = f"{np.dtype(leaf.dtype).name}[{shape}]"
-    if leaf.kind != "jax.Array":
-        text = f"{leaf.kind} {text}"
-    return text + (" weak" if leaf.weak_type else "")
-
-
 def _stable_text_hash(text: str) -> int:
-    from nbjit._kernels import stable_text_hash
+    from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
     return stable_text_hash(text)
 
@@ -128,7 +121,7 @@ def describe_signature(name: str, options_text: str, description: Any,
     With `host_values`, the bytes of every host leaf (numpy arrays and
     scalars, Python scalars) of `args` and `kwargs` enter it too.
     """
-    from nbjit import _kernels
+    from nbjit import _kernels  # deferred: importing numba is slow
 
     text_hash = _text_hash
     entries = [("jit options", options_text),
@@ -139,7 +132,7 @@ def describe_signature(name: str, options_text: str, description: Any,
     header = [text_hash(name)] + [text_hash(f"{p}\0{v}") for p, v in entries]
     packed = []
     for leaf in description.leaves:
-        aval = _aval_text(leaf)
+        aval = aval_text(leaf, kind=True, weak=True)
         entries.append((leaf.path, aval))
         sharding = ""
         if leaf.sharding is not None:
@@ -162,8 +155,6 @@ def describe_signature(name: str, options_text: str, description: Any,
 
 def _host_leaves(args: tuple, kwargs: dict | None, description: Any) -> list[tuple[str, Any]]:
     """(path, value) of the host leaves of a call, with `describe_call`'s paths."""
-    from jax import tree_util
-
     static = {path for path, _, _ in description.statics}
     kwargs = kwargs or {}
     arguments = [(f"args[{i}]", v) for i, v in enumerate(args)]
@@ -181,7 +172,7 @@ def _host_leaves(args: tuple, kwargs: dict | None, description: Any) -> list[tup
 
 def _host_value_text(x: Any) -> str:
     if isinstance(x, np.ndarray | np.generic):
-        from nbjit._kernels import hash_bytes
+        from nbjit._kernels import hash_bytes  # deferred: importing numba is slow
 
         data = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
         return f"bytes hash {int(hash_bytes(data)) & _MASK64:016x}"
@@ -191,7 +182,7 @@ def _host_value_text(x: Any) -> str:
 def published_entries(entries: list[tuple[str, str]]) -> list[list[str]]:
     out = [[p, v if len(v) <= _MAX_TEXT else v[:_MAX_TEXT - 3] + "..."] for p, v in entries]
     if len(out) > _MAX_ENTRIES:
-        from nbjit._kernels import stable_text_hash
+        from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
         rest = stable_text_hash(json.dumps(out[_MAX_ENTRIES - 1:]))
         out[_MAX_ENTRIES - 1:] = [[f"(entries from {_MAX_ENTRIES} on)",
