@@ -29,6 +29,7 @@ with a plain subscript (a `__missing__` hook would make every lookup slower).
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,7 @@ from nbjit.core.keys import (
     tuple_source,
 )
 from nbjit.core.keys import _treedef_ids as treedef_ids
+from nbjit.core.structure import UNKEYABLE, Readers
 from nbjit.observe import profile as _profile
 from nbjit.observe import stats as _stats
 
@@ -73,7 +75,7 @@ class Split:
     """
 
     __slots__ = ("shape", "key_shape", "nargs", "names", "static_positions",
-                 "dynamic_positions", "static_names", "dynamic_names")
+                 "dynamic_positions", "static_names", "dynamic_names", "readers")
 
     def __init__(self, shape: Any, static_argnums: tuple[int, ...],
                  static_argnames: frozenset[str]) -> None:
@@ -87,6 +89,7 @@ class Split:
         self.dynamic_positions = tuple(i for i in range(nargs) if i not in self.static_positions)
         self.static_names = tuple(sorted(static_argnames.intersection(names)))
         self.dynamic_names = tuple(sorted(k for k in names if k not in static_argnames))
+        self.readers: Readers | None = None  # built with the first unrolled binder
 
     def leaves_treedef_id(self) -> int:
         """The treedef id of this shape's dynamic arguments when each is a leaf."""
@@ -144,13 +147,14 @@ def bind(self, args, kwargs):
 {start}{unpack}{read}
 {stamp_key}{tail}"""
 
-# Up to UNROLL_MAX dynamic arguments, each in a local.
+# Up to UNROLL_MAX dynamic arguments, each in a local: all jax.Arrays; all
+# leaves (host values among them: no flatten); else containers (pytrees).
 _READ_UNROLLED = """\
     if {checks}:
         key = {key}
         shardings = {shardings}
         leaves = {leaves}
-    elif {leaf_checks}:  # leaves already (host values among them): no flatten
+    elif {leaf_checks}:
         leaves = [{dynamic}]
         get = canonical_dtypes[x64.value].get
         try:
@@ -204,8 +208,40 @@ _READ_FLATTENED = """\
             tid = treedef_ids_get(treedef)
             if tid is None:
                 tid = treedef_id(treedef)
-            if not leaves or type(leaves[-1]) is ArrayImpl:  # else host values: no array attempt
-                try:  # one assignment: a leaf with .aval but no ._sharding (a jax.Ref) sets neither
+{keyed_from_leaves}"""
+
+# The general path of the unrolled form: the readers of the structures this
+# call shape has seen first (`nbjit.core.structure`: exact-type guards, direct
+# reads, no flatten), each returning ``(key, shardings, leaves)`` or None;
+# if none reads the call, a flatten, and the reader of that structure is
+# learned (or found) and keys it, so a structure is keyed by its reader
+# whichever way the call came. A structure no reader reads (a leaf of
+# another type: a tracer) is keyed from its leaves.
+_READ_STRUCTURED = """\
+        if signatures is None:
+            for read in READERS:
+                if (got := read({reader_args})) is not None:
+                    break
+            else:
+                leaves, treedef = flatten({tree})
+                tid = treedef_ids_get(treedef)
+                if tid is None:
+                    tid = treedef_id(treedef)
+                read = learn_reader(tid, treedef, leaves)
+                got = None if read is None else read({reader_args})
+            if got is UNKEYABLE:
+                return {via_unkeyable}args, kwargs, flatten({tree})[0])
+            if got is not None:
+                key, shardings, leaves = got
+            else:
+{keyed_from_leaves}"""
+
+# Leaves no reader read, keyed one by one: all jax.Arrays in one pass; mixed
+# with host values by the treedef's mixed keyer, else leaf by leaf
+# (`mixed_signatures`); a leaf nothing can key sends the call to `_unkeyable`.
+_KEYED_FROM_LEAVES = """\
+            if not leaves or type(leaves[-1]) is ArrayImpl:  # else host values: skip this
+                try:  # one assignment: a leaf with .aval, no ._sharding (a Ref) sets neither
                     signatures, shardings = (tuple([(x.aval, x._committed) for x in leaves]),
                                              [x._sharding for x in leaves])
                 except AttributeError:
@@ -291,8 +327,15 @@ def _source(split: Split, flavour: str = "plain") -> str:
                   + (" + [kwargs[k] for k in DYNAMIC_NAMES]" if split.dynamic_names else ""))
     static_key = tuple_source([f"({s})" for s in statics])
     via_unkeyable = _via("self._unkeyable", flavour)
-    flattened = _READ_FLATTENED.format(tree=_dynamic_tree(split, unroll, arg_names, kw_names),
-                                       static_key=static_key, via_unkeyable=via_unkeyable)
+    tree = _dynamic_tree(split, unroll, arg_names, kw_names)
+    keyed = _KEYED_FROM_LEAVES.format(static_key=static_key, via_unkeyable=via_unkeyable)
+    if unroll:
+        readers = _structure_readers(split)
+        flattened = _READ_STRUCTURED.format(
+            tree=tree, via_unkeyable=via_unkeyable, reader_args=", ".join(readers.arguments),
+            keyed_from_leaves=textwrap.indent(keyed, "    "))
+    else:
+        flattened = _READ_FLATTENED.format(tree=tree, keyed_from_leaves=keyed)
     if not dynamic:  # nothing to key but the static arguments
         read = f"    key = {tuple_source(prefix)}\n    shardings = []\n    leaves = {leaves}\n"
     elif unroll:
@@ -304,7 +347,8 @@ def _source(split: Split, flavour: str = "plain") -> str:
             key=tuple_source(prefix + items), leaves=leaves, shardings=shardings,
             leaf_checks=" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic),
             dynamic=", ".join(dynamic), static_key=static_key, via_unkeyable=via_unkeyable,
-            signatures="".join(f"\n                {SIGNATURE.format(x=d)}," for d in dynamic),
+            signatures="".join(f"\n                {SIGNATURE.format(x=d, pad=' ' * 16)},"
+                               for d in dynamic),
             sequence_read=sequence_read, flattened=flattened)
     else:
         read = _READ_LOOP.format(dynamic=leaves, flattened=flattened,
@@ -315,6 +359,30 @@ def _source(split: Split, flavour: str = "plain") -> str:
         stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
 
 
+def _structure_readers(split: Split) -> Readers:
+    """The pytree readers of an unrolled call shape (shared by its flavours):
+    they read the dynamic arguments' locals and key the static ones first."""
+    if split.readers is None:
+        arg_names, kw_names, _ = _argument_names(split, True)
+        statics = ([arg_names[i] for i in split.static_positions]
+                   + [kw_names[k] for k in split.static_names])
+        split.readers = Readers(
+            [arg_names[i] for i in split.dynamic_positions]
+            + [kw_names[k] for k in split.dynamic_names],
+            form=split.key_shape, extra=statics,
+            prefix=[item for x in statics for item in (f"type({x})", x)])
+    return split.readers
+
+
+def _param_trees(treedef: Any, named: bool) -> list[Any]:
+    """The treedefs of each dynamic argument in a binder's flattened tree,
+    ``(positional, {name: value})`` when `named`, else the positional tuple."""
+    if not named:
+        return treedef.children()
+    positional, by_name = treedef.children()
+    return positional.children() + by_name.children()
+
+
 def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
                 ) -> Callable[[Any, tuple, dict], Any]:
     """Compiles the binder of `split`: ``bind(pjit_function, args, kwargs)``.
@@ -322,6 +390,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
     `env` holds the names the source reads (`BinderTable.env`); the binder
     holds no reference to the function itself.
     """
+    source = _source(split, flavour)  # builds the call shape's readers when it reads pytrees
     scope = {**env, **SIGNATURE_SCOPE, "shape": (LEAVES, split.key_shape),
              "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names,
              "LEAVES": LEAVES, "SEQUENCE": SEQUENCE, "KEY_SHAPE": split.key_shape,
@@ -330,9 +399,15 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
              "mixed_signatures": mixed_signatures, "LEAF_TYPES": LEAF_TYPES,
              "mixed_keyers_get": mixed_keyers.get, "learn_mixed_keyer": learn_mixed_keyer,
              "sequence_keyers_get": SEQUENCE_KEYERS.get,
-             "LEAVES_TREEDEF_ID": split.leaves_treedef_id(), "refuse": _refuse}
+             "LEAVES_TREEDEF_ID": split.leaves_treedef_id(), "refuse": _refuse,
+             "UNKEYABLE": UNKEYABLE}
+    if split.readers is not None:
+        readers, named = split.readers, bool(split.dynamic_names)
+        scope["READERS"] = readers.tried
+        scope["learn_reader"] = lambda tid, treedef, leaves: readers.learn(
+            tid, _param_trees(treedef, named), leaves)
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
-    return run_source(_source(split, flavour), name, scope)["bind"]
+    return run_source(source, name, scope)["bind"]
 
 
 def _refuse(*_: Any) -> str:

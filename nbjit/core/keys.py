@@ -118,9 +118,11 @@ def _other_signature(x: Any) -> Any:
 # the binders that key leaves inline: the common leaves (arrays, numpy arrays
 # of a dtype seen before, Python scalars) without a call, `get` being the
 # canonical-dtype lookup of the call's x64 setting. Same as `leaf_signature`.
+# `{pad}` indents its continuation lines (generated code is linted too).
 SIGNATURE = ("({x}.aval, {x}._committed) if (t := type({x})) is ArrayImpl"
-              " else (dtype, {x}.shape) if t is ndarray and (dtype := get({x}.dtype)) is not None"
-              " else t if t in PYTHON_SCALARS else other_signature({x})")
+             "\n{pad}else (dtype, {x}.shape)"
+             " if t is ndarray and (dtype := get({x}.dtype)) is not None"
+             "\n{pad}else t if t in PYTHON_SCALARS else other_signature({x})")
 SIGNATURE_SCOPE = {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray,
                     "PYTHON_SCALARS": _PYTHON_SCALARS, "other_signature": _other_signature,
                     "NoSignature": _NoSignature, "canonical_dtypes": canonical_dtypes,
@@ -132,7 +134,8 @@ def mixed_signatures(leaves):
     values, say), or None if some leaf has no signature (JAX must take it).\"""
     get = canonical_dtypes[x64.value].get
     try:
-        signatures = tuple([{SIGNATURE.format(x="x")} for x in leaves])
+        signatures = tuple([{SIGNATURE.format(x="x", pad=" " * 28)}
+                                for x in leaves])
     except NoSignature:
         return None
     return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]
