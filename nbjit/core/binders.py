@@ -99,6 +99,27 @@ class Split:
         return treedef_id(_jax.flatten_for_dispatch(tree)[1])
 
 
+class ShapeMarker:
+    """Heads the keys of one key shape's all-array form: hashed and compared by
+    identity (a tuple would be hashed on every call)."""
+
+    __slots__ = ("key_shape",)
+
+    def __init__(self, key_shape: Any) -> None:
+        self.key_shape = key_shape
+
+    def __repr__(self) -> str:
+        return f"ShapeMarker({self.key_shape!r})"
+
+
+_shape_markers: dict[Any, ShapeMarker] = {}
+
+
+def shape_marker(key_shape: Any) -> ShapeMarker:
+    """The one marker of `key_shape` (every function's binders share it)."""
+    return _shape_markers.setdefault(key_shape, ShapeMarker(key_shape))
+
+
 def call_shape(args: tuple, kwargs: dict) -> Any:
     return (len(args), *kwargs) if kwargs else len(args)
 
@@ -317,7 +338,10 @@ def _source(split: Split, flavour: str = "plain") -> str:
     statics = ([f"type({arg_names[i]}), {arg_names[i]}" for i in split.static_positions]
                + [f"{k!r}, type({kw_names[k]}), {kw_names[k]}" for k in split.static_names])
     marked = bool(split.names or statics)  # a plain positional call keys as bare pairs
-    prefix = ["shape", *statics] if marked else []
+    # The marker names the key shape, so the static items need no names: each
+    # static argument is its exact type and itself (jax.jit's type + ==).
+    prefix = (["SHAPE", *(f"type({x}), {x}" for x in _static_locals(split, arg_names, kw_names))]
+              if marked else [])
     if not (marked or not dynamic):
         leaves = "args"
     elif unroll:
@@ -359,13 +383,18 @@ def _source(split: Split, flavour: str = "plain") -> str:
         stamp_key="    t_key = clock()\n" if timed else "", tail=tail)
 
 
+def _static_locals(split: Split, arg_names: list[str], kw_names: dict[str, str]) -> list[str]:
+    """How a binder's source names the static arguments, positional then by name (sorted)."""
+    return ([arg_names[i] for i in split.static_positions]
+            + [kw_names[k] for k in split.static_names])
+
+
 def _structure_readers(split: Split) -> Readers:
     """The pytree readers of an unrolled call shape (shared by its flavours):
     they read the dynamic arguments' locals and key the static ones first."""
     if split.readers is None:
         arg_names, kw_names, _ = _argument_names(split, True)
-        statics = ([arg_names[i] for i in split.static_positions]
-                   + [kw_names[k] for k in split.static_names])
+        statics = _static_locals(split, arg_names, kw_names)
         split.readers = Readers(
             [arg_names[i] for i in split.dynamic_positions]
             + [kw_names[k] for k in split.dynamic_names],
@@ -391,7 +420,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
     holds no reference to the function itself.
     """
     source = _source(split, flavour)  # builds the call shape's readers when it reads pytrees
-    scope = {**env, **SIGNATURE_SCOPE, "shape": (LEAVES, split.key_shape),
+    scope = {**env, **SIGNATURE_SCOPE, "SHAPE": shape_marker(split.key_shape),
              "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names,
              "LEAVES": LEAVES, "SEQUENCE": SEQUENCE, "KEY_SHAPE": split.key_shape,
              "flatten": _jax.flatten_for_dispatch,
