@@ -51,7 +51,6 @@ from nbjit.core.keys import (
     treedef_id,
     tuple_source,
 )
-from nbjit.core.keys import _treedef_ids as treedef_ids
 from nbjit.core.structure import UNKEYABLE, Readers
 from nbjit.observe import profile as _profile
 from nbjit.observe import stats as _stats
@@ -226,9 +225,10 @@ _READ_LOOP = """\
 _READ_FLATTENED = """\
         if signatures is None:
             leaves, treedef = flatten({tree})
-            tid = treedef_ids_get(treedef)
-            if tid is None:
+            try:  # node data whose __eq__ raises, met in another function's treedef
                 tid = treedef_id(treedef)
+            except Exception:
+                return {via_slow}args, kwargs, "pytree_node_data")
 {keyed_from_leaves}"""
 
 # The general path of the unrolled form: the readers of the structures this
@@ -245,9 +245,10 @@ _READ_STRUCTURED = """\
                     break
             else:
                 leaves, treedef = flatten({tree})
-                tid = treedef_ids_get(treedef)
-                if tid is None:
+                try:  # node data whose __eq__ raises, met in another function's treedef
                     tid = treedef_id(treedef)
+                except Exception:
+                    return {via_slow}args, kwargs, "pytree_node_data")
                 read = learn_reader(tid, treedef, leaves)
                 got = None if read is None else read({reader_args})
             if got is UNKEYABLE:
@@ -357,9 +358,11 @@ def _source(split: Split, flavour: str = "plain") -> str:
         readers = _structure_readers(split)
         flattened = _READ_STRUCTURED.format(
             tree=tree, via_unkeyable=via_unkeyable, reader_args=", ".join(readers.arguments),
+            via_slow=_via("self._slow", flavour),
             keyed_from_leaves=textwrap.indent(keyed, "    "))
     else:
-        flattened = _READ_FLATTENED.format(tree=tree, keyed_from_leaves=keyed)
+        flattened = _READ_FLATTENED.format(tree=tree, keyed_from_leaves=keyed,
+                                           via_slow=_via("self._slow", flavour))
     if not dynamic:  # nothing to key but the static arguments
         read = f"    key = {tuple_source(prefix)}\n    shardings = []\n    leaves = {leaves}\n"
     elif unroll:
@@ -424,7 +427,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
              "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names,
              "LEAVES": LEAVES, "SEQUENCE": SEQUENCE, "KEY_SHAPE": split.key_shape,
              "flatten": _jax.flatten_for_dispatch,
-             "treedef_ids_get": treedef_ids.get, "treedef_id": treedef_id,
+             "treedef_id": treedef_id,
              "mixed_signatures": mixed_signatures, "LEAF_TYPES": LEAF_TYPES,
              "mixed_keyers_get": mixed_keyers.get, "learn_mixed_keyer": learn_mixed_keyer,
              "sequence_keyers_get": SEQUENCE_KEYERS.get,

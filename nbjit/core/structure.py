@@ -49,8 +49,10 @@ with equinox's partition: array leaves (`jax.Array`, numpy arrays and
 scalars) are dynamic and keyed by signature, every other leaf is static and
 enters the key as itself, compared by ``==``/hash (``f(1)``, ``f(True)`` and
 ``f(1.0)`` share a key, as in equinox). ``readers.read(*values)`` returns
-``(key, shardings, dynamic_leaves)``, `UNKEYABLE` (a dynamic leaf no key can
-hold: a tracer), or None (JAX's own path must decide: nothing readable).
+``(key, shardings, dynamic_leaves)``, `UNKEYABLE` (a host array no key can
+hold: a string array), or None (no reader reads it: a tracer or a leaf of
+an unknown array type among the leaves, or node data whose ``==`` raised;
+the caller's general path decides).
 """
 
 from __future__ import annotations
