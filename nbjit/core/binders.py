@@ -13,10 +13,13 @@ A binder keys a call one of four ways, chosen by the dynamic arguments'
 types on each call: all `jax.Array`s (the common case): read one by one;
 all leaves with host values among them (numpy arrays and scalars, Python
 scalars): keyed as they are; one list or tuple of `jax.Array`s (``f(xs)``):
-its elements read one by one; anything else (pytrees): flattened as JAX
-does, then the leaves keyed. A leaf nothing can key (a tracer, a jax.Ref,
-an object) sends the call to the function's `_unkeyable` (JAX's own path); a
-miss or a signature without a fast path to its `_miss_or_slow`.
+its elements read one by one; anything else (pytrees): by the *reader* of
+its structure (`nbjit.core.structure`: exact-type guards, direct reads, one
+key tuple; learned on a structure's first call), and only where no reader
+reads it (a tracer leaf, more than UNROLL_MAX dynamic arguments) flattened
+as JAX does, then the leaves keyed. A leaf nothing can key (a tracer, a
+jax.Ref, an object) sends the call to the function's `_unkeyable` (JAX's
+own path); a miss or a signature without a fast path to its `_miss_or_slow`.
 
 Flavours: "plain" is the hit path; "timed" (while a `nbjit.profile()` is
 active) adds clock stamps between the phases and times slow calls whole;

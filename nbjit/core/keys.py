@@ -10,7 +10,12 @@ Keys never collide across the forms:
     beyond it the tuple of ``(aval, committed)`` pairs (avals are interned by
     JAX and hash by identity);
   * all jax.Arrays otherwise: ``(shape marker, static items..., avals and
-    committed flags or pairs...)``;
+    committed flags or pairs...)``, the marker one object per key shape
+    (`binders.shape_marker`) and each static argument two items, its exact
+    type and itself;
+  * a pytree a reader reads (`nbjit.core.structure`): ``(reader id, static
+    items..., per-leaf items...)``, the id naming the call shape, treedef
+    and leaf kinds;
   * leaves and flattened (one form: the same call keys alike either way):
     ``(LEAVES, call shape, static key, treedef id, per-leaf signatures)``;
   * one dynamic list or tuple whose elements are all jax.Arrays (read

@@ -138,7 +138,7 @@ _reader_lock = threading.Lock()
 _MAX_READER_IDS = 1 << 16
 
 
-def reader_id(form: Any, tid: int, kinds: tuple[int, ...]) -> int:
+def reader_id(form: Any, tid: int, kinds: bytes) -> int:
     """The id that heads the keys of one reader: the same for the same
     (form, treedef id, kinds), wherever the reader is built."""
     ident = (form, tid, kinds)
@@ -281,13 +281,13 @@ class _Unreadable(Exception):
 
 def reader_source(params: Sequence[str], trees: Sequence[Any], leaves: Sequence[Any],
                   policy: LeafPolicy, prefix: Sequence[str] = (), extra: Sequence[str] = ()
-                  ) -> tuple[str, dict, tuple] | None:
+                  ) -> tuple[str, dict] | None:
     """The source of ``read(*params, *extra)`` for one structure: `trees[i]`
     is the treedef of param i, `leaves` the leaves of all of them in order
     (their kinds are guarded), `prefix` key items read before the leaves
-    from `extra` params (a binder's static arguments). Returns (source, scope, kinds), or None if
-    the structure is not read (a leaf no kind fits, too many leaves).
-    Scope names: RID is the caller's to supply (`reader_id`)."""
+    from `extra` params (a binder's static arguments). Returns (source,
+    scope), or None if the structure is not read (a leaf no kind fits, too
+    many leaves). The scope lacks RID: the caller's (`reader_id`)."""
     if len(leaves) > READER_MAX_LEAVES:
         return None
     writer = _Writer(policy)
@@ -299,7 +299,6 @@ def reader_source(params: Sequence[str], trees: Sequence[Any], leaves: Sequence[
         return None
     writer.guards += writer.leaf_guards
     writer.flush()
-    kinds = tuple(policy.kind(x) for x in leaves)
     body = (["get = canonical_dtypes[x64.value].get"] if writer.host else []) + writer.lines
     body += _wrapped("key = (", ["RID", *prefix, *writer.items], ",", ")")
     body += _wrapped("shardings = [", writer.shardings, ",", "]")
@@ -313,7 +312,7 @@ def reader_source(params: Sequence[str], trees: Sequence[Any], leaves: Sequence[
     scope = {**SIGNATURE_SCOPE, **writer.scope, "UNKEYABLE": UNKEYABLE,
              "HOST_LEAVES": _HOST_LEAF_TYPES, "HOST_ARRAYS": _HOST_ARRAY_TYPES,
              "is_array": _is_array, "flatten_one_level": _jax.dispatch_registry.flatten_one_level}
-    return source, scope, kinds
+    return source, scope
 
 
 # ---------------------------------------------------------------------------
@@ -341,7 +340,7 @@ class Readers:
         self.extra = tuple(extra)
         self.arguments = self.params + self.extra  # what a reader is called with, in order
         self.tried: list[Callable[..., Any]] = []
-        self._built: dict[tuple[int, tuple[int, ...]], Callable[..., Any]] = {}
+        self._built: dict[tuple[int, bytes], Callable[..., Any]] = {}
         self._unread: set[int] = set()  # treedef ids too big to read
 
     def learn(self, tid: int, trees: Sequence[Any], leaves: Sequence[Any]
@@ -351,15 +350,16 @@ class Readers:
         if tid in self._unread or len(leaves) > READER_MAX_LEAVES:
             self._unread.add(tid)
             return None
-        kinds = tuple(self.policy.kind(x) for x in leaves)
+        kinds = [self.policy.kind(x) for x in leaves]
         if None in kinds:
             return None
+        kinds = bytes(kinds)  # one byte a leaf: ids of big structures stay small
         reader = self._built.get((tid, kinds))
         if reader is None:
             made = reader_source(self.params, trees, leaves, self.policy, self.prefix, self.extra)
             if made is None:
                 return None
-            source, scope, _ = made
+            source, scope = made
             scope["RID"] = reader_id(self.form, tid, kinds)
             reader = run_source(source, f"reader {len(leaves)} leaves", scope)["read"]
             if len(self._built) >= 4 * READERS_TRIED:
