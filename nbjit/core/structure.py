@@ -377,5 +377,9 @@ class Readers:
             if (got := reader(*values)) is not None:
                 return got
         leaves, treedef = _jax.flatten_for_dispatch(values)
-        reader = self.learn(treedef_id(treedef), treedef.children(), leaves)
+        try:  # node data whose == raises, met in another treedef: the caller's path decides
+            tid = treedef_id(treedef)
+        except Exception:
+            return None
+        reader = self.learn(tid, treedef.children(), leaves)
         return None if reader is None else reader(*values)
