@@ -154,6 +154,9 @@ def test_a_raising_node_data_eq_takes_jax_path():
     for arg in (Box([x], bad), Box([x], bad), Box([x], Bad())):  # identity; then __eq__ raises
         out, _ = assert_same_call(nb, jx, arg)
     assert isinstance(out, ValueError)
+    calls = nb.stats().calls
+    assert nb._entry_for((Box([x], bad),), {}) == (None, [])  # keying only runs nothing
+    assert nb.stats().calls == calls
 
 
 def test_unkeyable_leaves_in_a_structure_take_jax_path():

@@ -287,8 +287,8 @@ _KEY_ONLY_FINISH = "    return (leaves, key, shardings)\n"
 
 def _via(fn: str, flavour: str) -> str:
     """How generated code calls slow path `fn` (the prefix, up to its first argument)."""
-    if flavour == "key_only":
-        return "refuse(" if fn == "self._unkeyable" else f"{fn}("
+    if flavour == "key_only":  # keys only: a call it cannot key runs nothing
+        return "refuse(" if fn in ("self._unkeyable", "self._slow") else f"{fn}("
     return f"timed_call(self, t0, {fn}, " if flavour == "timed" else f"{fn}("
 
 
