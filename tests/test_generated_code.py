@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -82,7 +83,7 @@ def _fresh_host_calls():
 
 
 @pytest.fixture(scope="module")
-def generated():
+def generated(tmp_path_factory):
     """filename -> names its scope supplies, of every generated source run by
     calls of every shape and flavour (see the module docstring)."""
     seen = {}
@@ -100,9 +101,13 @@ def generated():
             f._entry_for(args, kwargs)  # the key-only flavour
             with nbjit.profile():  # the timed flavour
                 f(*args, **kwargs)
+        with jax.profiler.trace(str(tmp_path_factory.mktemp("trace"))):  # the traced flavour
+            for f, args, kwargs in _calls():
+                f(*args, **kwargs)
         _fresh_host_calls()
     names = [filename.rsplit("<", 1)[1] for filename in seen]
-    for kind in ("binder", "timed", "key_only", "hit ", "hit timed", "keyer", "prepare ",
+    for kind in ("binder", "timed", "key_only", "traced", "hit ", "hit timed", "reader",
+                 "prepare ",
                  "packed prepare", "resident prepare", "resident fence"):
         assert any(name.startswith(kind) or f" {kind}" in name for name in names), (kind, names)
     # Compiled at import, before a test can record their scopes (the keyers of

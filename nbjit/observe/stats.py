@@ -55,6 +55,7 @@ SLOW_REASONS: dict[str, str] = {
     "no_fastpath": "JAX returned no fast-path data for this signature",
     "disable_jit": "jax.disable_jit() is on: the Python function ran as is",
     "static_arg_error": "a static argument's hash or == raised",
+    "pytree_node_data": "a pytree node's data raised when compared: JAX's path decides",
     "input_refused": "preparing inputs failed (e.g. a transfer guard): JAX's path reports it",
     "execute_refused": "the executable refused the inputs",
     "compile_failed": "the signature's compile failed (here or in another thread)",
