@@ -1,4 +1,4 @@
-"""Resident host inputs (nbjit/_packed.py, "Resident slots"): fresh host
+"""Resident host inputs (nbjit/host/resident.py): fresh host
 values written into device arrays that alias pooled host memory, no transfer.
 
 A signature whose small host leaves keep bringing new values gets slots:
@@ -19,9 +19,11 @@ from _diff import assert_same_outputs
 
 import nbjit
 from nbjit import _jax
-from nbjit.host import packing as _packed
+from nbjit.host import packing as _packing
+from nbjit.host import policy as _policy
+from nbjit.host import resident as _resident
 
-CALLS = 3 * _packed.PACK_AFTER  # enough fresh calls to go resident, then run resident
+CALLS = 3 * _policy.PACK_AFTER  # enough fresh calls to go resident, then run resident
 
 
 def _node(f, *args, **kwargs):
@@ -36,7 +38,7 @@ def _is_resident(f, *args, **kwargs) -> bool:
         record.fence is not None)
 
 
-def _pool(f, *args, **kwargs) -> _packed.ResidentSlots:
+def _pool(f, *args, **kwargs) -> _resident.ResidentSlots:
     return _node(f, *args, **kwargs).plan.resident
 
 
@@ -102,18 +104,18 @@ def test_donation_big_outputs_and_switch_off_stay_per_leaf():
     for i in range(CALLS):
         f(*_fresh_pair(i), jnp.ones(3))
     assert f.stats().resident == 0
-    big = _packed.FENCE_MAX_BYTES // 4 + 1  # every output too big to keep as a fence
+    big = _resident.FENCE_MAX_BYTES // 4 + 1  # every output too big to keep as a fence
     f, args = _run_fresh(lambda a: jnp.broadcast_to(a[0], (big,)),
                          lambda i: (np.full(3, i, np.float32),))
     assert f.stats().resident == 0 and not _is_resident(f, *args)
     f, args = _run_fresh(lambda a: (), lambda i: (np.full(3, i, np.float32),))  # no outputs
     assert f.stats().resident == 0
-    _packed.set_enabled(False)
+    _policy.set_enabled(False)
     try:
         f, args = _run_fresh(lambda a, b: a - b, _fresh_pair)
         assert f.stats().resident == 0 and not _is_resident(f, *args)
     finally:
-        _packed.set_enabled(True)
+        _policy.set_enabled(True)
 
 
 def test_the_fence_is_the_smallest_output():
@@ -209,7 +211,7 @@ def test_a_device_whose_puts_copy_gets_packing_instead(monkeypatch):
     made: two or more leaves are packed (a second compile), one stays per-leaf."""
     monkeypatch.setattr(_jax, "ZERO_COPY", _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
     f, args = _run_fresh(lambda a, b: a * b, _fresh_pair)
-    assert _packed.wait(120)
+    assert _packing.wait(120)
     assert_same_outputs(f(*args), jax.jit(lambda a, b: a * b)(*args))
     assert not _is_resident(f, *args) and f.stats().resident == 0
     assert f.stats().packed_compiles == 1
@@ -224,9 +226,9 @@ def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatc
     text = str(f.stats())
     assert f"fresh host inputs of {f.stats().name}: resident 1 (signatures)" in text
     assert "resident 1" in f.stats()._repr_html_()
-    monkeypatch.setattr(_packed, "RESIDENT", False)
+    monkeypatch.setattr(_policy, "RESIDENT", False)
     g, args = _run_fresh(lambda a, b: a * b - 1, _fresh_pair)
-    assert _packed.wait(120)
+    assert _packing.wait(120)
     assert "packed 1 (" in str(g.stats()) and ": resident" not in str(g.stats())
     report = _report.build(None)
     rows = {r["name"]: r for r in report["functions"]}

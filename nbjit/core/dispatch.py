@@ -13,8 +13,9 @@ signature that cannot take the fast path, goes to `_miss_or_slow`.
 
 Invariants:
   * Only the miss path links nodes into the cache (`nbjit.core.cache`); a
-    node's record (a frozen `nbjit.core.record.FastPath`) is only ever replaced
-    whole, in one attribute store (packed host inputs, `nbjit.host.packing`).
+    node's record (a `nbjit.core.record.FastPath`, whose fields never change)
+    is set by that insert and afterwards replaced whole only by the
+    host-input policy's compare-and-swap (`nbjit.host.policy`), never edited.
   * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
   * JAX's own path answers everything else, so JAX raises what it raises.
 """
@@ -40,7 +41,7 @@ from nbjit.core.record import (
     host_dtype,
     private_host_copies,
 )
-from nbjit.host import packing as _packed
+from nbjit.host import policy as _host_policy
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.observe import explain as _explain
 from nbjit.observe import stats as _stats
@@ -241,11 +242,8 @@ class PjitFunction:
                 if failed is not None:
                     namespace.drop(failed)
                 namespace.link(node)
-            if record is not None:
-                try:  # packed host inputs (nbjit/_packed.py); never breaks a miss
-                    _packed.arm(self, node, record, fastpath, leaves, args, kwargs)
-                except Exception:
-                    pass
+            if record is not None:  # resident/packed host inputs; never raises
+                _host_policy.on_miss(self, node, record, fastpath, leaves, args, kwargs)
         elif failed is not None:
             with namespace.cache._lock:
                 namespace.drop(failed)
