@@ -151,7 +151,7 @@ class HostPolicy:
         self.resident: _resident.ResidentSlots | None = None
         fresh = weakref.WeakMethod(self.fresh)
         self.per_leaf = build_record(watched.fastpath, leaves, False,
-                                   on_fresh=dict.fromkeys(fresh_inputs, fresh))
+                                     on_fresh=dict.fromkeys(fresh_inputs, fresh))
         self.builder = dataclasses.replace(
             self.per_leaf, prepare=_weak_prepare(self, "_build_then_prepare"))
         # For leaves without a memo (bigger than its limit) every value counts
@@ -178,8 +178,12 @@ class HostPolicy:
 
     def install(self, miss_record: FastPath) -> bool:
         """Replaces the miss's record with the watching (or counting) one."""
-        counts = any(not h.memo for h in self.hosts())
-        return self._swap(miss_record, Stage.PER_LEAF, self.counter if counts else self.per_leaf)
+        return self._swap(miss_record, Stage.PER_LEAF, self._watching())
+
+    def _watching(self) -> FastPath:
+        """PER_LEAF's record: the counting one where a watched leaf has no memo
+        (no memo miss would announce its new values), else the watching one."""
+        return self.counter if any(not h.memo for h in self.hosts()) else self.per_leaf
 
     def hosts(self) -> list[HostInput]:
         """The watched `HostInput` steps (those built with `on_fresh`)."""
@@ -279,8 +283,7 @@ class HostPolicy:
             packed = None
         except BaseException:  # interrupted: the per-leaf path, armed again
             self.count = 0
-            counts = any(not h.memo for h in self.hosts())
-            self._swap(current, Stage.PER_LEAF, self.counter if counts else self.per_leaf)
+            self._swap(current, Stage.PER_LEAF, self._watching())
             if current is self.builder:  # (on the calling thread: the caller sees it)
                 raise
             return
