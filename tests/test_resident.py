@@ -299,3 +299,18 @@ def test_only_the_insert_and_the_policy_assign_a_nodes_record():
                     for p in root.rglob("*.py")
                     for line in p.read_text().splitlines() if re.search(r"\.record = ", line))
     assert places == ["core/cache.py:self.record = record", "host/policy.py:node.record = record"]
+
+
+def test_on_miss_never_raises_into_the_miss_path():
+    """`on_miss` is what the miss path calls after a compile with a record: a
+    jitted object it cannot read, or no node, leaves the miss alone."""
+    from nbjit.host import policy
+
+    assert policy.on_miss(object(), None, None, None, [], (), {}) is None
+    f = nbjit.jit(lambda a, b: a + b)
+    args = _fresh_pair(0)
+    f(*args)
+    node = _node(f, *args)
+    record = node.record
+    assert policy.on_miss(f, node, None, None, list(args), args, {}) is None
+    assert node.record is record  # nothing swapped
