@@ -400,6 +400,10 @@ from jax._src.lax import lax as _lax_internal  # noqa: E402
 
 # The runtime uses a 64-byte-aligned host buffer in place (no copy).
 ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY
+# Host memory is copied while the transfer call runs: the result never aliases
+# the caller's array (zero copy would use a 64-byte-aligned array in place, so
+# writing into it after the call could change a result).
+COPY_DURING_CALL = _jaxlib_ext.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
 # The config state behind the host-to-device transfer guard: None while no one
 # set a level (the common case, a cheap read); else `host_transfers_unguarded`
 # reads the level jaxlib applies.

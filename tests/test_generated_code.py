@@ -26,6 +26,7 @@ import pytest
 import nbjit
 from nbjit.core import codegen
 from nbjit.host import packing as _packed
+from nbjit.host import policy as _policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUFF = os.path.join(os.path.dirname(sys.executable), "ruff")
@@ -72,11 +73,11 @@ def _fresh_host_calls():
     """Fresh host values each call, past the point where they are packed or resident."""
     for resident in (True, False):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(_packed, "RESIDENT", resident)
+            patch.setattr(_policy, "RESIDENT", resident)
             f = nbjit.jit(lambda a, b: a + b)  # a new function: a node of its own
-            for i in range(3 * _packed.PACK_AFTER):
+            for i in range(3 * _policy.PACK_AFTER):
                 f(np.full(8, i, np.float32), np.full(8, 1, np.float32))
-                if i == _packed.PACK_AFTER + 2:
+                if i == _policy.PACK_AFTER + 2:
                     assert _packed.wait(120)
             assert _packed.wait(120)
             assert f(np.ones(8, np.float32), np.ones(8, np.float32)).tolist() == [2.0] * 8

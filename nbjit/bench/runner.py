@@ -142,7 +142,7 @@ def _floor_contender(target: Any, floor_call: Callable[..., Callable[[], Any]], 
     return lambda: blk(floor())
 
 
-SETTLE_CALLS = 32  # > 2 * nbjit.host.packing.PACK_AFTER: enough fresh values to pack host inputs
+SETTLE_CALLS = 32  # > 2 * nbjit.host.policy.PACK_AFTER: enough fresh values to pack host inputs
 
 
 def _settle(call: Callable[[], Any]) -> None:

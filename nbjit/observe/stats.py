@@ -98,7 +98,7 @@ class DispatchStats:
     evictions: int = 0
     entries: int = 0
     miss_seconds: float = 0.0
-    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit.host.packing)
+    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit/host/packing.py)
     packed_seconds: float = 0.0
     resident: int = 0  # signatures whose host inputs became resident (no compile)
 
@@ -120,7 +120,7 @@ def _reasons_text(reasons: dict[str, int]) -> str:
 
 def host_inputs_text(resident: int, packed: int, packed_seconds: float) -> str:
     """``"resident 1, packed 1 (0.14 s compiling)"``: what fresh host values got
-    (`nbjit.host.packing`), or "" for nothing."""
+    (nbjit/host/policy.py), or "" for nothing."""
     parts = [f"resident {resident}"] if resident else []
     if packed:
         parts.append(f"packed {packed} ({packed_seconds:.2f} s compiling)")
