@@ -60,6 +60,7 @@ NUMBA_CLOSEST_MIN_WORDS = 400
 PYTHON_CLOSEST_MAX_WORDS = 100_000
 
 _MAX_DIFFERENCES = 4  # differences named per message
+_MAX_TIED = 3  # equally close entries named per message
 
 
 # ---------------------------------------------------------------------------
@@ -364,7 +365,14 @@ def call_site() -> str:
         frame = frame.f_back
     if frame is None:
         return "<unknown>"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    path = frame.f_code.co_filename
+    try:  # relative when below the working directory, as pytest prints locations
+        cwd = os.getcwd() + os.sep
+    except OSError:  # the working directory was removed
+        cwd = None
+    if cwd is not None and path.startswith(cwd):
+        path = path[len(cwd):]
+    return f"{path}:{frame.f_lineno}"
 
 
 @dataclass(frozen=True)
@@ -384,6 +392,34 @@ EVICTED = "evicted by the LRU"
 OPTIONS = "jit options"
 
 
+def _closest_entries(new: CallDescription, cached: Sequence[CallDescription]) -> list[int]:
+    """Indices of every description in `cached` (oldest first) as close to `new`
+    as the closest: those with `new`'s shardings first (the same placement, so
+    the fields that differ are what the caller changed; a sharding change is
+    the other entry's layout), then the most recent first, as `closest` picks.
+
+    All distances, with `closest`'s choice of Python or the kernel: a miss
+    names each tie, where `closest` keeps one.
+    """
+    words = len(cached) * len(new.row)
+    if words < NUMBA_CLOSEST_MIN_WORDS or (
+            words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
+        from nbjit.observe import distance as _distance
+
+        distances = [_distance.description_distance_python(new.row, d.row) for d in cached]
+    else:
+        from nbjit import _kernels
+
+        rows = [d.array for d in cached]
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum([r.shape[0] for r in rows], out=offsets[1:])
+        distances = _kernels.description_distances(new.array, np.concatenate(rows), offsets)
+    best = min(distances)
+    tied = [i for i in range(len(cached) - 1, -1, -1) if distances[i] == best]
+    shardings = [leaf.sharding for leaf in new.leaves]
+    return sorted(tied, key=lambda i: [leaf.sharding for leaf in cached[i].leaves] != shardings)
+
+
 def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...], str]:
     """(the fields the miss is grouped by, the sentence that explains it)."""
     if new is None:
@@ -393,14 +429,19 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
                             f"(cache capacity {miss.capacity})")
     if miss.cached:
         cached = by_age(miss.cached)
-        index, _ = closest(new, cached)
-        found = field_differences(cached[index], new)
-        shown = "; ".join(text for _, text in found[:_MAX_DIFFERENCES])
-        if len(found) > _MAX_DIFFERENCES:
-            shown += f"; and {len(found) - _MAX_DIFFERENCES} more"
-        fields = tuple(field for field, _ in found) or ("no described field",)
-        return fields, (f"against the closest of {len(cached)} cached signatures: "
-                        + (shown or "no described field differs"))
+        tied = [field_differences(cached[i], new) for i in _closest_entries(new, cached)]
+        shown = []
+        for found in tied[:_MAX_TIED]:
+            text = "; ".join(text for _, text in found[:_MAX_DIFFERENCES])
+            if len(found) > _MAX_DIFFERENCES:
+                text += f"; and {len(found) - _MAX_DIFFERENCES} more"
+            shown.append(text or "no described field differs")
+        fields = tuple(field for field, _ in tied[0]) or ("no described field",)
+        if len(tied) == 1:
+            return fields, f"against the closest of {len(cached)} cached signatures: {shown[0]}"
+        more = f"; or {len(tied) - _MAX_TIED} more" if len(tied) > _MAX_TIED else ""
+        return fields, (f"{len(tied)} of {len(cached)} cached signatures are equally close: "
+                        + "; or ".join(f"({text})" for text in shown) + more)
     if miss.twin_options:
         other, own = miss.twin_options[0]
         return (OPTIONS,), ("no entries with these options; another jit of the same "
