@@ -244,7 +244,7 @@ class Plan:
     __slots__ = ("node_ref", "record", "jaxpr", "slots", "n_leaves", "options", "counters",
                  "out_avals", "out_shardings", "device_sharding", "state", "count",
                  "window_start", "lock", "builder", "counter", "name", "sync", "fastpath",
-                 "resident", "__weakref__")
+                 "resident", "seen", "calls", "__weakref__")
 
     def __init__(self, node: Any, record: Any, jaxpr: Any, slots: list[_Slot], n_leaves: int,
                  options: dict, counters: Any, fastpath: Any, device_sharding: Any) -> None:
@@ -265,11 +265,14 @@ class Plan:
         self.state = _IDLE
         self.count = 0
         self.window_start = 0
+        self.seen: list[bytes] | None = None  # the last counted call's bytes (`counter`)
+        self.calls = 0  # calls counted by `counter`
         self.lock = threading.Lock()
         self.builder = dataclasses.replace(
             record, prepare=_weak_prepare(self, "_build_then_prepare"))
-        # For leaves without a memo (bigger than its limit) every value counts
-        # as new: this record counts calls instead, until packing is due.
+        # For leaves without a memo (bigger than its limit) no memo miss says a
+        # value is new: this record compares each call's bytes with the last
+        # call's instead, until packing is due or given up.
         self.counter = dataclasses.replace(
             record, prepare=_weak_prepare(self, "_count_then_prepare"))
 
@@ -297,14 +300,29 @@ class Plan:
             node.record = self.builder  # the next call builds, then runs as before
 
     def _count_then_prepare(self, leaves: list) -> list:
+        """Counts the calls whose packable values differ from the last call's
+        bytes: the same arrays every call are not fresh values and get no slots.
+        Packing is due after `PACK_AFTER` new values; with fewer within
+        ``2 * PACK_AFTER`` calls the node goes back to its plain record for
+        good, so comparing (a copy of up to `TOTAL_MAX_BYTES`) costs only the
+        first calls of a signature."""
         node = self.node_ref()
-        self.count += 1
-        if self.count >= PACK_AFTER and node is not None and node.record is self.counter:
+        seen = [np.asarray(leaves[s.leaf]).tobytes() for s in self.slots]
+        if seen != self.seen:
+            self.count += 1
+        self.seen, self.calls = seen, self.calls + 1
+        if node is None or node.record is not self.counter:
+            return self.record.prepare(leaves)
+        if self.count >= PACK_AFTER:
             if self.state == _IDLE and _enabled:
                 self.state = _DUE
                 node.record = self.builder
             else:
                 node.record = self.record
+            self.seen = None
+        elif self.calls >= 2 * PACK_AFTER:  # the same values come back
+            node.record = self.record
+            self.seen = None
         return self.record.prepare(leaves)
 
     def _build_then_prepare(self, leaves: list) -> list:
@@ -391,7 +409,7 @@ class Plan:
         except Exception:
             packed = None
         except BaseException:  # interrupted: today's path, armed again
-            self.state, self.count = _IDLE, 0
+            self.state, self.count, self.calls = _IDLE, 0, 0
             if node is not None and node.record is current:
                 node.record = self.counter if self.counts_calls() else self.record
             if background:
