@@ -436,4 +436,13 @@ def test_equally_close_entries_agree_in_python_and_the_kernel(monkeypatch):
     monkeypatch.setattr(_explain, "NUMBA_CLOSEST_MIN_WORDS", 10**9)
     python = _explain._closest_entries(new, descriptions)
     assert kernel == python
-    assert kernel == list(range(len(descriptions) - 1, -1, -1))  # all tie, most recent first
+    assert kernel == ([399, 398, 397], 400)  # all tie; the 3 most recent are named
+
+
+def test_more_ties_than_named_are_counted(records):
+    f = _fresh(lambda *xs: sum(x.sum() for x in xs))
+    for k in range(4):  # entry k differs from the call in args[k]'s shape only
+        f(*[jnp.ones(3) if i == k else jnp.ones(2) for i in range(4)])
+    message = _explained(records, lambda: f(*[jnp.ones(2)] * 4))
+    assert "4 of 4 cached signatures are equally close: (args[3]: shape" in message
+    assert message.count("; or (") == 2 and "; or 1 more" in message

@@ -392,11 +392,12 @@ EVICTED = "evicted by the LRU"
 OPTIONS = "jit options"
 
 
-def _closest_entries(new: CallDescription, cached: Sequence[CallDescription]) -> list[int]:
-    """Indices of every description in `cached` (oldest first) as close to `new`
-    as the closest: those with `new`'s shardings first (the same placement, so
-    the fields that differ are what the caller changed; a sharding change is
-    the other entry's layout), then the most recent first, as `closest` picks.
+def _closest_entries(new: CallDescription, cached: Sequence[CallDescription]
+                     ) -> tuple[list[int], int]:
+    """(up to `_MAX_TIED` indices into `cached` (oldest first) of descriptions as
+    close to `new` as the closest, how many are): those with `new`'s shardings
+    first (the same placement, so the fields that differ are what the caller
+    changed), then the most recent first, as `closest` picks.
 
     All distances, with `closest`'s choice of Python or the kernel: a miss
     names each tie, where `closest` keeps one.
@@ -417,7 +418,13 @@ def _closest_entries(new: CallDescription, cached: Sequence[CallDescription]) ->
     best = min(distances)
     tied = [i for i in range(len(cached) - 1, -1, -1) if distances[i] == best]
     shardings = [leaf.sharding for leaf in new.leaves]
-    return sorted(tied, key=lambda i: [leaf.sharding for leaf in cached[i].leaves] != shardings)
+    same: list[int] = []
+    other: list[int] = []
+    for i in tied:  # shape churn ties thousands, most with the same shardings: stop early
+        (same if [leaf.sharding for leaf in cached[i].leaves] == shardings else other).append(i)
+        if len(same) == _MAX_TIED:
+            break
+    return (same + other)[:_MAX_TIED], len(tied)
 
 
 def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...], str]:
@@ -429,18 +436,19 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
                             f"(cache capacity {miss.capacity})")
     if miss.cached:
         cached = by_age(miss.cached)
-        tied = [field_differences(cached[i], new) for i in _closest_entries(new, cached)]
+        named, n_tied = _closest_entries(new, cached)
+        tied = [field_differences(cached[i], new) for i in named]
         shown = []
-        for found in tied[:_MAX_TIED]:
+        for found in tied:
             text = "; ".join(text for _, text in found[:_MAX_DIFFERENCES])
             if len(found) > _MAX_DIFFERENCES:
                 text += f"; and {len(found) - _MAX_DIFFERENCES} more"
             shown.append(text or "no described field differs")
         fields = tuple(field for field, _ in tied[0]) or ("no described field",)
-        if len(tied) == 1:
+        if n_tied == 1:
             return fields, f"against the closest of {len(cached)} cached signatures: {shown[0]}"
-        more = f"; or {len(tied) - _MAX_TIED} more" if len(tied) > _MAX_TIED else ""
-        return fields, (f"{len(tied)} of {len(cached)} cached signatures are equally close: "
+        more = f"; or {n_tied - len(named)} more" if n_tied > len(named) else ""
+        return fields, (f"{n_tied} of {len(cached)} cached signatures are equally close: "
                         + "; or ".join(f"({text})" for text in shown) + more)
     if miss.twin_options:
         other, own = miss.twin_options[0]
