@@ -89,7 +89,7 @@ def contenders(x: jax.Array) -> list[tuple[str, object]]:
     scope = {
         "collect_garbage": _jax.collect_garbage, "trace_context": _jax.trace_context,
         "post_hook": _jax.post_hook_state, "consume": _jax.ExecuteResults.consume_with_handlers,
-        "lookup": f_nb._namespace.entries.get, "touch": f_nb._namespace.cache._lru.move_to_end,
+        "lookup": f_nb._namespace.entries.get, "touch": f_nb._namespace.cache.mark_recent,
         "node_context": node.context,
     }
     hands = []

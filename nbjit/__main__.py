@@ -14,11 +14,22 @@ is in time; `main` checks that it was.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+
+# None of these touches a device (so XLA_FLAGS, set below, is still in time).
+from nbjit import bench
+from nbjit.multiprocess import agreement as _agreement
+from nbjit.observe import explain as _explain
+from nbjit.observe import profile as _profile
+from nbjit.observe import report as _report
+from nbjit.routing import run as _run
 from nbjit.routing.devices import HOST_DEVICES, request_host_devices
 
 _XLA_FLAGS_AT_START = os.environ.get("XLA_FLAGS")  # `run` gives the script these
@@ -72,12 +83,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def compare(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    import jax
-
-    from nbjit import bench
-
     matrix = bench.select(bench.scenarios(), args.only)
     if args.list:
         for s in matrix:
@@ -148,14 +153,6 @@ def _self_check_for_docs(matrix: Sequence[Any], settings: Any, meta: dict[str, A
 
 def run(args: argparse.Namespace) -> int:
     """Runs the script with jax.jit routed to nbjit.jit; prints the dispatch report at exit."""
-    import contextlib
-
-    from nbjit.multiprocess import agreement as _agreement
-    from nbjit.observe import explain as _explain
-    from nbjit.observe import profile as _profile
-    from nbjit.observe import report as _report
-    from nbjit.routing import run as _run
-
     if args.check_agreement:
         _agreement.configure(check_host_values=True)
 
@@ -183,8 +180,6 @@ def run(args: argparse.Namespace) -> int:
 
 def merge_reports(args: argparse.Namespace) -> int:
     """Prints (and with --json writes) one report from per-process JSON reports."""
-    from nbjit.observe import report as _report
-
     merged = _report.merge([_report.read_json(path) for path in args.reports])
     print(_report.format_text(merged))
     if args.json:

@@ -2,7 +2,9 @@
 
 One definition of what several rooms need: the Python scalar types that
 are host values, the 64-byte alignment the CPU client uses host memory in
-place at.
+place at. Helpers that need JAX (the process label, the call site, function
+names, aval text) live one step up, in `nbjit.observe.names`, below every
+report and below multi-controller agreement.
 """
 
 from __future__ import annotations

@@ -2,10 +2,16 @@
 
 The rest of nbjit talks to JAX through the names this module exports (and
 its public API). When a new jax release moves something, this is the one
-file to mend, with one exception made for speed: the hit path reads two
-private attributes of a `jax.Array`, ``x._committed`` and ``x._sharding``,
-directly (in the generated binders and keyers, `nbjit.core.record` and
-`nbjit.observe.explain`), as jaxlib's C++ reads the same fields.
+file to mend, except for the private attributes of JAX objects that other
+modules read directly, all of them listed here (docs/design.md, "Where JAX
+is touched"):
+  * ``x._committed`` and ``x._sharding`` of a `jax.Array`, for speed, as
+    jaxlib's C++ reads the same fields: in the generated binders and keyers
+    (`nbjit.core.binders`, `nbjit.core.keys`), `nbjit.core.record` and
+    `nbjit.observe.explain`;
+  * ``sharding._hlo_sharding`` and ``sharding._device_assignment`` in
+    `nbjit.host.plan` (host-side slicing), and ``sharding._device_assignment``
+    in `nbjit.multiprocess.agreement` (a sharding's device ids).
 """
 
 from __future__ import annotations
@@ -160,7 +166,7 @@ def addressable_device_assignment(sharding):
 try:
     from jax._src.sharding_impls import GSPMDSharding
 except ImportError:  # removed in some later jax; nbjit.host.plan then skips it
-    GSPMDSharding = None
+    GSPMDSharding = None  # type: ignore[misc, assignment]
 from jax._src.lib import xla_client as _xla_client  # noqa: E402
 
 OP_SHARDING_REPLICATED = _xla_client.OpSharding.Type.REPLICATED
@@ -313,7 +319,7 @@ def kv_dir_get(client, prefix: str) -> list[tuple[str, str]]:
     return client.key_value_dir_get(prefix)
 
 
-def kv_wait(client, key: str, timeout_ms: int) -> str | None:
+def kv_wait(client, key: str, timeout_ms: float) -> str | None:
     """The value of `key` once it is set, or None after `timeout_ms`."""
     try:
         return client.blocking_key_value_get(key, max(1, int(timeout_ms)))

@@ -1,12 +1,17 @@
 """Numba kernels for the array-shaped parts of dispatch. No jax import here.
 
-Three families, each with the plain-Python front-end it needs beside it:
+Four families, one section each, each with the plain-Python twin it needs
+beside it:
 
 - signature keys: per-leaf (dtype code, weak type, committed, sharding id,
-  layout id, shape) packed into one int64 buffer, hashed to one int64 and
-  compared word by word. `python_signature_key` computes the same key in
-  plain Python (it wins for few leaves; the asv benchmark
-  `bench_kernels.SignatureKey` shows the crossover).
+  layout id, shape) packed into one int64 buffer and hashed to one int64.
+  `python_signature_key` computes the same key in plain Python (it wins for
+  few leaves; the asv benchmark `bench_kernels.SignatureKey` shows the
+  crossover). Their user is multi-controller agreement's stable key
+  (`stable_signature_key`, with `hash_bytes` for host values); the
+  dispatcher's own key does not pack leaves (docs/performance.md).
+- call descriptions: the distance of a missed call to every cached one
+  (explained misses); the Python twin is `nbjit.observe.distance`.
 - index domains: the [start, stop) per dimension of every device's shard of
   a global array, from a mesh description; `group_replicas` numbers the
   distinct domains.
@@ -99,17 +104,6 @@ def hash_signature(buf):
 
 
 @njit(cache=True, nogil=True)
-def signatures_equal(a, b):
-    """Whether two packed signature buffers are equal, word by word."""
-    if a.shape[0] != b.shape[0]:
-        return False
-    for i in range(a.shape[0]):
-        if a[i] != b[i]:
-            return False
-    return True
-
-
-@njit(cache=True, nogil=True)
 def _signature_key_kernel(dtype_codes, weak_types, committed, sharding_ids, layout_ids,
                           ndims, dims):
     buf = pack_leaf_signatures(dtype_codes, weak_types, committed, sharding_ids,
@@ -152,9 +146,8 @@ def python_signature_key(leaves: Sequence[Leaf]) -> int:
 def numba_signature_key(leaves: Sequence[Leaf]) -> tuple[int, np.ndarray]:
     """The same key as `python_signature_key`, via the Numba kernels.
 
-    Returns `(key, packed_buffer)`; keep the buffer to confirm a hit with
-    `signatures_equal`. Extracting the fields into arrays is part of the
-    cost: this is the function the crossover benchmark times.
+    Returns `(key, packed_buffer)`. Extracting the fields into arrays is
+    part of the cost: this is the function the crossover benchmark times.
     """
     n = len(leaves)
     dtype_codes = np.empty(n, np.int64)
@@ -182,16 +175,6 @@ def numba_signature_key(leaves: Sequence[Leaf]) -> tuple[int, np.ndarray]:
 # benchmarks/benchmarks/bench_kernels.py SignatureKey; the numbers are in
 # docs/performance.md#measured-constants-behind-the-code.
 NUMBA_KEY_MIN_LEAVES = 4
-
-
-def signature_key(leaves: Sequence[Leaf]) -> int:
-    """The int64 key of `leaves` by whichever implementation wins at this size.
-
-    Both give the same key (tests/test_kernels.py); only the speed differs.
-    """
-    if len(leaves) < NUMBA_KEY_MIN_LEAVES:
-        return python_signature_key(leaves)
-    return numba_signature_key(leaves)[0]
 
 
 # Stable keys: equal in every process (multi-controller agreement). The words
@@ -252,7 +235,7 @@ def stable_text_hash(text: str) -> int:
 # ---------------------------------------------------------------------------
 
 # The packed layout of a call description and the distance counted over it
-# are described in nbjit/_distance.py, which holds the plain-Python twin
+# are described in nbjit/observe/distance.py, which holds the plain-Python twin
 # (numba-free, so that small caches never load numba; re-exported here).
 # The widths are literals here: a cached kernel is recompiled when this file
 # changes, not when that one does (tests/test_explain.py checks they agree).

@@ -26,9 +26,10 @@ def test_kernels_module_does_not_import_jax(tmp_path):
     # package of their own): importing it must not pull in jax, and neither
     # may compiling and running its kernels.
     package = tmp_path / "nbjit"
-    package.mkdir()
+    (package / "observe").mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    for module in ("_kernels.py", "_distance.py"):
+    (package / "observe" / "__init__.py").write_text("")
+    for module in ("_kernels.py", "observe/distance.py"):
         (package / module).write_text((Path(_kernels.__file__).parent / module).read_text())
     code = (
         "import sys\n"
@@ -71,8 +72,6 @@ def test_numba_and_python_signature_keys_agree(leaves):
     assert buf.tolist() == packed
     assert key == _kernels.python_signature_key(leaves)
     assert -(2**63) <= key < 2**63
-    assert _kernels.signatures_equal(buf, np.array(packed, np.int64))
-    assert _kernels.signature_key(leaves) == key
 
 
 @settings(max_examples=200, deadline=None)
@@ -82,8 +81,6 @@ def test_different_leaves_pack_differently(a, b):
     norm = lambda leaves: [(c, bool(w), bool(m), s, ly, tuple(sh))
                            for c, w, m, s, ly, sh in leaves]
     assert (pa == pb) == (norm(a) == norm(b))
-    eq = _kernels.signatures_equal(np.array(pa, np.int64), np.array(pb, np.int64))
-    assert eq == (pa == pb)
 
 
 def test_signature_key_separates_each_field():

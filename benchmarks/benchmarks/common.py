@@ -19,12 +19,8 @@ import pathlib
 
 
 def _request_host_devices():
-    """nbjit/routing/devices.py of this checkout, loaded by path: it imports nothing of nbjit
-    or jax. (nbjit/_devices.py before the layout by concern: a checkout of an older suite.)"""
-    package = pathlib.Path(__file__).resolve().parents[2] / "nbjit"
-    path = package / "routing" / "devices.py"
-    if not path.exists():
-        path = package / "_devices.py"
+    """nbjit/routing/devices.py of this checkout, loaded by path (it imports no nbjit, no jax)."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "nbjit" / "routing" / "devices.py"
     spec = importlib.util.spec_from_file_location("_nbjit_devices_for_asv", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

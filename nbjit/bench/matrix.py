@@ -169,7 +169,7 @@ def _pjit_simple(n: int) -> Callable[[], Case]:
         opts = {"in_shardings": s, "out_shardings": s}
         fun = _tree_plus_one
         # As upstream, feed the outputs back once so the inputs are jit outputs.
-        xs = jax_jit(fun, **opts)([x] * n)
+        xs = jax_jit(fun, **opts)([x] * n)  # type: ignore[call-overload]  # (stubs: **dict)
         return Case(fun, (xs,), jit_options=opts)
 
     return build

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from nbjit.bench.runner import Row
+from nbjit.observe.table import Table
 
 SELF_CHECK_BAND = (0.9, 1.1)
 
@@ -39,14 +40,6 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
         spread = "-" if r.ratio is None else f"{r.ratio_p10:.2f}-{r.ratio_p90:.2f}"
         body.append((r.name, str(r.n_args), r.kind, _fmt(r.a_us), _fmt(r.b_us),
                      _fmt(r.floor_us), _fmt(r.ratio, 2), spread))
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
-              for i, h in enumerate(head)]
-    right = {1, 3, 4, 5, 6, 7}
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
     v = meta.get("versions", {})
     m = meta.get("machine", {})
     out = [
@@ -57,10 +50,8 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
         f"ratio = {a} / jax.jit per call (median of paired rounds; < 1: {a} is faster); "
         "floor = execute + output handlers only",
         "",
-        line(head),
-        line(tuple("-" * w for w in widths)),
+        *Table(head, body, right=frozenset({1, 3, 4, 5, 6, 7}), rule=True).lines(),
     ]
-    out += [line(b) for b in body]
     for r in rows:
         if r.note:
             out.append(f"  note: {r.name}: {r.note}")
@@ -94,7 +85,7 @@ class Summary:
     @classmethod
     def of(cls, rows: Sequence[Row]) -> Summary:
         verdicts = [v for v in map(verdict, rows) if v is not None]
-        ratios = [r.ratio for r in rows if verdict(r) is not None]
+        ratios = [r.ratio for r in rows if verdict(r) is not None and r.ratio is not None]
         geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
         return cls(len(verdicts), geomean, verdicts.count(FASTER), verdicts.count(SLOWER),
                    verdicts.count(WITHIN_NOISE))
@@ -165,7 +156,7 @@ def _plot_ratios(ax: Any, timed: Sequence[Row], a: str) -> None:
     med = np.array([r.ratio for r in timed])
     err = (med - np.array([r.ratio_p10 for r in timed]),
            np.array([r.ratio_p90 for r in timed]) - med)
-    verdicts = [verdict(r) for r in timed]
+    verdicts = [verdict(r) or WITHIN_NOISE for r in timed]  # (timed rows have one)
     ax.errorbar(med, y, xerr=err, fmt="none", ecolor="0.7", capsize=2, lw=1)
     ax.scatter(med, y, c=[VERDICT_COLORS[v] for v in verdicts], zorder=3, s=22)
     ax.axvline(1.0, color="k", lw=1)

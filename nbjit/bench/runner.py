@@ -112,7 +112,7 @@ def output_difference(x: Any, y: Any) -> str | None:
     """Why two call results differ (structure, dtype, weak type, sharding, values), or None."""
     lx, tx = jax.tree.flatten(x)
     ly, ty = jax.tree.flatten(y)
-    if tx != ty:
+    if tx != ty:  # type: ignore[operator]  # (jax's stubs: PyTreeDef has no !=)
         return f"tree structure {tx} != {ty}"
     for i, (u, v) in enumerate(zip(lx, ly, strict=True)):
         for attr in ("dtype", "weak_type", "sharding"):
@@ -333,6 +333,7 @@ def writes_into_docs(paths: Sequence[str | None]) -> bool:
 def self_check_record(rows: Sequence[Row], band: tuple[float, float]) -> dict[str, Any]:
     """The self-check of a run, for its metadata: jax.jit against itself over
     the same matrix; passed when every timed row's ratio lies within `band`."""
-    timed = [r for r in rows if r.ratio is not None]
-    outside = [[r.name, round(r.ratio, 3)] for r in timed if not band[0] <= r.ratio <= band[1]]
-    return {"passed": not outside, "band": list(band), "rows": len(timed), "outside": outside}
+    ratios = [(r.name, r.ratio) for r in rows if r.ratio is not None]
+    outside = [[name, round(ratio, 3)] for name, ratio in ratios
+               if not band[0] <= ratio <= band[1]]
+    return {"passed": not outside, "band": list(band), "rows": len(ratios), "outside": outside}

@@ -17,6 +17,7 @@ from nbjit._jax import jax_jit
 from nbjit.bench import measure
 from nbjit.bench.matrix import Case, Scenario
 from nbjit.bench.runner import first_difference, run_scenario
+from nbjit.observe.table import Table
 
 #: How `compare` measures: 101 paired rounds of ~10 ms batches, at most ~3 s.
 USER_SETTINGS = measure.Settings(rounds=101, min_rounds=5, max_seconds=3.0)
@@ -51,7 +52,7 @@ class CompareResult:
     #: jax.jit against itself on the same call, measured the same way
     #: (``compare(..., self_check=True)``): (ratio, p10, p90), or None. How far
     #: it sits from 1 is how far this machine lets a ratio be trusted.
-    self_check: tuple[float, float, float] | None = None
+    self_check: tuple[float | None, float | None, float | None] | None = None
 
     def __str__(self) -> str:
         floor = "-" if self.floor_us is None else f"{self.floor_us:.3g} us"
@@ -68,13 +69,9 @@ class CompareResult:
         cells = (self.name, f"{self.nbjit_us:.3g}", f"{self.jax_us:.3g}", floor,
                  f"{self.ratio:.3g}", f"{self.p10:.3g}-{self.p90:.3g}", str(self.rounds))
         head = ("function", "nbjit us", "jax.jit us", "floor us", "ratio", "p10-p90", "rounds")
-        import html
-
-        row = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
-        return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head)
-                + f"</tr></thead><tbody><tr>{row}</tr></tbody></table>"
-                "<p>ratio = nbjit / jax.jit per call, median of paired rounds (&lt; 1: nbjit "
-                "is faster); floor = execute + output handlers only</p>")
+        return Table(head, [cells]).html([
+            "ratio = nbjit / jax.jit per call, median of paired rounds (< 1: nbjit is faster); "
+            "floor = execute + output handlers only"])
 
     def plot(self, path: str) -> None:
         """A PNG: microseconds per call of nbjit, jax.jit and the floor, with the ratio."""
@@ -129,6 +126,7 @@ def compare(fun: Callable[..., Any], *args: Any, jit_kwargs: dict[str, Any] | No
                         block=False)
     row = run_scenario(scenario, nbjit.jit, jax_jit, USER_SETTINGS, nbjit.jit, floor_call)
     assert row.ratio is not None and row.b_us is not None
+    assert row.ratio_p10 is not None and row.ratio_p90 is not None
     check = None
     if self_check:
         own = run_scenario(scenario, jax_jit, jax_jit, USER_SETTINGS)

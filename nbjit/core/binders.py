@@ -368,7 +368,7 @@ class BinderTable(dict):
         self.splits: dict[Any, Split] = {}
         self.env = {
             "lookup": namespace.entries.get,  # the dict is never replaced
-            "mark_recent": namespace.cache._lru.move_to_end,
+            "mark_recent": namespace.cache.mark_recent,
             "trace_context": _jax.trace_context, "post_hook": _jax.post_hook_state,
             "consume": _jax.ExecuteResults.consume_with_handlers,
             "timed_call": _timed_call, "clock": time.perf_counter_ns, "record_hit": _profile.record,

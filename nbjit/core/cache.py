@@ -19,7 +19,10 @@ Invariants:
     good (no fast-path data), except one left by a failed compile (reason
     "compile_failed"): the next call compiles again and replaces it.
   * Every structural change (link, unlink, eviction, clear) happens under
-    the cache's lock; lookups read without it (dict reads are atomic).
+    the cache's lock; lookups read without it (dict reads are atomic). The
+    lock and the LRU are this module's own: the dispatcher and the observers
+    use the methods below (`Namespace.claim`/`release`/`install`,
+    `Namespace.usage`, `PjitFunctionCache.namespaces_of`, `mark_recent`).
 """
 
 from __future__ import annotations
@@ -44,9 +47,14 @@ class Counters:
     A hit counts on the node it ran (`Node.hits`, a local the hit path
     already holds); a node's count is folded into `hits` here when it leaves
     the cache, so a namespace's hits are ``hits + sum(node.hits)``.
-    Everything else is counted off the hit path. Unlocked increments may
-    lose a count under thread races (CPython's ``+=`` on an attribute is not
-    atomic); counters are statistics, not accounting.
+    Everything else is counted off the hit path. No counter takes a lock.
+    On CPython 3.12/3.13 with the GIL a thread switch cannot fall inside
+    ``node.hits += 1`` on a ``__slots__`` object (no eval-breaker check
+    between its load and its store), so hits from many threads add up
+    exactly (tests/test_stats.py checks it); the language does not promise
+    this (a free-threaded build can lose counts), and a first-time slow
+    reason, which runs ``Counter.__missing__`` in Python, can lose one in a
+    race. Counters are statistics, not accounting.
     """
 
     __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
@@ -97,9 +105,10 @@ class Node:
 class Pending:
     """A compile in flight: waiters block on `done` without holding locks."""
 
-    __slots__ = ("thread", "done")
+    __slots__ = ("key", "thread", "done")
 
-    def __init__(self) -> None:
+    def __init__(self, key: Any = None) -> None:
+        self.key = key  # its place in `Namespace.pending`
         self.thread = threading.get_ident()
         self.done = threading.Event()
 
@@ -129,7 +138,7 @@ class Namespace:
     def nodes(self) -> list[Node]:
         out = []
         for head in list(self.entries.values()):
-            node = head
+            node: Node | None = head
             while node is not None:
                 out.append(node)
                 node = node.next
@@ -145,7 +154,7 @@ class Namespace:
         """Removes `node` from its chain (called with the cache lock held)."""
         self.counters.hits += node.hits
         node.hits = 0
-        head = self.entries.get(node.key)
+        head: Node | None = self.entries.get(node.key)
         if head is node:
             if node.next is None:
                 del self.entries[node.key]
@@ -169,11 +178,74 @@ class Namespace:
             node.hits = 0
         self.entries.clear()
 
-    def hits(self) -> int:
-        return self.counters.hits + sum(node.hits for node in self.nodes())
-
     def size(self) -> int:
-        return len(self.nodes())
+        with self.cache._lock:
+            return len(self.nodes())
+
+    def clear(self) -> None:
+        """Drops every entry of this namespace (its counters stay)."""
+        with self.cache._lock:
+            self.drop_all()
+
+    # -- the miss path's seams (the lock is taken here, nowhere else) -----------
+
+    def claim(self, key: Any, shardings: list, context: tuple
+              ) -> tuple[Node | None, Node | None, Pending | None, Pending | None]:
+        """Finds or claims a signature's compile: ``(node, failed, waiting, owned)``.
+
+        `node`: the usable node already cached (None when there is none, or
+        only one a failed compile left, returned as `failed`). When nothing
+        is cached the first caller owns the compile (`owned`: a new `Pending`
+        it must `release`); later callers get the owner's (`waiting`) to
+        wait on.
+        """
+        with self.cache._lock:
+            node = self.find(key, shardings, context)
+            failed = node if node is not None and node.reason == "compile_failed" else None
+            if failed is not None:
+                node = None
+            if node is not None:
+                return node, None, None, None
+            pending_key = (key, tuple(shardings), context)
+            pending = self.pending.get(pending_key)
+            if pending is not None:
+                return None, failed, pending, None
+            pending = self.pending[pending_key] = Pending(pending_key)
+            return None, failed, None, pending
+
+    def release(self, pending: Pending) -> None:
+        """Ends the compile `pending` stood for; its waiters look again."""
+        with self.cache._lock:
+            self.pending.pop(pending.key, None)
+        pending.done.set()
+
+    def install(self, node: Node | None, replacing: Node | None = None) -> None:
+        """Links `node` (if any) in place of `replacing` (if any), atomically."""
+        with self.cache._lock:
+            if replacing is not None:
+                self.drop(replacing)
+            if node is not None:
+                self.link(node)
+
+    # -- what observers read ------------------------------------------------------
+
+    def usage(self) -> tuple[int, int]:
+        """(entries, hits counted on them), read together."""
+        with self.cache._lock:
+            nodes = self.nodes()
+            return len(nodes), sum(node.hits for node in nodes)
+
+    def reset_counts(self) -> None:
+        """Zeroes the counters and the hits of every entry (entries stay)."""
+        with self.cache._lock:
+            for node in self.nodes():
+                node.hits = 0
+            self.counters.reset()
+
+    def descriptions(self) -> list[Any]:
+        """The call descriptions (`nbjit.observe.explain`) of the entries that have one."""
+        with self.cache._lock:
+            return [n.description for n in self.nodes() if n.description is not None]
 
 
 class PjitFunctionCache:
@@ -188,6 +260,10 @@ class PjitFunctionCache:
     _instances: weakref.WeakSet[PjitFunctionCache] = weakref.WeakSet()
 
     def __init__(self, capacity: int = 4096) -> None:
+        self._setup(capacity)
+        PjitFunctionCache._instances.add(self)
+
+    def _setup(self, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self._capacity = int(capacity)
@@ -195,7 +271,9 @@ class PjitFunctionCache:
         self._namespaces: dict[tuple[int, Any], Namespace] = {}  # by weakly-held function
         self._all_namespaces: weakref.WeakSet[Namespace] = weakref.WeakSet()
         self._lock = threading.RLock()
-        PjitFunctionCache._instances.add(self)
+        # A hit moves its node to the LRU's recent end: the OrderedDict's own
+        # bound method, so the generated hit path pays one call, no wrapper.
+        self.mark_recent: Callable[[Node], None] = self._lru.move_to_end
 
     def size(self) -> int:
         """Number of entries (compiled signatures) held, over all functions."""
@@ -221,7 +299,8 @@ class PjitFunctionCache:
         return {"capacity": self._capacity}  # pickles empty, like jaxlib's
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["capacity"])
+        self._setup(state["capacity"])
+        PjitFunctionCache._instances.add(self)
 
     def __repr__(self) -> str:
         return f"PjitFunctionCache(size={self.size()}, capacity={self._capacity})"
@@ -244,6 +323,13 @@ class PjitFunctionCache:
                 return namespace
             self._namespaces[key] = namespace
             return namespace
+
+    def namespaces_of(self, fun: Callable) -> list[tuple[Any, Namespace]]:
+        """(global key, namespace) of every live namespace of `fun` (all its jit options)."""
+        with self._lock:
+            return [(global_key, namespace)
+                    for (fun_id, global_key), namespace in self._namespaces.items()
+                    if fun_id == id(fun) and namespace.fun_ref() is fun]
 
     def _forget(self, key: tuple[int, Any], namespace: Namespace, _ref: Any = None) -> None:
         with self._lock:

@@ -11,10 +11,19 @@ the call and runs the hit path: lookup -> inputs -> execute -> outputs). A
 leaf no key can hold goes to `_unkeyable` (JAX's own path). A miss, or a
 signature that cannot take the fast path, goes to `_miss_or_slow`.
 
+A miss reads as one story: `_miss` claims the signature (one compile per
+signature across threads, `Namespace.claim`); `_compile` checks that every
+process agrees on it (multi-controller only; before anything is traced, and
+it may raise), lets JAX trace, lower and compile, installs the node, and
+tells each of `MISS_OBSERVERS` one `MissOutcome`: stats count it, explain
+says why it missed, the host-input policy may arm the node. As JAX's
+`cache_miss` returns its fast-path data for others to use, the miss path
+computes and installs; it does not call into the observers' rooms inline.
+
 Invariants:
   * Only the miss path links nodes into the cache (`nbjit.core.cache`); a
     node's record (a frozen `nbjit.core.record.FastPath`) is only ever replaced
-    whole, in one attribute store (packed host inputs, `nbjit.host.packing`).
+    whole, in one attribute store, by the host-input policy (`nbjit.host`).
   * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
   * JAX's own path answers everything else, so JAX raises what it raises.
 """
@@ -27,22 +36,26 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nbjit import _jax
 from nbjit.core.binders import BinderTable, call_shape
-from nbjit.core.cache import Namespace, Node, Pending, PjitFunctionCache, cache_from_config
+from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
 from nbjit.core.keys import leaf_signature
 from nbjit.core.record import (
+    FastPath,
     Unsupported,
     build_record,
     canonical_dtypes,
     host_dtype,
     private_host_copies,
 )
+from nbjit.core.view import JitView
 from nbjit.host import packing as _packed
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.observe import explain as _explain
+from nbjit.observe import profile as _profile
 from nbjit.observe import stats as _stats
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
@@ -60,6 +73,9 @@ _explicit_cache = PjitFunctionCache(8192)  # jit(f, donate_argnums=..., ...)
 class PjitFunction:
     """A `jax.jit`-compatible callable with nbjit's own cache-hit dispatch."""
 
+    __name__: str  # these two from `functools.update_wrapper`, as upstream's
+    __wrapped__: Callable
+
     def __init__(self, fun: Callable, options: dict[str, Any],
                  cache: PjitFunctionCache | None = None) -> None:
         jitted = _jax.jax_jit(fun, **options)  # JAX validates the options, as upstream
@@ -72,7 +88,7 @@ class PjitFunction:
             cache = _explicit_cache if global_key.contains_explicit_attributes else _default_cache
         self._fun = fun
         self._options = options
-        self._jax_jitted = jitted
+        self._jax_jitted: Any = jitted  # (jax's stubs lack its clear_cache)
         self._jax_cache_miss = _jax.cache_miss_of(jitted)
         self._cache = cache
         self._namespace: Namespace = cache.namespace_for(fun, global_key)
@@ -86,7 +102,7 @@ class PjitFunction:
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
-        _stats.register(self)  # observability hooks: nbjit/_stats.py, _profile.py
+        _stats.register(self)  # observability: nbjit.observe (stats, profile)
 
     # -- the hit path: the binder of the call shape keys the call and runs it
 
@@ -140,7 +156,7 @@ class PjitFunction:
         deleted = any(type(x) is ArrayImpl and x.is_deleted() for x in inputs)
         return self._slow(args, kwargs, "deleted_or_donated" if deleted else "execute_refused")
 
-    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
+    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                       node: Node | None) -> Any:
         if node is not None:  # a slow node, a failed compile, or NaN/Inf checks are on
             if node.record is not None:
@@ -157,7 +173,7 @@ class PjitFunction:
             return self._slow(args, kwargs, "tracer")  # staged into an outer trace: never cached
         return self._miss(args, kwargs, leaves, signature)
 
-    def _miss(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple) -> Any:
+    def _miss(self, args: tuple, kwargs: dict, leaves: list, signature: tuple) -> Any:
         """Compiles once per signature across threads; only writer of the cache.
 
         `signature` is ``(key, shardings, trace context)``. A node left by a
@@ -165,109 +181,84 @@ class PjitFunction:
         upstream's) but is compiled again by the next call, which replaces it.
         """
         namespace = self._namespace
-        lock = namespace.cache._lock
-        key, shardings, context = signature
-        pending_key = (key, tuple(shardings), context)
-        with lock:
-            node = namespace.find(*signature)
-            failed = node if node is not None and node.reason == "compile_failed" else None
-            if failed is not None:
-                node = None
-            pending = namespace.pending.get(pending_key) if node is None else None
-            owner = node is None and pending is None
-            if owner:
-                pending = namespace.pending[pending_key] = Pending()
-        if not owner and node is None:
-            if pending.thread == threading.get_ident():
+        node, failed, waiting, owned = namespace.claim(*signature)
+        if owned is not None:
+            try:
+                return self._compile(args, kwargs, leaves, signature, failed)
+            finally:
+                namespace.release(owned)
+        if waiting is not None:
+            if waiting.thread == threading.get_ident():
                 raise RecursionError(
                     f"Recursively calling jit: {self.__name__} re-entered itself "
                     "while compiling the same signature")
-            pending.done.wait()
+            waiting.done.wait()
             node = namespace.find(*signature)
-        if not owner:  # another thread compiled it (or failed: JAX's path, as jaxlib's waiters)
-            if node is None or node.record is None:
-                return self._slow(args, kwargs, "compile_failed")
-            now = time.perf_counter_ns()  # the timed flavour records the hit from here
-            return self._binders.hit(self, args, kwargs, leaves, key, shardings, now, now)
-        try:
-            return self._compile(args, kwargs, leaves, signature, failed)
-        finally:
-            with lock:
-                namespace.pending.pop(pending_key, None)
-            pending.done.set()
+        # Another thread compiled it (or failed: JAX's path, as jaxlib's waiters).
+        if node is None or node.record is None:
+            return self._slow(args, kwargs, "compile_failed")
+        now = time.perf_counter_ns()  # the timed flavour records the hit from here
+        key, shardings, _ = signature
+        return self._binders.hit(self, args, kwargs, leaves, key, shardings, now, now)
 
-    def _compile(self, args: tuple, kwargs: dict, leaves: Sequence, signature: tuple,
+    def _compile(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                  failed: Node | None) -> Any:
-        """JAX's trace/lower/compile for one signature; links the node it gives
-        (in place of `failed`, the node an earlier failed compile left)."""
-        namespace = self._namespace
+        """JAX's trace/lower/compile for one signature; installs the node it gives
+        (in place of `failed`, the node an earlier failed compile left) and tells
+        the observers (`MISS_OBSERVERS`) what happened."""
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
         description, explaining = self._describe_miss(args, kwargs, signature[2])
-        _agreement.check(self, args, kwargs, leaves, description)  # multi-controller only
-        counters = self._counters
+        # Before anything is traced: every process must agree on the signature
+        # (multi-controller only); it raises AgreementError when they differ.
+        _agreement.check(self, args, kwargs, leaves, description)
         start = time.perf_counter()
         private_args, private_kwargs = self._private(args, kwargs)
         try:
             outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
         except BaseException:
-            # The signature keeps a node, as jaxlib's cache does, but not for good
-            # (jaxlib's `fall_back_to_python`): its next call compiles again and
-            # gets the fast path if that succeeds. The call counts as slow.
-            self._count_slow("compile_failed")
-            if failed is None:
-                node = Node(*signature, namespace, None, "compile_failed")
-                node.description = description
-                with namespace.cache._lock:
-                    namespace.link(node)
+            self._compile_failed(signature, description, failed, time.perf_counter() - start)
             raise
-        finally:
-            counters.miss_seconds += (seconds := time.perf_counter() - start)
-        counters.misses += 1
-        self.miss_count += 1
-        try:
-            record, reason = build_record(fastpath, leaves, self._donates), None
-        except Unsupported as why:
-            record, reason = None, why.args[0]
-        except Exception:  # something nbjit cannot hold: JAX's path for good
-            record, reason = None, "no_fastpath"
+        seconds = time.perf_counter() - start
+        record, reason = _record_for(fastpath, leaves, self._donates)
         if fastpath is None:  # effects, or something else JAX keeps on its own path
             reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
-        _explain.miss_done(description, explaining(_jax.jax_cache_misses()), seconds)
+        node = None
         if not rebuild:
-            node = Node(*signature, namespace, record, reason)
+            key, shardings, context = signature
+            node = Node(key, shardings, context, self._namespace, record, reason)
             node.description = description
-            with namespace.cache._lock:
-                if failed is not None:
-                    namespace.drop(failed)
-                namespace.link(node)
-            if record is not None:
-                try:  # packed host inputs (nbjit/_packed.py); never breaks a miss
-                    _packed.arm(self, node, record, fastpath, leaves, args, kwargs)
-                except Exception:
-                    pass
-        elif failed is not None:
-            with namespace.cache._lock:
-                namespace.drop(failed)
+        self._namespace.install(node, replacing=failed)
+        outcome = MissOutcome(self, node, record, fastpath, leaves, args, kwargs, description,
+                              explaining, seconds)
+        for observe in MISS_OBSERVERS:
+            observe(outcome)
         return outs  # JAX's own outputs: required when arguments were donated
 
-    # -- observability (nbjit/_stats.py, _explain.py, _profile.py) -------------
+    def _compile_failed(self, signature: tuple, description: Any, failed: Node | None,
+                        seconds: float) -> None:
+        """The signature keeps a node, as jaxlib's cache does, but not for good
+        (jaxlib's `fall_back_to_python`): its next call compiles again and gets
+        the fast path if that succeeds. The call counts as slow."""
+        self._counters.miss_seconds += seconds
+        self._count_slow("compile_failed")
+        if failed is None:
+            key, shardings, context = signature
+            node = Node(key, shardings, context, self._namespace, None, "compile_failed")
+            node.description = description
+            self._namespace.install(node)
+
+    # -- observability (nbjit/observe: stats, explain, profile) -----------------
 
     def stats(self) -> _stats.DispatchStats:
         """Calls, hits, misses, slow calls (with reasons), evictions of this function
         and its twins (same function, same options)."""
-        with self._cache._lock:
-            nodes = self._namespace.nodes()
-            live_hits = sum(node.hits for node in nodes)
-        return _stats.snapshot(self._counters, _stats.function_label(self), len(nodes),
-                               live_hits)
+        entries, live_hits = self._namespace.usage()
+        return _stats.snapshot(self._counters, _stats.function_label(self), entries, live_hits)
 
     def reset_stats(self) -> None:
         """Zeroes the counters of this function and its twins (entries stay)."""
-        with self._cache._lock:
-            for node in self._namespace.nodes():
-                node.hits = 0
-            self._counters.reset()
+        self._namespace.reset_counts()
 
     def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
         """(this call's description or None, and a function (JAX's cache misses
@@ -280,8 +271,7 @@ class PjitFunction:
         except Exception:  # describing must never break a call
             description = None
         namespace = self._namespace
-        with namespace.cache._lock:
-            cached = [n.description for n in namespace.nodes() if n.description is not None]
+        cached = namespace.descriptions()
         evicted = list(self._counters.evicted)
         twins = [] if cached or evicted else self._other_options_with_entries()
         before = _jax.jax_cache_misses()
@@ -293,11 +283,9 @@ class PjitFunction:
         """(global key, own global key) of the same function's other namespaces with entries."""
         found = []
         for cache in {_default_cache, _explicit_cache, self._cache}:
-            with cache._lock:
-                for (fun_id, global_key), namespace in cache._namespaces.items():
-                    if (fun_id == id(self._fun) and namespace is not self._namespace
-                            and namespace.entries and namespace.fun_ref() is self._fun):
-                        found.append((global_key, self._global_key))
+            for global_key, namespace in cache.namespaces_of(self._fun):
+                if namespace is not self._namespace and namespace.entries:
+                    found.append((global_key, self._global_key))
         return found
 
     # -- Python surface -------------------------------------------------------
@@ -352,17 +340,86 @@ class PjitFunction:
 
     def _cache_size(self) -> int:
         """Number of signatures cached for this function (and its twins)."""
-        with self._cache._lock:
-            return self._namespace.size()
+        return self._namespace.size()
 
     def _clear_cache(self) -> None:
-        with self._cache._lock:
-            self._namespace.drop_all()
+        self._namespace.clear()
 
     def clear_cache(self) -> None:
         """Clears this function's entries and JAX's traces of it, as upstream."""
         self._clear_cache()
         self._jax_jitted.clear_cache()
+
+
+# ---------------------------------------------------------------------------
+# The outcome of a miss, and who observes it
+
+
+@dataclass(frozen=True, slots=True)
+class MissOutcome:
+    """What one compile gave, told to every observer in `MISS_OBSERVERS` once.
+
+    `node` is the installed node (None when JAX asked to rebuild: nothing was
+    cached); `record` its fast-path data (None: the signature takes JAX's
+    path, for `node.reason`); `fastpath` JAX's own fast-path data;
+    `explaining` maps JAX's cache-miss counts after the compile to the
+    `nbjit.observe.explain.MissContext` of this miss.
+    """
+
+    jitted: PjitFunction
+    node: Node | None
+    record: FastPath | None
+    fastpath: Any
+    leaves: list
+    args: tuple
+    kwargs: dict
+    description: Any
+    explaining: Callable[[Any], Any]
+    seconds: float
+
+
+def _count_miss(outcome: MissOutcome) -> None:
+    """Stats: one compile, and its time (`nbjit.stats()`)."""
+    jitted = outcome.jitted
+    counters = jitted._counters
+    counters.miss_seconds += outcome.seconds
+    counters.misses += 1
+    jitted.miss_count += 1
+
+
+def _explain_miss(outcome: MissOutcome) -> None:
+    """Explained misses: why it missed, grouped for `nbjit.ranked_misses()`."""
+    _explain.miss_done(outcome.description, outcome.explaining(_jax.jax_cache_misses()),
+                       outcome.seconds)
+
+
+def _arm_host_inputs(outcome: MissOutcome) -> None:
+    """The host-input policy: may make the node's fresh host inputs resident or
+    packed later (`nbjit.host`); never breaks a miss."""
+    if outcome.node is None or outcome.record is None:
+        return
+    try:
+        _packed.arm(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
+                    outcome.leaves, outcome.args, outcome.kwargs)
+    except Exception:
+        pass
+
+
+MISS_OBSERVERS: tuple[Callable[[MissOutcome], None], ...] = (
+    _count_miss, _explain_miss, _arm_host_inputs)
+"""Called in order after every compile whose outputs return to the caller. Each
+must not raise (a raise would reach the caller after the node is installed)."""
+
+
+def _record_for(fastpath: Any, leaves: Sequence, donates: bool
+                ) -> tuple[FastPath | None, str | None]:
+    """(the node's record, or None and why its signature takes JAX's path)."""
+    try:
+        return build_record(fastpath, leaves, donates), None
+    except Unsupported as why:
+        return None, why.args[0]
+    except Exception:  # something nbjit cannot hold: JAX's path for good
+        return None, "no_fastpath"
 
 
 def _unkeyable_reason(leaves: Sequence, canonical: dict) -> str:
@@ -385,6 +442,31 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
         return "effects" if _jax.jaxpr_has_effects(jitted, args, kwargs) else "no_fastpath"
     except Exception:
         return "no_fastpath"
+
+
+class _OverheadProbe(PjitFunction):
+    """A jitted function for `nbjit.profile()`'s overhead: its call is
+    `PjitFunction.__call__` itself (inherited, so it cannot drift from it) and
+    its one binder (call shape: one positional argument) stamps and records as
+    the timed flavour does, with no work (`nbjit.observe.profile.probe_binder`)."""
+
+    def __init__(self) -> None:  # no function, no cache: nothing of PjitFunction's own
+        self._binders = _ProbeBinders({1: _profile.probe_binder})  # type: ignore[assignment]
+
+
+class _ProbeBinders(dict):
+    """The probe's binder table: every call shape gets the probe binder."""
+
+    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        return self.setdefault(shape, _profile.probe_binder)
+
+
+_profile.set_overhead_probe(_OverheadProbe)
+
+
+def _as_view(jitted: PjitFunction) -> JitView:
+    """Never called: the type checker proves here that `PjitFunction` is a `JitView`."""
+    return jitted
 
 
 def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:

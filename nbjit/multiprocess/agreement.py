@@ -58,9 +58,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from jax import tree_util
 
 from nbjit import _jax
-from nbjit.observe.names import function_name
+from nbjit.core.view import JitView
+from nbjit.observe.names import aval_text, call_site, function_name, process_label
 
 __all__ = ["AgreementError", "AgreementWarning", "check", "configure", "counters",
            "describe_signature", "process_label"]
@@ -104,7 +106,7 @@ def _env_timeout() -> float:
         return DEFAULT_TIMEOUT_S
 
 
-_config = {"timeout_s": _env_timeout(),
+_config: dict[str, Any] = {"timeout_s": _env_timeout(),
            "check_host_values": os.environ.get("NBJIT_CHECK_AGREEMENT", "") not in ("", "0")}
 
 
@@ -139,13 +141,6 @@ _counters = Counters()
 
 def counters() -> Counters:
     return _counters
-
-
-def process_label() -> str | None:
-    """"process I of N" in a multi-controller run (jax.distributed), else None."""
-    if _jax.process_count() == 1 or _jax.distributed_client() is None:
-        return None
-    return f"process {_jax.process_index()} of {_jax.process_count()}"
 
 
 # ---------------------------------------------------------------------------
@@ -189,11 +184,11 @@ _functions: weakref.WeakKeyDictionary[Any, _Function] = weakref.WeakKeyDictionar
 _options_span: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
-def _function(jitted: Any) -> _Function:
+def _function(jitted: JitView) -> _Function:
     """The function's name and store key (named only once it takes part)."""
     info = _functions.get(jitted)
     if info is None:
-        from nbjit._kernels import stable_text_hash
+        from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
         name = function_name(jitted._fun)
         info = _Function(name, f"{stable_text_hash(name) & _MASK64:016x}",
@@ -202,11 +197,9 @@ def _function(jitted: Any) -> _Function:
     return info
 
 
-def _options_spans(jitted: Any) -> bool:
+def _options_spans(jitted: JitView) -> bool:
     spans = _options_span.get(jitted)
     if spans is None:
-        from jax import tree_util
-
         spans = _options_span[jitted] = any(
             _sharding_spans(s) for s in tree_util.tree_leaves(jitted._options)
             if isinstance(s, _jax.Sharding))
@@ -234,7 +227,7 @@ class _Process:
 _this_process = _Process()
 
 
-def _spans_processes(jitted: Any, leaves: Sequence) -> bool:
+def _spans_processes(jitted: JitView, leaves: Sequence) -> bool:
     for x in leaves:
         if type(x) is _jax.ArrayImpl and _sharding_spans(x.sharding):
             return True
@@ -250,12 +243,13 @@ def _describe_sharding(sharding: Any) -> str:
     memory = getattr(sharding, "memory_kind", None)
     suffix = f", memory {memory}" if memory not in (None, "device") else ""
     if isinstance(sharding, _jax.NamedSharding):
-        mesh = sharding.mesh
+        mesh: Any = sharding.mesh
         axes = ",".join(f"{n}={s}" for n, s in mesh.shape.items())
         ids = [d.id for d in mesh.devices.flat]
         return f"NamedSharding(mesh {axes} devices {_ids_text(ids)}, {sharding.spec}{suffix})"
     if isinstance(sharding, _jax.SingleDeviceSharding):
-        return f"SingleDeviceSharding(device {next(iter(sharding.device_set)).id}{suffix})"
+        device: Any = next(iter(sharding.device_set))  # (jax's stubs: Device has no id)
+        return f"SingleDeviceSharding(device {device.id}{suffix})"
     ids = [d.id for d in sharding._device_assignment]
     return f"{type(sharding).__name__}(devices {_ids_text(ids)}{suffix})"
 
@@ -288,18 +282,8 @@ def _encode(value: Any) -> str:
     return f"{type(value).__qualname__} {text}"
 
 
-def _aval_text(leaf: Any) -> str:
-    if leaf.dtype is None:
-        return leaf.kind
-    shape = ",".join(str(d) for d in leaf.shape or ())
-    text = f"{np.dtype(leaf.dtype).name}[{shape}]"
-    if leaf.kind != "jax.Array":
-        text = f"{leaf.kind} {text}"
-    return text + (" weak" if leaf.weak_type else "")
-
-
 def _stable_text_hash(text: str) -> int:
-    from nbjit._kernels import stable_text_hash
+    from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
     return stable_text_hash(text)
 
@@ -322,7 +306,7 @@ def describe_signature(name: str, options_text: str, description: Any,
     With `host_values`, the bytes of every host leaf (numpy arrays and
     scalars, Python scalars) of `args` and `kwargs` enter it too.
     """
-    from nbjit import _kernels
+    from nbjit import _kernels  # deferred: importing numba is slow
 
     text_hash = _text_hash
     entries = [("jit options", options_text),
@@ -333,7 +317,7 @@ def describe_signature(name: str, options_text: str, description: Any,
     header = [text_hash(name)] + [text_hash(f"{p}\0{v}") for p, v in entries]
     packed = []
     for leaf in description.leaves:
-        aval = _aval_text(leaf)
+        aval = aval_text(leaf, kind=True, weak=True)
         entries.append((leaf.path, aval))
         sharding = ""
         if leaf.sharding is not None:
@@ -356,8 +340,6 @@ def describe_signature(name: str, options_text: str, description: Any,
 
 def _host_leaves(args: tuple, kwargs: dict | None, description: Any) -> list[tuple[str, Any]]:
     """(path, value) of the host leaves of a call, with `describe_call`'s paths."""
-    from jax import tree_util
-
     static = {path for path, _, _ in description.statics}
     kwargs = kwargs or {}
     arguments = [(f"args[{i}]", v) for i, v in enumerate(args)]
@@ -375,7 +357,7 @@ def _host_leaves(args: tuple, kwargs: dict | None, description: Any) -> list[tup
 
 def _host_value_text(x: Any) -> str:
     if isinstance(x, np.ndarray | np.generic):
-        from nbjit._kernels import hash_bytes
+        from nbjit._kernels import hash_bytes  # deferred: importing numba is slow
 
         data = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
         return f"bytes hash {int(hash_bytes(data)) & _MASK64:016x}"
@@ -385,7 +367,7 @@ def _host_value_text(x: Any) -> str:
 def _published_entries(entries: list[tuple[str, str]]) -> list[list[str]]:
     out = [[p, v if len(v) <= _MAX_TEXT else v[:_MAX_TEXT - 3] + "..."] for p, v in entries]
     if len(out) > _MAX_ENTRIES:
-        from nbjit._kernels import stable_text_hash
+        from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
         rest = stable_text_hash(json.dumps(out[_MAX_ENTRIES - 1:]))
         out[_MAX_ENTRIES - 1:] = [[f"(entries from {_MAX_ENTRIES} on)",
@@ -397,7 +379,7 @@ def _published_entries(entries: list[tuple[str, str]]) -> list[list[str]]:
 # The check (the miss path calls it before JAX traces anything)
 
 
-def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description: Any) -> None:
+def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence, description: Any) -> None:
     """Returns when every process agrees on this call's signature (or is
     missing, after a warning); raises `AgreementError` when one differs.
 
@@ -414,8 +396,6 @@ def check(jitted: Any, args: tuple, kwargs: dict, leaves: Sequence, description:
     start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
                                    _config["check_host_values"])
-    from nbjit.observe.explain import call_site
-
     _counters.describe_seconds += time.perf_counter() - start
     try:
         _exchange(client, info, signature, call_site(), _jax.process_index(),
@@ -478,7 +458,8 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str, ran
         store.set(f"latest/{rank}", json.dumps(entry))
         seen, rejected = read_seen()
         missing = set(range(n)) - {rank} - seen
-        at_once, poll, latest = not (missing or rejected), _FIRST_POLL_S, {}
+        latest: dict[int, Any] = {}
+        at_once, poll = not (missing or rejected), _FIRST_POLL_S
         while missing or rejected:
             now = time.perf_counter()
             stuck = [q for q in missing if q in latest

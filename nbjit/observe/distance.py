@@ -5,12 +5,12 @@ tests/test_explain.py), in a module that imports neither numba nor jax: a
 miss with few cached entries finds its closest entry without loading numba
 (whose first import is slow).
 
-A call description packs into one int64 row (nbjit/_explain.py builds it):
+A call description packs into one int64 row (`nbjit.observe.explain` builds it):
   header: [n_leaves, structure_id, keyword_names_id, statics_id, context_id]
   then per leaf, fixed width:
   [path_id, kind_id, dtype_id, weak_type, committed, sharding_id, ndim, shape_id]
 Words are the fields' hashes, so equal fields pack to equal words. The
-distance of two rows counts the fields `_explain.differences` would name:
+distance of two rows counts the fields `nbjit.observe.explain.differences` would name:
 each differing header word (not the leaf count), and per leaf of the new
 row the fields of the cached leaf with the same path (a kind change is
 one field, as are ndim and shape together). A leaf whose path the other
@@ -42,7 +42,7 @@ def description_distance_python(a: Sequence[int], b: Sequence[int]) -> int:
     d = 0
     for i in range(1, DESCRIPTION_HEADER_WORDS):
         d += a[i] != b[i]
-    paths = None
+    paths: dict[int, int] | None = None
     for i in range(DESCRIPTION_HEADER_WORDS, len(a), DESCRIPTION_LEAF_WORDS):
         j = i
         if j >= len(b) or b[j] != a[i]:

@@ -30,10 +30,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import html
 import itertools
 import logging
-import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -41,8 +39,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from jax import tree_util
 
 from nbjit import _jax
+from nbjit._common import PYTHON_SCALARS
+from nbjit.observe import distance as _distance
+from nbjit.observe import stats as _stats
+from nbjit.observe.names import aval_text, call_site, process_label
+from nbjit.observe.table import Table
 
 logger = logging.getLogger("nbjit")
 
@@ -134,7 +138,7 @@ def _word(value: Any) -> int:
 
 def _describe_leaf(path: str, x: Any) -> LeafDescription:
     if isinstance(x, _jax.ArrayImpl) or isinstance(x, _jax.Tracer):
-        aval = x.aval
+        aval: Any = x.aval
         if isinstance(x, _jax.Tracer):
             return LeafDescription(path, type(x).__name__, getattr(aval, "dtype", None),
                                    getattr(aval, "shape", None), getattr(aval, "weak_type", None))
@@ -142,15 +146,14 @@ def _describe_leaf(path: str, x: Any) -> LeafDescription:
                                x.sharding, x._committed)
     if isinstance(x, np.ndarray | np.generic):
         return LeafDescription(path, "numpy", x.dtype, x.shape, False)
-    if type(x) in _jax.python_scalar_types:
+    if type(x) in PYTHON_SCALARS:
         return LeafDescription(path, type(x).__name__, None, (), True)
     return LeafDescription(path, type(x).__name__)
 
 
 def _flatten_argument(path: str, value: Any, leaves: list, structure: list) -> None:
-    from jax import tree_util
-
-    pairs, treedef = tree_util.tree_flatten_with_path(value)
+    pairs, treedef_ = tree_util.tree_flatten_with_path(value)
+    treedef: Any = treedef_  # (jax's stubs lack num_nodes and num_leaves)
     if treedef.num_nodes != 1 or treedef.num_leaves != 1:
         structure.append((path, str(treedef)))
     for key_path, leaf in pairs:
@@ -163,12 +166,12 @@ def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
 
     Called on misses only: flattening with paths costs more than a whole hit.
     """
-    static_positions = set(static_positions)
+    static = set(static_positions)
     leaves: list[LeafDescription] = []
     statics: list[tuple[str, type, Any]] = []
     structure: list[tuple[str, str]] = []
     for i, value in enumerate(args):
-        if i in static_positions:
+        if i in static:
             statics.append((f"args[{i}]", type(value), value))
         else:
             _flatten_argument(f"args[{i}]", value, leaves, structure)
@@ -213,10 +216,8 @@ def closest(new: CallDescription, cached: Sequence[CallDescription]) -> tuple[in
     words = len(cached) * len(new.row)
     if words < NUMBA_CLOSEST_MIN_WORDS or (
             words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
-        from nbjit.observe import distance as _distance
-
         return _distance.closest_python(new.row, [d.row for d in cached])
-    from nbjit import _kernels
+    from nbjit import _kernels  # deferred: importing numba is slow (see above)
 
     return _kernels.closest_numba(new.array, [d.array for d in cached])
 
@@ -231,20 +232,13 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _aval_text(leaf: LeafDescription) -> str:
-    if leaf.dtype is None:
-        return leaf.kind
-    shape = ",".join(str(d) for d in leaf.shape or ())
-    return f"{np.dtype(leaf.dtype).name}[{shape}]"
-
-
 _WEAK_TYPE_FIX = ("a Python scalar (and what JAX computes from one alone) is weakly typed, "
                   "a numpy or typed jax value is not: pass the same kind every call, e.g. "
                   "jnp.float32(x) or np.float32(x) instead of a bare Python float")
 
 
 def _weak_text(weak: bool | None) -> str:
-    return {True: "weak", False: "strong"}.get(weak, "none")
+    return "none" if weak is None else "weak" if weak else "strong"
 
 
 def _leaf_differences(old: LeafDescription, new: LeafDescription) -> list[tuple[str, str]]:
@@ -258,9 +252,9 @@ def _leaf_differences(old: LeafDescription, new: LeafDescription) -> list[tuple[
         return [(f"{p}: kind", text)]
     out = []
     if old.dtype != new.dtype:
-        out.append((f"{p}: dtype", f"{p}: dtype {_aval_text(old)} -> {_aval_text(new)}"))
+        out.append((f"{p}: dtype", f"{p}: dtype {aval_text(old)} -> {aval_text(new)}"))
     if old.shape != new.shape:
-        out.append((f"{p}: shape", f"{p}: shape {_aval_text(old)} -> {_aval_text(new)}"))
+        out.append((f"{p}: shape", f"{p}: shape {aval_text(old)} -> {aval_text(new)}"))
     if old.weak_type != new.weak_type:
         out.append((f"{p}: weak type", f"{p}: weak type {old.weak_type} -> {new.weak_type} "
                                        f"({_WEAK_TYPE_FIX})"))
@@ -352,29 +346,6 @@ def options_differences(old: Any, new: Any) -> list[str]:
 # The message
 
 
-_SITE_PACKAGES = os.path.dirname(os.path.dirname(_jax.jax.__file__))
-_NOT_CALL_SITES = (_jax.NBJIT_DIR + os.sep,
-                   os.path.join(_SITE_PACKAGES, "jax") + os.sep,
-                   os.path.join(_SITE_PACKAGES, "jaxlib") + os.sep)
-
-
-def call_site() -> str:
-    """file:line of the first frame outside nbjit and jax."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_NOT_CALL_SITES):
-        frame = frame.f_back
-    if frame is None:
-        return "<unknown>"
-    path = frame.f_code.co_filename
-    try:  # relative when below the working directory, as pytest prints locations
-        cwd = os.getcwd() + os.sep
-    except OSError:  # the working directory was removed
-        cwd = None
-    if cwd is not None and path.startswith(cwd):
-        path = path[len(cwd):]
-    return f"{path}:{frame.f_lineno}"
-
-
 @dataclass(frozen=True)
 class MissContext:
     """What the dispatcher knows about a miss beyond the call's description."""
@@ -458,9 +429,7 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
 
 
 def _message(name: str, site: str, why: str, miss: MissContext) -> str:
-    from nbjit.multiprocess.agreement import process_label  # multi-controller: whose miss
-
-    label = process_label()
+    label = process_label()  # multi-controller: whose miss
     where = f" ({label})" if label else ""
     parts = [f"nbjit cache miss of {name}{where} at {site}", why]
     if miss.jax_misses is not None:
@@ -568,31 +537,23 @@ class RankedMisses(Sequence[RankedMiss]):
                  "count": r.count, "seconds": r.seconds, "example": r.example}
                 for r in self._rows]
 
-    def _cells(self) -> tuple[list[str], list[list[str]]]:
+    def _table(self) -> Table:
         header = ["compile s", "misses", "function", "call site", "differs"]
         body = [[f"{r.seconds:.3f}", str(r.count), r.function, r.site, ", ".join(r.fields)]
                 for r in self._rows]
-        return header, body
+        text_columns = frozenset({2, 3, 4})
+        return Table(header, body, right=frozenset({0, 1}), left=text_columns,
+                     code=text_columns)
 
     def __str__(self) -> str:
         if not self._rows:
             return "no nbjit misses"
-        header, body = self._cells()
-        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-        return "\n".join("  ".join(c.rjust(w) if i < 2 else c.ljust(w)
-                                   for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-                         .rstrip() for row in [header, *body])
+        return self._table().text()
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        header, body = self._cells()
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
-        rows = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" if i < 2 else
-                             f"<td style='text-align:left'><code>{html.escape(c)}</code></td>"
-                             for i, c in enumerate(row)) + "</tr>" for row in body)
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        return self._table().html()
 
 
 def ranked_misses(top: int | None = None) -> RankedMisses:
@@ -622,8 +583,6 @@ class _MissBudget:
         self.misses, self.slow = misses, slow
 
     def __enter__(self) -> _MissBudget:
-        from nbjit.observe import stats as _stats
-
         self._serial = last_serial()
         self._slow_before = {name: s.slow_reasons for name, s in _stats.stats().items()} \
             if self.slow is not None else {}
@@ -632,8 +591,6 @@ class _MissBudget:
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         if kind is not None:
             return  # the block's own exception goes first
-        from nbjit.observe import stats as _stats
-
         problems = []
         records = misses_since(self._serial)
         count = last_serial() - self._serial

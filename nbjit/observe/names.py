@@ -1,4 +1,10 @@
-"""Names of jitted functions: one name per Python function, the same everywhere.
+"""How every report names things: functions, processes, call sites, avals.
+
+The module below every other report (stats, explain, profile, the run
+report, multi-controller agreement): each names things through it, and it
+imports nothing of nbjit's but `nbjit._jax`.
+
+Functions: one name per Python function, the same everywhere.
 
 `stats()`, `profile()`, explained misses, the run report and the
 multi-controller agreement all name a function by `function_name`: its
@@ -14,11 +20,18 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
+import types
 import weakref
 from typing import Any
 
-__all__ = ["definition_site", "function_name", "qualified_name"]
+import numpy as np
+
+from nbjit import _jax
+
+__all__ = ["aval_text", "call_site", "definition_site", "function_name", "process_label",
+           "qualified_name"]
 
 
 def qualified_name(fun: Any) -> str:
@@ -76,3 +89,47 @@ def function_name(fun: Any) -> str:
         except TypeError:
             pass
     return name
+
+
+def process_label() -> str | None:
+    """"process I of N" in a multi-controller run (jax.distributed), else None."""
+    if _jax.process_count() == 1 or _jax.distributed_client() is None:
+        return None
+    return f"process {_jax.process_index()} of {_jax.process_count()}"
+
+
+_SITE_PACKAGES = os.path.dirname(os.path.dirname(_jax.jax.__file__))
+_NOT_CALL_SITES = (_jax.NBJIT_DIR + os.sep,
+                   os.path.join(_SITE_PACKAGES, "jax") + os.sep,
+                   os.path.join(_SITE_PACKAGES, "jaxlib") + os.sep)
+
+
+def call_site() -> str:
+    """file:line of the first frame outside nbjit and jax."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_NOT_CALL_SITES):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>"
+    path = frame.f_code.co_filename
+    try:  # relative when below the working directory, as pytest prints locations
+        cwd: str | None = os.getcwd() + os.sep
+    except OSError:  # the working directory was removed
+        cwd = None
+    if cwd is not None and path.startswith(cwd):
+        path = path[len(cwd):]
+    return f"{path}:{frame.f_lineno}"
+
+
+def aval_text(leaf: Any, *, kind: bool = False, weak: bool = False) -> str:
+    """``float32[2,3]`` of a described leaf (`nbjit.observe.explain.LeafDescription`),
+    or its kind when it has no dtype. With `kind`, a leaf that is not a
+    jax.Array is prefixed by its kind (``numpy float32[3]``); with `weak`, a
+    weakly typed one ends in `` weak``."""
+    if leaf.dtype is None:
+        return leaf.kind
+    shape = ",".join(str(d) for d in leaf.shape or ())
+    text = f"{np.dtype(leaf.dtype).name}[{shape}]"
+    if kind and leaf.kind != "jax.Array":
+        text = f"{leaf.kind} {text}"
+    return text + (" weak" if weak and leaf.weak_type else "")

@@ -24,13 +24,15 @@ call and the part of a call outside its five phases.
 from __future__ import annotations
 
 import gc
-import html
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from nbjit.observe.stats import function_label
+from nbjit.observe.table import Table
 
 __all__ = ["PHASES", "Profile", "profile", "active", "record", "record_whole", "on_switch"]
 
@@ -68,49 +70,43 @@ def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
         prof._whole.setdefault(jitted, []).append((kind, nanoseconds))
 
 
-class _OverheadProbe:
-    """A call shaped like a timed hit that does no work (see `_measure_overhead`)."""
+def probe_binder(jitted: Any, args: tuple, kwargs: dict) -> Any:
+    """The only binder of the overhead probe: what the timed flavour adds to a
+    hit (six clock reads and the record), with no work between the stamps."""
+    clock = _clock
+    t0 = clock()
+    t1 = clock()
+    t2 = clock()
+    t3 = clock()
+    t4 = clock()
+    record(jitted, t0, t1, t2, t3, t4, clock())
+    return args
 
-    def __init__(self, collect_garbage: Callable[[], Any]) -> None:
-        self.binders: dict = {}
-        self.collect_garbage = collect_garbage
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        self.collect_garbage()  # as PjitFunction.__call__
-        shape = (len(args), *kwargs) if kwargs else len(args)
-        try:
-            binder = self.binders[shape]
-        except KeyError:
-            binder = self.binders[shape] = _OverheadProbe.bind
-        try:
-            return binder(self, args, kwargs)
-        except Exception:
-            raise
+_make_probe: Callable[[], Callable[..., Any]] | None = None
 
-    def bind(self, args: tuple, kwargs: dict) -> Any:
-        clock = _clock
-        t0 = clock()
-        t1 = clock()
-        t2 = clock()
-        t3 = clock()
-        t4 = clock()
-        record(self, t0, t1, t2, t3, t4, clock())
-        return args
+
+def set_overhead_probe(make: Callable[[], Callable[..., Any]]) -> None:
+    """The dispatcher registers how to make the overhead probe: a jitted
+    function whose call is the dispatcher's own ``PjitFunction.__call__``
+    (inherited, so it cannot drift) and whose one binder is `probe_binder`."""
+    global _make_probe
+    _make_probe = make
 
 
 def _measure_overhead(n: int = 1000) -> float:
     """Nanoseconds per call of a probe shaped like a timed hit that does no work.
 
-    The probe mirrors the dispatcher's timed flavour (nbjit/_binders.py
-    `_HIT_TEMPLATE`, timed): a ``__call__(*args, **kwargs)`` that looks up
-    and calls a binder, which stamps t0, its key, and four more phases and
-    records. It bounds both what profiling adds to a call and the part of a
-    call outside its five phases. Median of five batches, gc off.
+    The probe is the dispatcher's own call (`set_overhead_probe`: look up the
+    binder of the call shape, call it) into `probe_binder`, which stamps t0,
+    its key, and four more phases and records. It bounds both what profiling
+    adds to a call and the part of a call outside its five phases. Median of
+    five batches, gc off.
     """
     global _active
-    from nbjit._jax import collect_garbage
-
-    probe = _OverheadProbe(collect_garbage)
+    if _make_probe is None:  # nbjit.core.dispatch registers it when imported
+        raise RuntimeError("nbjit.core.dispatch is not imported: no overhead probe")
+    probe = _make_probe()
     saved, _active = _active, (Profile(),)
     try:
         estimates = []
@@ -179,8 +175,6 @@ class Profile:
         """name -> (phases_ns, whole_ns) of every function, in first-call order; twins
         (two jits of one function with the same options) share their name and row,
         as in `nbjit.stats()`."""
-        from nbjit.observe.stats import function_label
-
         grouped: dict[str, tuple[list[np.ndarray], list[tuple[str, int]]]] = {}
         for jitted in self.functions():
             name = function_label(jitted) if hasattr(jitted, "_fun") else repr(jitted)
@@ -217,7 +211,7 @@ class Profile:
             rows.append(row)
         return rows
 
-    def _table(self) -> tuple[list[str], list[list[str]]]:
+    def _table(self) -> Table:
         header = ["function", "calls", "hits", "misses", "slow"]
         header += [f"{p} us" for p in PHASES] + ["hit us", "miss/slow us", "total ms"]
         body = []
@@ -229,16 +223,10 @@ class Profile:
             cells += [
                       "/".join(f"{v:.0f}" for v in whole) or "-", f"{r['total_ms']:.2f}"]
             body.append(cells)
-        return header, body
+        return Table(header, body, right=frozenset(range(1, len(header))))
 
     def __str__(self) -> str:
-        header, body = self._table()
-        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-                 for row in [header, *body]]
-        lines.append(self._note())
-        return "\n".join(lines)
+        return "\n".join([*self._table().lines(), self._note()])
 
     __repr__ = __str__  # the table, as pandas shows a DataFrame
 
@@ -247,12 +235,7 @@ class Profile:
                 f"profiler overhead ~{self.overhead_ns / 1e3:.2f} us per call, not subtracted")
 
     def _repr_html_(self) -> str:
-        header, body = self._table()
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                       for row in body)
-        note = f"<p>{html.escape(self._note())}</p>"
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{note}"
+        return self._table().html([self._note()])
 
     def plot(self, path: str | None = None) -> Any:
         """A stacked bar per function: median us per phase of its hits. Saves to `path` if given.

@@ -21,6 +21,8 @@ import numpy as np
 from nbjit.observe import explain as _explain
 from nbjit.observe import profile as _profile
 from nbjit.observe import stats as _stats
+from nbjit.observe.names import process_label
+from nbjit.observe.table import Table
 
 __all__ = ["build", "format_text", "merge", "read_json", "write_json"]
 
@@ -33,14 +35,14 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
     timing: dict[str, dict[str, float]] = {}
     if profile is not None:
         for name, (phases, whole) in profile.by_name().items():
-            row = timing[name] = {"dispatch_ms": float(phases[:, _DISPATCH_PHASES].sum()) / 1e6,
+            times = timing[name] = {"dispatch_ms": float(phases[:, _DISPATCH_PHASES].sum()) / 1e6,
                                   "execute_ms": float(phases[:, _EXECUTE].sum()) / 1e6,
                                   "miss_ms": 0.0, "slow_ms": 0.0}
             for kind, ns in whole:
-                row[f"{kind}_ms"] += ns / 1e6
+                times[f"{kind}_ms"] += ns / 1e6
     functions = []
     for name, s in _stats.stats().items():  # the names profile.by_name() gives (function_label)
-        row = {"name": name, "calls": s.calls, "hits": s.hits, "misses": s.misses,
+        row: dict[str, Any] = {"name": name, "calls": s.calls, "hits": s.hits, "misses": s.misses,
                "slow": s.slow, "slow_reasons": dict(s.slow_reasons),
                "evictions": s.evictions, "miss_seconds": s.miss_seconds,
                "resident": s.resident, "packed_compiles": s.packed_compiles,
@@ -48,8 +50,7 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
         row.update(timing.get(name, {}))
         functions.append(row)
     functions.sort(key=lambda r: -r["calls"])
-    from nbjit.multiprocess.agreement import process_label  # multi-controller: whose report this is
-
+    # "process": multi-controller, whose report this is
     return {"process": process_label(), "profiled": profile is not None,
             "profile_overhead_us": profile.overhead_ns / 1e3 if profile is not None else None,
             "functions": functions,
@@ -74,12 +75,9 @@ def format_text(report: dict[str, Any]) -> str:
                                                       "slow_ms")]
         cells.append(", ".join(f"{k} {v}" for k, v in sorted(r["slow_reasons"].items())) or "-")
         body.append(cells)
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     lines = ["nbjit run: dispatch report" + (f" ({report['process']})"
                                              if report.get("process") else "")]
-    for row in [header, *body]:
-        lines.append("  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+    lines += Table(header, body, right=frozenset(range(1, len(header) - 1))).lines()
     for r in rows:
         text = _stats.host_inputs_text(r.get("resident", 0), r.get("packed_compiles", 0),
                                        r.get("packed_seconds", 0.0))
@@ -142,4 +140,10 @@ def read_json(path: str) -> dict[str, Any]:
 
 def write_json(path: str, report: dict[str, Any]) -> None:
     with open(path, "w") as f:
-        json.dump(report, f, indent=2, default=lambda o: float(o) if np.isscalar(o) else str(o))
+        json.dump(report, f, indent=2, default=_json_value)
+
+
+def _json_value(o: Any) -> Any:
+    """What json cannot write itself: numpy scalars as floats, the rest as text."""
+    scalar: Any = o  # (np.isscalar narrows to types float() does not take)
+    return float(scalar) if np.isscalar(o) else str(o)

@@ -10,10 +10,14 @@ constants behind the code"); a node's hits move into the counters when it
 leaves the cache. Misses, slow calls and evictions are counted on their own
 (already slow) paths, and `calls` is derived: hits + misses + slow.
 
-Under the GIL of CPython 3.12 ``obj.hits += 1`` on a ``__slots__`` object is
-not interrupted between its load and its store (no eval-breaker check
-between LOAD_ATTR, BINARY_OP on ints and STORE_ATTR), so counts from many
-threads add up exactly (tests/test_stats.py checks it).
+No counter takes a lock. Under the GIL of CPython 3.12/3.13, ``node.hits
++= 1`` on a ``__slots__`` object is not interrupted between its load and its
+store (no eval-breaker check between LOAD_ATTR, BINARY_OP on ints and
+STORE_ATTR), so hits from many threads add up exactly (tests/test_stats.py
+checks it). The language does not promise it (a free-threaded build can
+lose counts), and a slow reason counted for the first time runs
+``Counter.__missing__`` in Python, where a race can lose one: counts are
+statistics, not accounting (`nbjit.core.cache.Counters` says the same).
 
 Public: `DispatchStats` (a frozen snapshot), `stats()` (every live
 function), and the ``stats()`` / ``reset_stats()`` methods of a jitted
@@ -23,13 +27,17 @@ function.
 from __future__ import annotations
 
 import dataclasses
-import html
 import itertools
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from nbjit import _jax
+from nbjit.core.view import JitView
+from nbjit.observe.names import function_name, process_label
+from nbjit.observe.table import Table
 
 __all__ = ["DispatchStats", "SLOW_REASONS", "StatsTable", "snapshot", "stats"]
 
@@ -89,7 +97,7 @@ class DispatchStats:
     evictions: int = 0
     entries: int = 0
     miss_seconds: float = 0.0
-    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit/_packed.py)
+    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit.host.packing)
     packed_seconds: float = 0.0
     resident: int = 0  # signatures whose host inputs became resident (no compile)
 
@@ -117,7 +125,7 @@ def host_inputs_text(resident: int, packed: int, packed_seconds: float) -> str:
     def signatures(n: int) -> str:
         return f"{n} signature{'s' if n != 1 else ''}"
 
-    parts = []
+    parts: list[str] = []
     if resident:
         parts.append(f"{signatures(resident)} now write them into reused device buffers "
                      "(resident: no transfer)")
@@ -160,66 +168,50 @@ class StatsTable(Mapping[str, DispatchStats]):
     def __repr__(self) -> str:  # the table, as pandas shows a DataFrame
         return str(self)
 
-    def __str__(self) -> str:
+    def _table(self) -> Table:
         header = ("function", *_COLUMNS, "slow reasons")
         body = [(name, *_row(s), _reasons_text(s.slow_reasons)) for name, s in self._rows.items()]
-        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header) - 1)]
-        lines = []
-        for r in [header, *body]:
-            numbers = [c.rjust(w) for c, w in zip(r[1:-1], widths[1:], strict=True)]
-            cells = [r[0].ljust(widths[0]), *numbers]
-            lines.append("  ".join([*cells, r[-1]]).rstrip())
-        lines += _host_lines(self._rows)
-        from nbjit.multiprocess.agreement import process_label  # multi-controller: whose counts
+        last = len(header) - 1
+        return Table(header, body, right=frozenset(range(1, last)), left=frozenset({0, last}),
+                     code=frozenset({0}))
 
-        label = process_label()
+    def __str__(self) -> str:
+        lines = self._table().lines() + _host_lines(self._rows)
+        label = process_label()  # multi-controller: whose counts
         return "\n".join([f"({label})", *lines] if label else lines)
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in ("function", *_COLUMNS,
-                                                               "slow reasons"))
-        rows = []
-        for name, s in self._rows.items():
-            cells = [f"<td style='text-align:left'><code>{html.escape(name)}</code></td>"]
-            cells += [f"<td>{c}</td>" for c in _row(s)]
-            cells.append(f"<td style='text-align:left'>"
-                         f"{html.escape(_reasons_text(s.slow_reasons))}</td>")
-            rows.append("<tr>" + "".join(cells) + "</tr>")
-        notes = "".join(f"<p>{html.escape(line)}</p>" for line in _host_lines(self._rows))
-        return (f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}"
-                f"</tbody></table>{notes}")
+        return self._table().html(_host_lines(self._rows))
 
 
 # ---------------------------------------------------------------------------
 # The registry of live functions (weak: registering keeps nothing alive)
 
-_live: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # -> creation order
+_live: weakref.WeakKeyDictionary[JitView, int] = weakref.WeakKeyDictionary()  # -> creation order
 _live_lock = threading.Lock()
 _registered = itertools.count()
 
 
-def register(jitted: Any) -> None:
+def register(jitted: JitView) -> None:
     """Called once per jitted function, at construction."""
     with _live_lock:
         _live[jitted] = next(_registered)
 
 
-def live_functions() -> list[Any]:
+def live_functions() -> list[JitView]:
     """The live jitted functions, oldest first."""
     with _live_lock:
         return sorted(_live, key=_live.__getitem__)
 
 
-def function_label(jitted: Any) -> str:
+def function_label(jitted: JitView) -> str:
     """How every report names a jitted function: `nbjit.observe.names.function_name` of
     its Python function, plus the jit options that key its executables
     (JAX's global cache key: donation, shardings, device, ...) where they are
     not the defaults. Twins, which share one cache namespace, share the
     label; two jits of one function with other such options are two rows."""
-    from nbjit.observe.names import function_name
-
     name = function_name(jitted._fun)
-    options = _keyed_options(getattr(jitted, "_global_key", None))
+    options = _keyed_options(jitted._global_key)
     return f"{name} [{options}]" if options else name
 
 
@@ -233,8 +225,6 @@ def _keyed_options(key: Any) -> str:
     if key is None or not dataclasses.is_dataclass(key):
         return ""
     if _default_key is None:
-        from nbjit import _jax
-
         _default_key = _jax.jit_global_cache_key(_jax.jit_info(_jax.jax_jit(lambda x: x)))
     differing = {f.name: getattr(key, f.name) for f in dataclasses.fields(key)
                  if not f.name.endswith("_treedef")

@@ -89,7 +89,7 @@ def _apply() -> None:
     want = _switch or _open_blocks > 0
     if want and not _saved:
         _saved.append(jax.jit)
-        jax.jit = dispatch.jit
+        jax.jit = dispatch.jit  # type: ignore[assignment]  # the patch itself
     elif not want and _saved:
         previous = _saved.pop()
         if jax.jit is dispatch.jit:

@@ -99,7 +99,7 @@ def _run_path_as_main(path: str) -> None:
         code = compile(source.read(), path, "exec")
     main = types.ModuleType("__main__")
     main.__file__ = path
-    main.__builtins__ = builtins
+    main.__builtins__ = builtins  # type: ignore[attr-defined]  # as runpy sets it
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
     sys.modules["__main__"] = main
     exec(code, main.__dict__)

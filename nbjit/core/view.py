@@ -1,0 +1,64 @@
+"""What the rooms around the dispatcher read of a jitted function: `JitView`.
+
+Observability (stats, explain, profile), multi-controller agreement, the
+host-input policy and the lab read a few of a `PjitFunction`'s fields. They
+read them through this typed interface, never through `Any`: `JitView` is a
+`Protocol` that `nbjit.core.dispatch.PjitFunction` satisfies (the type
+checker holds it to that, see `nbjit.core.dispatch._as_view`). The
+fields keep their leading underscore because upstream's `PjitFunction` has
+no such public attributes (tests/test_object_surface.py); the members are
+read-only here, so no reader can assign them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from nbjit.core.cache import Counters, Namespace, Node
+
+__all__ = ["JitView"]
+
+
+class JitView(Protocol):
+    """The read-only face of a jitted function that other rooms may use."""
+
+    @property
+    def _fun(self) -> Callable[..., Any]:
+        """The Python function it jits."""
+
+    @property
+    def _options(self) -> Mapping[str, Any]:
+        """The jit options the caller passed (as `jax.jit` takes them)."""
+
+    @property
+    def _donates(self) -> bool:
+        """Whether any argument is donated."""
+
+    @property
+    def _global_key(self) -> Any:
+        """JAX's global cache key of its options (what twins share)."""
+
+    @property
+    def _namespace(self) -> Namespace:
+        """Its entries and counters in the cache, shared with its twins."""
+
+    @property
+    def _counters(self) -> Counters:
+        """Its namespace's counters (`nbjit.stats()`)."""
+
+    @property
+    def miss_count(self) -> int:
+        """Compiles through this jit object."""
+
+    @property
+    def _binders(self) -> Any:
+        """Its binder table (`nbjit.core.binders.BinderTable`)."""
+
+    def stats(self) -> Any:
+        """Its `nbjit.DispatchStats`."""
+        ...
+
+    def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence[Any]]:
+        """The node a call would hit, and its dynamic leaves (no side effects)."""
+        ...

@@ -1,0 +1,150 @@
+"""Generated code is held to the standard of written code: ruff passes on it
+(all of the project's rules but the line length, which an xfail tracks).
+
+Every function nbjit compiles from a template (binders in each flavour, the
+hit path, keyers, input preparers, packed and resident preparers, fences)
+goes through `nbjit.core.codegen.run_source`. This test makes calls of many
+shapes (positional, keywords, statics, pytrees, host leaves, mixed leaf
+kinds, many arguments), under a profile (the timed flavour) and keyed only
+(`_entry_for`), with fresh host values until their inputs are packed and
+resident; it records each source that runs and the names its scope
+supplies, and runs ruff, with the project's configuration, over each source
+preceded by those names (so an undefined name still fails).
+"""
+
+import builtins
+import linecache
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import nbjit
+from nbjit.core import codegen
+from nbjit.host import packing as _packed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUFF = os.path.join(os.path.dirname(sys.executable), "ruff")
+
+
+def _positional(a, b):
+    return a + b
+
+
+def _keywords(a, *, scale=1.0, shift=0.0):
+    return a * scale + shift
+
+
+def _static(a, n, *, mode="add"):
+    return a + n if mode == "add" else a * n
+
+
+def _tree(params, x):
+    return params["w"] * x + params["b"][0], [x, x]
+
+
+def _many(*xs):
+    return sum(xs)
+
+
+def _calls():
+    x, y = jnp.arange(4.0), jnp.ones(4)
+    params = {"w": jnp.ones(4), "b": [jnp.zeros(4), jnp.zeros(4)]}
+    return [
+        (nbjit.jit(_positional), (x, y), {}),
+        (nbjit.jit(_positional), (np.arange(4.0), 2.0), {}),  # host leaves
+        (nbjit.jit(_positional), (x, np.float32(2)), {}),  # mixed leaf kinds
+        (nbjit.jit(_keywords), (x,), {"scale": y}),
+        (nbjit.jit(_keywords), (np.ones(4, np.float32),), {"scale": 2.0, "shift": y}),
+        (nbjit.jit(_static, static_argnums=1, static_argnames="mode"), (x, 3), {"mode": "mul"}),
+        (nbjit.jit(_tree), (params, x), {}),
+        (nbjit.jit(_tree), ({"w": np.ones(4, np.float32), "b": [y, 1.0]}, x), {}),  # mixed
+        (nbjit.jit(_many), tuple(jnp.full(2, i) for i in range(12)), {}),
+        (nbjit.jit(_many), tuple(np.full(2, i, np.float32) for i in range(12)), {}),
+    ]
+
+
+def _fresh_host_calls():
+    """Fresh host values each call, past the point where they are packed or resident."""
+    for resident in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_packed, "RESIDENT", resident)
+            f = nbjit.jit(lambda a, b: a + b)  # a new function: a node of its own
+            for i in range(3 * _packed.PACK_AFTER):
+                f(np.full(8, i, np.float32), np.full(8, 1, np.float32))
+                if i == _packed.PACK_AFTER + 2:
+                    assert _packed.wait(120)
+            assert _packed.wait(120)
+            assert f(np.ones(8, np.float32), np.ones(8, np.float32)).tolist() == [2.0] * 8
+
+
+@pytest.fixture(scope="module")
+def generated():
+    """filename -> names its scope supplies, of every generated source run by
+    calls of every shape and flavour (see the module docstring)."""
+    seen = {}
+
+    def recording_exec(code, scope):
+        seen[code.co_filename] = set(scope)
+        return builtins.exec(code, scope)
+
+    with pytest.MonkeyPatch.context() as patch:
+        # run_source calls `exec` by name: a module global shadows the builtin.
+        patch.setattr(codegen, "exec", recording_exec, raising=False)
+        for f, args, kwargs in _calls():
+            for _ in range(2):  # the miss, then the hit
+                f(*args, **kwargs)
+            f._entry_for(args, kwargs)  # the key-only flavour
+            with nbjit.profile():  # the timed flavour
+                f(*args, **kwargs)
+        _fresh_host_calls()
+    names = [filename.rsplit("<", 1)[1] for filename in seen]
+    for kind in ("binder", "timed", "key_only", "hit ", "hit timed", "keyer", "prepare ",
+                 "packed prepare", "resident prepare", "resident fence"):
+        assert any(name.startswith(kind) or f" {kind}" in name for name in names), (kind, names)
+    # Compiled at import, before a test can record their scopes (the keyers of
+    # nbjit.core.keys): their undefined names are not checked.
+    at_import = {f: None for f in codegen._code_objects if f not in seen}
+    return seen, at_import
+
+
+# Long lines: unrolled signature expressions (nbjit.core.keys), the binder's
+# comment and the timed hit's miss call (nbjit.core.binders), the resident
+# preparer's list of slots (nbjit.host.packing). Those generators are being
+# rewritten on other branches; the line length is checked by the xfail below.
+LONG_LINES = "E501"
+
+
+def test_generated_sources_pass_ruff(generated, tmp_path):
+    run, at_import = generated
+    _ruff(run.items(), tmp_path / "run", "--extend-ignore", LONG_LINES)
+    _ruff(at_import.items(), tmp_path / "import", "--extend-ignore", f"F821,{LONG_LINES}")
+
+
+@pytest.mark.xfail(strict=True, reason="generated lines over 100 characters (see LONG_LINES)")
+def test_generated_lines_fit_the_line_length(generated, tmp_path):
+    run, at_import = generated
+    _ruff([*run.items(), *at_import.items()], tmp_path / "all", "--select", LONG_LINES)
+
+
+def _ruff(sources, directory, *options) -> None:
+    """Runs ruff with the project's configuration over each generated source,
+    preceded by the names its scope supplies (None: not known)."""
+    directory.mkdir()
+    paths = []
+    for i, (filename, names) in enumerate(sorted(sources)):
+        source = "".join(linecache.getlines(filename))
+        assert source, filename
+        supplied = sorted(n for n in names or () if n.isidentifier() and n != "__builtins__")
+        header = "".join(f"{n} = None\n" for n in supplied)
+        path = directory / f"generated_{i}.py"
+        path.write_text(f"# {filename}\n{header}{source}")
+        paths.append(str(path))
+    assert paths
+    result = subprocess.run(
+        [RUFF, "check", "--no-cache", "--config", os.path.join(ROOT, "pyproject.toml"),
+         *options, *paths], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
