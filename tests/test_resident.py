@@ -229,21 +229,51 @@ def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatc
 
     f, args = _run_fresh(lambda a, b: a - b, _fresh_pair)
     text = str(f.stats())
-    assert f"fresh host inputs of {f.stats().name}: resident 1 (signatures)" in text
-    assert "resident 1" in f.stats()._repr_html_()
+    assert (f"new host values on most calls of {f.stats().name}: 1 signature now write them "
+            "into reused device buffers (resident: no transfer)") in text
+    assert "1 signature now write them" in f.stats()._repr_html_()
     monkeypatch.setattr(_policy, "RESIDENT", False)
     g, args = _run_fresh(lambda a, b: a * b - 1, _fresh_pair)
     assert _packing.wait(120)
-    assert "packed 1 (" in str(g.stats()) and ": resident" not in str(g.stats())
+    assert "1 signature pack them into one transfer per call (" in str(g.stats())
+    assert "(resident: " not in str(g.stats())
     report = _report.build(None)
     rows = {r["name"]: r for r in report["functions"]}
     assert rows[f.stats().name]["resident"] == 1 and rows[g.stats().name]["packed_compiles"] == 1
     out = _report.format_text(report)
-    assert f"fresh host inputs of {f.stats().name}: resident 1" in out
-    assert f"fresh host inputs of {g.stats().name}: packed 1 (" in out
+    assert f"new host values on most calls of {f.stats().name}: 1 signature now write" in out
+    assert f"new host values on most calls of {g.stats().name}: 1 signature pack" in out
     h = nbjit.jit(lambda a: a + 1)
     h(jnp.ones(2))
-    assert "fresh host inputs" not in str(h.stats())
+    assert "new host values" not in str(h.stats())
+
+
+def test_the_same_big_arrays_every_call_are_not_fresh():
+    """Leaves too big for the memo (no memo miss says a value is new): the same
+    values every call get no slots and nothing in the report; new values, in
+    new arrays or written into the same one, do."""
+    from nbjit.core.record import HostInput
+    from nbjit.observe import report as _report
+
+    n = HostInput.MEMO_MAX_BYTES // 4 * 2  # float32: twice the memo's limit
+    same = (np.ones(n, np.float32), np.full(n, 2, np.float32))
+    f, args = _run_fresh(lambda a, b: a @ b, lambda i: same)
+    assert not _is_resident(f, *args) and f.stats().resident == 0
+    assert "new host values" not in str(f.stats())
+    report = _report.format_text(_report.build(None)).splitlines()
+    assert not [line for line in report
+                if line.startswith("new host values") and f.stats().name in line]
+    g, args = _run_fresh(lambda a, b: a @ b - 1,
+                         lambda i: (np.full(n, i, np.float32), np.ones(n, np.float32)))
+    assert _is_resident(g, *args) and g.stats().resident == 1
+    buffer = np.zeros(n, np.float32)
+
+    def written_in_place(i):
+        buffer[:] = i
+        return buffer, same[1]
+
+    h, args = _run_fresh(lambda a, b: a @ b + 1, written_in_place)
+    assert _is_resident(h, *args) and h.stats().resident == 1
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,8 @@ and only along `TRANSITIONS`:
   * PER_LEAF: a put per host leaf; the watching record's memos (built with
     `on_fresh` = this policy) report new values. After `PACK_AFTER` new
     values within ``2 * PACK_AFTER`` calls (leaves too big for a memo:
-    after `PACK_AFTER` calls, counted by the counting record) -> ARMING.
+    `PACK_AFTER` calls whose bytes differ from the last call's, counted by
+    the counting record, which gives up after ``2 * PACK_AFTER`` calls) -> ARMING.
   * ARMING: the next call makes the slots (a few puts, once) -> RESIDENT;
     where slots cannot be, with one leaf -> GIVEN_UP; else it starts the
     packed executable's compile -> COMPILING.
@@ -111,8 +112,9 @@ S = Stage
 # (from, to) -> why. `HostPolicy._swap` makes these moves and no others.
 TRANSITIONS: dict[tuple[Stage, Stage], str] = {
     (S.PER_LEAF, S.PER_LEAF): "armed: the watching (or counting) record replaces the miss's;"
-                              " or counting done while switched off",
-    (S.PER_LEAF, S.ARMING): "PACK_AFTER new values (or calls) seen",
+                              " or counting done: switched off, or the same values came back",
+    (S.PER_LEAF, S.ARMING): "PACK_AFTER new values seen (by the memos, or by the counting"
+                            " record's byte compare)",
     (S.ARMING, S.RESIDENT): "slots made",
     (S.ARMING, S.GIVEN_UP): "no slots, and one leaf: nothing to pack",
     (S.ARMING, S.COMPILING): "the packed executable's compile starts",
@@ -137,7 +139,7 @@ class HostPolicy:
     """
 
     __slots__ = ("node_ref", "watched", "per_leaf", "counter", "builder", "stage", "count",
-                 "window_start", "lock", "sync", "resident", "__weakref__")
+                 "window_start", "lock", "sync", "resident", "seen", "calls", "__weakref__")
 
     def __init__(self, node: Any, watched: Watched, leaves: list,
                  fresh_inputs: list[int]) -> None:
@@ -149,13 +151,16 @@ class HostPolicy:
         self.lock = threading.Lock()  # one call at a time makes slots or starts a compile
         self.sync = False  # compile on the calling thread (see `_start_background`)
         self.resident: _resident.ResidentSlots | None = None
+        self.seen: list[bytes] | None = None  # the last counted call's bytes (`counter`)
+        self.calls = 0  # calls counted by `counter`
         fresh = weakref.WeakMethod(self.fresh)
         self.per_leaf = build_record(watched.fastpath, leaves, False,
                                      on_fresh=dict.fromkeys(fresh_inputs, fresh))
         self.builder = dataclasses.replace(
             self.per_leaf, prepare=_weak_prepare(self, "_build_then_prepare"))
-        # For leaves without a memo (bigger than its limit) every value counts
-        # as new: this record counts calls instead, until arming is due.
+        # For leaves without a memo (bigger than its limit) no memo miss says a
+        # value is new: this record compares each call's bytes with the last
+        # call's instead, until arming is due or given up.
         self.counter = dataclasses.replace(
             self.per_leaf, prepare=_weak_prepare(self, "_count_then_prepare"))
 
@@ -206,12 +211,25 @@ class HostPolicy:
             self._swap(self.per_leaf, Stage.ARMING, self.builder)  # the next call builds
 
     def _count_then_prepare(self, leaves: list) -> list:
-        self.count += 1
+        """Counts the calls whose watched values differ from the last call's
+        bytes: the same arrays every call are not fresh values and get no slots.
+        Arming is due after `PACK_AFTER` new values; with fewer within
+        ``2 * PACK_AFTER`` calls the node goes back to its watching record for
+        good, so comparing (a copy of up to `TOTAL_MAX_BYTES`) costs only the
+        first calls of a signature."""
+        seen = [np.asarray(leaves[layout.leaf]).tobytes() for layout in self.watched.layouts]
+        if seen != self.seen:
+            self.count += 1
+        self.seen, self.calls = seen, self.calls + 1
         if self.count >= PACK_AFTER:
+            self.seen = None
             if _enabled:
                 self._swap(self.counter, Stage.ARMING, self.builder)
             else:
                 self._swap(self.counter, Stage.PER_LEAF, self.per_leaf)
+        elif self.calls >= 2 * PACK_AFTER:  # the same values come back
+            self.seen = None
+            self._swap(self.counter, Stage.PER_LEAF, self.per_leaf)
         return self.per_leaf.prepare(leaves)
 
     def _build_then_prepare(self, leaves: list) -> list:
@@ -282,7 +300,7 @@ class HostPolicy:
         except Exception:
             packed = None
         except BaseException:  # interrupted: the per-leaf path, armed again
-            self.count = 0
+            self.count, self.calls = 0, 0
             self._swap(current, Stage.PER_LEAF, self._watching())
             if current is self.builder:  # (on the calling thread: the caller sees it)
                 raise

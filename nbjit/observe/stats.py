@@ -119,21 +119,30 @@ def _reasons_text(reasons: dict[str, int]) -> str:
 
 
 def host_inputs_text(resident: int, packed: int, packed_seconds: float) -> str:
-    """``"resident 1, packed 1 (0.14 s compiling)"``: what fresh host values got
-    (nbjit/host/policy.py), or "" for nothing."""
-    parts = [f"resident {resident}"] if resident else []
+    """What the signatures that were given new host values (numpy arrays,
+    scalars) on most calls got instead of a transfer per value
+    (nbjit/host/policy.py), in words; "" for none. A signature counts only
+    after its values actually changed from call to call."""
+    def signatures(n: int) -> str:
+        return f"{n} signature{'s' if n != 1 else ''}"
+
+    parts: list[str] = []
+    if resident:
+        parts.append(f"{signatures(resident)} now write them into reused device buffers "
+                     "(resident: no transfer)")
     if packed:
-        parts.append(f"packed {packed} ({packed_seconds:.2f} s compiling)")
-    return ", ".join(parts)
+        parts.append(f"{signatures(packed)} pack them into one transfer per call "
+                     f"({packed_seconds:.2f} s compiling it)")
+    return "; ".join(parts)
 
 
 def _host_lines(rows: dict[str, DispatchStats]) -> list[str]:
-    """A line per function whose fresh host inputs became resident or packed."""
+    """A line per function whose new host values became resident or packed."""
     lines = []
     for name, s in rows.items():
         text = host_inputs_text(s.resident, s.packed_compiles, s.packed_seconds)
         if text:
-            lines.append(f"fresh host inputs of {name}: {text} (signatures)")
+            lines.append(f"new host values on most calls of {name}: {text}")
     return lines
 
 
