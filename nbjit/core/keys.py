@@ -177,7 +177,8 @@ def _mixed_keyer_source(leaves: list) -> tuple[str, dict] | None:
             scope[f"T{i}"] = t
         elif t is np.ndarray:
             dtype = x.dtype
-            canonical = {x64: canonical_dtypes[x64].get(dtype) for x64 in (False, True)}
+            canonical: dict[bool, Any] = {
+                x64: canonical_dtypes[x64].get(dtype) for x64 in (False, True)}
             if canonical[False] is None or canonical[False] != canonical[True]:
                 return None
             checks.append(f"type({name}) is ndarray and {name}.dtype is D{i}")

@@ -67,13 +67,13 @@ class FastPath:
     # host inputs (`nbjit.host.resident`) learn from it when a slot may be reused.
     fence: Callable[[Sequence[Any], list], None] | None = None
 
-    def inputs(self, leaves: Sequence[Any]) -> list:
+    def inputs(self, leaves: Sequence[Any]) -> Sequence[Any]:
         """The executable's input list: consts, kept leaves, each step applied."""
         return leaves if self.leaves_are_inputs else self.prepare(leaves)
 
     def step_objects(self) -> list:
         """The step objects behind `steps` (for tests and introspection)."""
-        return [apply.__self__ for apply in self.steps]
+        return [apply.__self__ for apply in self.steps]  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------

@@ -187,7 +187,7 @@ def _named_mesh(sharding, ndim: int):
     entries = list(spec) + [None] * (ndim - len(spec))
     if len(entries) != ndim:
         return None
-    axes_per_dim = []
+    axes_per_dim: list[tuple[int, ...]] = []
     for entry in entries:
         if entry is None:
             axes_per_dim.append(())

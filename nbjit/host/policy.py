@@ -58,7 +58,7 @@ import enum
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -311,7 +311,7 @@ class HostPolicy:
             self._swap(current, Stage.PACKED, packed)
 
 
-def _weak_prepare(policy: HostPolicy, method: str) -> Callable[[list], list]:
+def _weak_prepare(policy: HostPolicy, method: str) -> Callable[[Sequence[Any]], list]:
     """``prepare(leaves)`` calling `policy`'s `method`, holding the policy weakly:
     a policy's records refer back to it without a cycle (the node holds the
     policy; its executables, and JAX's caches keyed on its jaxpr, die with
@@ -319,7 +319,7 @@ def _weak_prepare(policy: HostPolicy, method: str) -> Callable[[list], list]:
     ref = weakref.ref(policy)
     fallback = policy.per_leaf.prepare
 
-    def prepare(leaves: list) -> list:
+    def prepare(leaves: Sequence[Any]) -> list:
         live = ref()
         return fallback(leaves) if live is None else getattr(live, method)(leaves)
 

@@ -230,7 +230,7 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
         return None
     if inner.executable is not record.executable:
         return None
-    moved = set()
+    moved: set[int] = set()
     for step in inner.step_objects():
         moved.update(getattr(step, "indices", ()))
         if getattr(step, "index", None) is not None:

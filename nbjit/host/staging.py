@@ -177,7 +177,7 @@ class _CopyRun:
 
     def __init__(self, parts: list[_CopyPart], args: tuple):
         self.parts = parts
-        self.args = args
+        self.args: tuple | None = args
         self.next = 0
         self.busy = 0
         self.error: BaseException | None = None
@@ -194,7 +194,7 @@ class _CopyRun:
                 self.next = i + 1
                 self.busy += 1
             try:
-                parts[i].copy(*self.args)
+                parts[i].copy(*self.args)  # type: ignore[misc]  # set while busy
             except BaseException as e:  # re-raised by the caller
                 with cond:
                     self.error = e

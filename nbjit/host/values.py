@@ -74,7 +74,9 @@ def host_dtype(x: Any, canonical: dict) -> np.dtype | None:
         canonical_dtype = canonical.get(dtype)
     except TypeError:  # unhashable
         return None
-    return canonical.resolve(dtype) if canonical_dtype is None else canonical_dtype
+    if canonical_dtype is not None:
+        return canonical_dtype
+    return canonical.resolve(dtype)  # type: ignore[attr-defined]  # a _CanonicalDtypes
 
 
 
