@@ -19,6 +19,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 
@@ -104,6 +105,9 @@ def compare(args: argparse.Namespace) -> int:
                            progress=not args.no_progress)
     table = bench.format_table(rows, meta)
     print(table)
+    if not args.self_check and bench.writes_into_docs([args.json, args.plot, args.markdown]):
+        if not _self_check_for_docs(matrix, settings, meta, progress=not args.no_progress):
+            return 1
     if args.json:
         bench.write_json(args.json, rows, meta)
     if args.markdown:
@@ -125,6 +129,28 @@ def compare(args: argparse.Namespace) -> int:
             return 1
         print(f"self-check passed: every ratio within {lo}-{hi}")
     return 0
+
+
+def _self_check_for_docs(matrix: Sequence[Any], settings: Any, meta: dict[str, Any],
+                         progress: bool) -> bool:
+    """Published numbers (outputs into docs/): jax.jit against itself right after
+    the run says whether the machine was quiet enough. Records the check in
+    `meta` (``self_check_after``, which scripts/doc_tables.py states); False
+    when it failed, and then nothing is written into docs/."""
+    from nbjit import bench
+
+    check, _ = bench.run(matrix, settings, self_check=True, progress=progress)
+    meta["self_check_after"] = record = bench.self_check_record(check, bench.SELF_CHECK_BAND)
+    lo, hi = record["band"]
+    if not record["passed"]:
+        names = ", ".join(f"{name} ({ratio:.2f})" for name, ratio in record["outside"])
+        print(f"not writing into docs/: the self-check right after this run put "
+              f"{len(record['outside'])} of {record['rows']} rows outside {lo}-{hi} ({names}); "
+              "the machine was too noisy for published numbers", file=sys.stderr)
+        return False
+    print(f"self-check after the run passed: {record['rows']} rows within {lo}-{hi}",
+          file=sys.stderr)
+    return True
 
 
 def run(args: argparse.Namespace) -> int:

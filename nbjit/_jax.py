@@ -11,7 +11,7 @@ is touched"):
     `nbjit.observe.explain`;
   * ``sharding._hlo_sharding`` and ``sharding._device_assignment`` in
     `nbjit.host.plan` (host-side slicing), and ``sharding._device_assignment``
-    in `nbjit.multiprocess.agreement` (a sharding's device ids).
+    in `nbjit.multiprocess.signature` (a sharding's device ids).
 """
 
 from __future__ import annotations
@@ -331,6 +331,60 @@ def kv_dir_get(client, prefix: str) -> list[tuple[str, str]]:
     return client.key_value_dir_get(prefix)
 
 
+def kv_try_get(client, key: str) -> str | None:
+    """The value of `key`, or None when it is not set (one round trip, no wait)."""
+    try_get = getattr(client, "key_value_try_get", None)
+    if try_get is None:  # a client without it: a wait of one millisecond
+        return kv_wait(client, key, 1)
+    try:
+        return try_get(key)
+    except JaxRuntimeError as error:
+        if "NOT_FOUND" in str(error):
+            return None
+        raise
+
+
+def kv_increment(client, key: str) -> int:
+    """Adds 1 to the counter at `key` (atomically, in the store); returns the new count."""
+    increment = getattr(client, "key_value_increment", None)
+    if increment is None:  # the caller treats it as a store that failed: skipped, with a warning
+        raise JaxRuntimeError(f"UNIMPLEMENTED: {type(client).__name__} has no "
+                              "key_value_increment")
+    return int(increment(key, 1))
+
+
+from jax._src import stages as _stages  # noqa: E402
+from jax._src.interpreters import mlir as _mlir  # noqa: E402
+
+
+def lower_as_called(jitted, fun, args: tuple, kwargs: dict) -> None:
+    """Traces and lowers a call of `jitted` (jax's jit of `fun`) on this process
+    alone, nothing compiled or run, raising what calling it would raise here.
+
+    `.lower()` names `fun` by its `__name__` in the incompatible-devices error;
+    the call names it by its `__qualname__` (pjit's `_run_python_pjit`): this
+    raises the call's message.
+    """
+    traced = jitted.trace(*args, **kwargs)
+    lo = getattr(traced, "lojax", None)
+    if lo is None:  # stages laid out otherwise: jax's own lowering and message
+        traced.lower()
+        return
+    mesh, platforms = lo._params.get("ctx_mesh"), None  # as Traced.lower picks them
+    if isinstance(mesh, _stages.AbstractMesh) and mesh.abstract_device is not None:
+        platforms = (mesh.abstract_device.platform,)
+    try:
+        _pjit._resolve_and_lower(
+            lo._meta_tys_flat, **lo._params, lowering_platforms=platforms,
+            lowering_parameters=_mlir.LoweringParameters(), pgle_profiler=None)
+    except _stages.DeviceAssignmentMismatchError as error:
+        fails, = error.args
+        name = getattr(fun, "__qualname__", getattr(fun, "__name__", str(fun)))
+        raise ValueError(_stages._device_assignment_mismatch_error(
+            name, fails, lo._meta_tys_flat, "jit",
+            lo.jaxpr.debug_info.safe_arg_names(len(lo.jaxpr.in_avals)))) from None
+
+
 def kv_wait(client, key: str, timeout_ms: float) -> str | None:
     """The value of `key` once it is set, or None after `timeout_ms`."""
     try:
@@ -346,6 +400,10 @@ from jax._src.lax import lax as _lax_internal  # noqa: E402
 
 # The runtime uses a 64-byte-aligned host buffer in place (no copy).
 ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY
+# Host memory is copied while the transfer call runs: the result never aliases
+# the caller's array (zero copy would use a 64-byte-aligned array in place, so
+# writing into it after the call could change a result).
+COPY_DURING_CALL = _jaxlib_ext.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
 # The config state behind the host-to-device transfer guard: None while no one
 # set a level (the common case, a cheap read); else `host_transfers_unguarded`
 # reads the level jaxlib applies.

@@ -2,7 +2,8 @@
 
 `device_put` is `jax.device_put` with host-side slicing for multi-device
 shardings; the rest manages the plans and staging buffers behind it. The
-implementation lives in `nbjit.host.plan`.
+implementation lives in `nbjit.host.plan` (plans) and `nbjit.host.staging`
+(staging buffers and their pools).
 """
 
 from nbjit.host.plan import (
@@ -10,14 +11,12 @@ from nbjit.host.plan import (
     ShardingPlan,
     addressable_index_domains,
     clear_plans,
-    clear_staging_pool,
     device_put,
-    host_staging_size,
     plan_cache_size,
     plan_for,
-    staging_pool_size,
     warm_kernels,
 )
+from nbjit.host.staging import clear_staging_pool, host_staging_size, staging_pool_size
 
 __all__ = [
     "SINGLE_DEVICE_PLAN_MIN_BYTES", "ShardingPlan", "addressable_index_domains", "clear_plans",

@@ -3,6 +3,7 @@
 #   bash scripts/bootstrap.sh [VENV_DIR] [EXTRA PIP REQUIREMENTS...]
 # VENV_DIR defaults to .venv; extras, e.g. "jax==0.11.2" "jaxlib==0.11.2",
 # are installed on top (used by CI to test the oldest supported jax).
+# Reinstalls only when pyproject.toml, the extras or the interpreter changed.
 # NBJIT_PYTHON picks the interpreter: a version (3.12, the default, or 3.13),
 # found as python3.X on the PATH, then under pyenv; or a path to a python.
 set -euo pipefail
@@ -56,6 +57,20 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "bootstrap: creating $venv with $python" >&2
   "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q -e ".[test,bench]" "$@"
+# The install is skipped when nothing it installs from changed: a hash of
+# pyproject.toml, the extra requirements, the interpreter and this checkout's
+# path (the editable install points here), kept in the venv. nbjit itself is
+# installed editable, so edits to its code need no reinstall.
+stamp="$venv/.nbjit-bootstrap-hash"
+want=$({ cat pyproject.toml; printf 'extra: %s\n' "$@"; pwd
+         "$venv/bin/python" -c 'import sys; print(sys.executable, sys.version)'; } | sha256sum)
+want=${want%% *}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "bootstrap: $venv is up to date (pyproject.toml, extras and Python unchanged); not reinstalling" >&2
+else
+  rm -f "$stamp"  # a failed install below leaves no stamp, so the next run retries
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q -e ".[test,bench]" "$@"
+  echo "$want" > "$stamp"
+fi
 "$venv/bin/python" -c "import sys, jax, numba, nbjit; print('bootstrap: Python', sys.version.split()[0], 'jax', jax.__version__, 'numba', numba.__version__, 'nbjit', nbjit.__version__)" >&2

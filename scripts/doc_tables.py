@@ -7,7 +7,11 @@
 A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``:
 
 - ``headline`` in README.md: a few rows of the committed compare run
-  (docs/compare.json, written by ``python -m nbjit compare --json``);
+  (docs/compare.json, written by ``python -m nbjit compare --json``), with
+  what its self-check said (``compare`` runs one when it writes into docs/
+  and writes nothing there when it fails);
+- ``costs`` in README.md: what small calls and loops with new host values
+  cost in that run, in words, from its rows (so the README says it once);
 - ``compare`` in docs/performance.md: every row of that run;
 - ``slow-reasons`` in README.md: the names of `nbjit.observe.stats.SLOW_REASONS`;
 - ``binder`` in docs/design.md: the binder nbjit generates for
@@ -56,6 +60,23 @@ HEADLINE: list[tuple[str, str]] = [
 ]
 
 
+# The rows behind the README's sentences (`costs_block`): calls with one or two
+# jax.Arrays, and every row whose call brings new host values.
+SMALL_CALLS = ["args_1", "args_2"]
+FRESH_HOST = ["numpy_args_2_new_values", "python_scalars_2_new_values", "workload_train_step",
+              "workload_masked_train_step", "workload_optimizer_update", "workload_env_step",
+              "workload_static_config", "workload_data_parallel_8_devices"]
+
+
+def _rows(data: dict[str, Any], names: Sequence[str]) -> list[dict[str, Any]]:
+    rows = {row["name"]: row for row in data["rows"]}
+    missing = [name for name in names if name not in rows]
+    if missing:
+        raise SystemExit(f"doc_tables.py: scenarios {missing} are not in the compare JSON; "
+                         "update scripts/doc_tables.py")
+    return [rows[name] for name in names]
+
+
 def _us(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
@@ -75,23 +96,61 @@ def _run_line(meta: dict[str, Any]) -> str:
             f"devices on {m['cpus']} CPUs; {rounds} paired rounds per row.")
 
 
+def self_check_line(meta: dict[str, Any]) -> str:
+    """What the run's self-check (jax.jit against itself, right after) said."""
+    record = meta.get("self_check_after")
+    if record is None:
+        return ("This run has no self-check record (jax.jit against itself right after it, "
+                "which `python -m nbjit compare` runs when it writes into docs/): nothing "
+                "says how much of its spread was the machine.")
+    lo, hi = record["band"]
+    if record["passed"]:
+        return (f"The self-check right after it (jax.jit against itself) put all "
+                f"{record['rows']} rows within {lo}-{hi}.")
+    outside = ", ".join(f"`{name}` {ratio:.2f}" for name, ratio in record["outside"])
+    return (f"**The self-check right after it failed** ({outside} outside {lo}-{hi}): "
+            "the machine was noisy; read these numbers as such.")
+
+
 def headline_block(data: dict[str, Any]) -> str:
     """The README's table: ratio = nbjit / jax.jit per call, a few rows."""
-    rows = {row["name"]: row for row in data["rows"]}
-    missing = [name for name, _ in HEADLINE if name not in rows]
-    if missing:
-        raise SystemExit(f"doc_tables.py: scenarios {missing} are not in the compare JSON; "
-                         "update HEADLINE in scripts/doc_tables.py")
+    rows = _rows(data, [name for name, _ in HEADLINE])
     lines = ["| a call with | nbjit us | jax.jit us | nbjit / jax.jit | p10-p90 |",
              "|---|---:|---:|---:|---:|"]
-    for name, label in HEADLINE:
-        row = rows[name]
+    for (name, label), row in zip(HEADLINE, rows, strict=True):
         ratio, spread = _ratio(row)
         lines.append(f"| {label} (`{name}`) | {_us(row['a_us'])} | {_us(row['b_us'])} "
                      f"| **{ratio}** | {spread} |")
-    lines += ["", _run_line(data["meta"]) + " Below 1: nbjit is faster. Every row: "
+    lines += ["", _run_line(data["meta"]) + " Below 1: nbjit is faster. "
+              + self_check_line(data["meta"]) + " Every row: "
               "[docs/performance.md](docs/performance.md)."]
     return "\n".join(lines)
+
+
+def costs_block(data: dict[str, Any]) -> str:
+    """The README's one statement of what small calls and new host values cost."""
+    small = _rows(data, SMALL_CALLS)
+    ratios = [r["ratio"] for r in small]
+    names = ", ".join(f"`{r['name']}` {r['ratio']:.2f}" for r in small)
+    if min(ratios) > 1:
+        first = (f"Do not use it when the last microsecond of small calls matters: a call "
+                 f"with one or two `jax.Array`s took {min(ratios):.2f}-{max(ratios):.2f} "
+                 f"times jax.jit's C++ in the run below ({names}).")
+    else:
+        first = (f"A call with one or two `jax.Array`s took {min(ratios):.2f}-"
+                 f"{max(ratios):.2f} times jax.jit's C++ in the run below ({names}).")
+    fresh = [r for r in _rows(data, FRESH_HOST) if r.get("ratio") is not None]
+    faster = sum(r["ratio_p90"] < 1 for r in fresh)
+    slower = sum(r["ratio_p10"] > 1 for r in fresh)
+    lo, hi = min(r["ratio"] for r in fresh), max(r["ratio"] for r in fresh)
+    return "\n".join([
+        first,
+        f"Loops that pass new host values every call (a fresh batch, a fresh action; "
+        f"{len(fresh)} rows of that run) took {lo:.2f}-{hi:.2f} times jax.jit's time per "
+        f"call: faster in {faster} (p90 below 1), slower in {slower} (p10 above 1), "
+        f"within noise in {len(fresh) - faster - slower}. On the CPU such values are "
+        "written into host memory that device arrays alias, with no transfer at all "
+        "([docs/host-inputs.md](docs/host-inputs.md))."])
 
 
 def compare_block(data: dict[str, Any]) -> str:
@@ -141,6 +200,7 @@ def targets(compare_json: pathlib.Path = COMPARE_JSON,
     data = json.loads(compare_json.read_text())
     return [
         (root / "README.md", "headline", lambda: headline_block(data)),
+        (root / "README.md", "costs", lambda: costs_block(data)),
         (root / "README.md", "slow-reasons", slow_reasons_block),
         (root / "docs" / "performance.md", "compare", lambda: compare_block(data)),
         (root / "docs" / "design.md", "binder", binder_block),

@@ -426,6 +426,23 @@ def agreement_span_in_a_profiler_trace() -> None:
     assert exchange["ts"] + exchange["dur"] <= miss["ts"] + miss["dur"] + 1e-3, (miss, exchange)
 
 
+@check
+def agreement_local_error_comes_first() -> None:
+    """Each process passes an array committed to one of its own devices beside a global
+    array: the signatures differ, but jax.jit's error for each process alone (incompatible
+    devices) is what nbjit raises too, type and message, on every call."""
+    x = global_array((8, 4), P("x"))
+    local = jax.device_put(jnp.ones(4), jax.local_devices()[0])
+    nb, jx = pair(lambda: lambda x, y: x.sum() + y)
+    for _ in range(2):
+        e = same_call(nb, jx, x, local)
+        r_jx = outcome(jx, (x, local), {})[1]
+        assert type(e) is ValueError and "Received incompatible devices" in str(e), repr(e)
+        assert str(e) == str(r_jx), f"nbjit: {e}\njax.jit: {r_jx}"
+    assert nb.miss_count == 0 and nb._cache_size() == 0
+    then_agrees(nb, jx, x, global_array((4,), P()))
+
+
 COST: dict[str, float] = {}  # what agreement added to misses (results["_agreement_cost"])
 
 

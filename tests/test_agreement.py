@@ -24,39 +24,25 @@ import pytest
 import nbjit
 from nbjit import _jax
 from nbjit.multiprocess import agreement as _agreement
+from nbjit.multiprocess import exchange as _exchange
+from nbjit.multiprocess.simulate import CountingStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class FakeStore:
-    """The key-value calls of jax.distributed's client, in memory."""
+class FakeStore(CountingStore):
+    """jax.distributed's client in memory (the simulation's), with a call count."""
 
-    def __init__(self) -> None:
-        self.data: dict[str, str] = {}
-        self.cond = threading.Condition()
-        self.calls = 0
+    @property
+    def calls(self) -> int:
+        return self.round_trips
 
-    def key_value_set(self, key: str, value: str, allow_overwrite: bool = False) -> None:
-        with self.cond:
-            self.calls += 1
-            assert allow_overwrite or key not in self.data
-            self.data[key] = value
-            self.cond.notify_all()
-
-    def key_value_dir_get(self, prefix: str) -> list[tuple[str, str]]:
-        with self.cond:
-            self.calls += 1
-            return [(k, v) for k, v in sorted(self.data.items()) if k.startswith(prefix)]
-
-    def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
-        with self.cond:
-            self.calls += 1
-            if not self.cond.wait_for(lambda: key in self.data, timeout_in_ms / 1e3):
-                raise _jax.JaxRuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out: {key}")
-            return self.data[key]
+    @property
+    def data(self) -> dict[str, str]:
+        return self._data
 
 
-INFO = _agreement._Function("f (model.py:3)", "00000000000000f1", True, "{}")
+INFO = _exchange._Function("f (model.py:3)", "00000000000000f1", True, "{}")
 
 
 def signature(shape: str, extra: tuple = ()) -> _agreement.Signature:
@@ -71,10 +57,10 @@ class Process:
 
     def __init__(self, store: FakeStore, rank: int, n: int = 2) -> None:
         self.store, self.rank, self.n = store, rank, n
-        self.state = _agreement._Process()
+        self.state = _exchange._Process()
 
     def call(self, sig: _agreement.Signature) -> None:
-        _agreement._exchange(self.store, INFO, sig, f"model.py:{10 + self.rank}", self.rank,
+        _exchange._exchange(self.store, INFO, sig, f"model.py:{10 + self.rank}", self.rank,
                              self.n, self.state)
 
     def call_in_thread(self, sig: _agreement.Signature) -> dict:
@@ -161,7 +147,7 @@ def test_a_one_sided_re_miss_of_an_agreed_signature_passes_at_once(timeout):
     p0.call(signature("2"))  # p0 cleared its cache; p1 hits and publishes nothing
     assert time.perf_counter() - start < 5
     assert _agreement.counters().at_once == before + 1
-    assert store.calls - calls == 3  # two sets, one read
+    assert store.calls - calls == 1  # one get: agreed/<signature> is set
 
 
 def test_a_one_sided_miss_of_another_signature_raises_after_the_timeout(timeout):
@@ -199,6 +185,17 @@ def test_a_rejected_attempt_raises_even_when_the_peer_retries_with_it(timeout):
     assert a["error"].values == {0: "float32[8]", 1: "float32[16]"}
 
 
+def pretend_waiting(store: FakeStore, function: str, rank: int, sig: str, entries: list,
+                    site: str) -> None:
+    """What a process that published `sig` (its first attempt) and waits leaves in the store."""
+    prefix = f"{_exchange._PREFIX}/{function}/"
+    store.key_value_set(f"{prefix}seen/{sig}/{rank}", "1")
+    store.key_value_set(f"{prefix}latest/{rank}", json.dumps(
+        {"seq": 1, "sig": sig, "state": "waiting", "site": site}))
+    if store.key_value_increment(f"{prefix}count/{sig}", 1) == 1:
+        store.key_value_set(f"{prefix}desc/{sig}", json.dumps([list(e) for e in entries]))
+
+
 def test_a_retry_does_not_take_a_rejected_call_for_a_stuck_one(timeout):
     """p0 raised against p1's waiting call before p1 noticed; p0's retry waits for p1
     (which raises, then retries) instead of raising at once on p1's stale entry."""
@@ -206,16 +203,13 @@ def test_a_retry_does_not_take_a_rejected_call_for_a_stuck_one(timeout):
     store = FakeStore()
     p0, p1 = Process(store, 0), Process(store, 1)
     b = signature("16")
-    p1.state.publish(INFO.key, b.key & _agreement._MASK64)  # p1 waits on "16", asleep
-    me = f"{b.key & _agreement._MASK64:016x}"
-    prefix = f"{_agreement._PREFIX}/{INFO.key}/"
-    store.key_value_set(f"{prefix}seen/{me}/1", "1")
-    store.key_value_set(f"{prefix}latest/1", json.dumps(
-        {"rank": 1, "seq": 1, "signature": me, "state": "waiting", "site": "model.py:11",
-         "entries": [list(e) for e in b.entries]}))
+    p1.state.publish(INFO.key, b.key & _exchange._MASK64)  # p1 waits on "16", asleep
+    pretend_waiting(store, INFO.key, 1, f"{b.key & _exchange._MASK64:016x}", b.entries,
+                    "model.py:11")
     with pytest.raises(_agreement.AgreementError, match="waits on a signature of its own"):
         p0.call(signature("8"))
-    assert any("/x1.1.0" in k for k in store.data)  # p1's call is rejected
+    rejection = json.loads(store.data[f"{_exchange._PREFIX}/{INFO.key}/out/1.1"])
+    assert rejection["kind"] == "differs" and rejection["by"] == 0  # p1's call is rejected
     a = p0.call_in_thread(signature("8"))  # the retry
     time.sleep(0.5)
     assert a["thread"].is_alive()
@@ -226,11 +220,11 @@ def test_a_retry_does_not_take_a_rejected_call_for_a_stuck_one(timeout):
 
 def test_first_difference_prefers_this_process_order():
     mine = [["a", "1"], ["b", "2"], ["c", "3"]]
-    assert _agreement._first_difference(mine, {1: [["a", "1"], ["b", "2"], ["c", "3"]]}) == (
+    assert _agreement.first_difference(mine, {1: [["a", "1"], ["b", "2"], ["c", "3"]]}) == (
         "signature", {})
-    assert _agreement._first_difference(mine, {1: [["a", "1"], ["c", "4"]]}) == (
+    assert _agreement.first_difference(mine, {1: [["a", "1"], ["c", "4"]]}) == (
         "b", {1: "(absent)"})
-    assert _agreement._first_difference(mine, {1: [*mine, ["d", "5"]]}) == ("d", {1: "5"})
+    assert _agreement.first_difference(mine, {1: [*mine, ["d", "5"]]}) == ("d", {1: "5"})
 
 
 # ---------------------------------------------------------------------------
@@ -244,6 +238,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import nbjit
 from nbjit.multiprocess import agreement as _agreement
+from nbjit.multiprocess import exchange as _exchange
+from nbjit.multiprocess.simulate import CountingStore
 from nbjit.observe import explain as _explain
 
 mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "b"))
@@ -339,12 +335,9 @@ def test_spanning_functions_exchange_on_misses_only(monkeypatch, timeout):
 
     # "Process 1" waits at a miss of h with another shape: h raises, compiling nothing.
     h = nbjit.jit(lambda x: x * 4)
-    prefix = f"{_agreement._PREFIX}/{_agreement._function(h).key}/"
-    store.key_value_set(f"{prefix}latest/1", json.dumps(
-        {"rank": 1, "seq": 1, "signature": "0000000000000001", "state": "waiting",
-         "site": "other.py:1",
-         "entries": [["jit options", "{}"], ["arguments", "1 leaves, keywords []"],
-                     ["args[0]", "float32[16]"]]}))
+    pretend_waiting(store, _agreement._function(h).key, 1, "0000000000000001",
+                    [["jit options", "{}"], ["arguments", "1 leaves, keywords []"],
+                     ["args[0]", "float32[16]"]], "other.py:1")
     with pytest.raises(_agreement.AgreementError, match=r"args\[0\]: process 0: float32\[8\], "
                        r"process 1: float32\[16\]") as raised:
         h(x)
@@ -368,3 +361,93 @@ def test_run_check_agreement_switches_host_values_on(tmp_path):
                              timeout=120, check=True)
         outputs.append(out.stdout.split())
     assert outputs == [["False", "None"], ["True", "None"]]
+
+
+# ---------------------------------------------------------------------------
+# An error JAX raises for one process's call alone comes before agreement
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices")
+def test_local_validation_raises_what_the_call_raises():
+    def add(x, y):
+        return x + y
+
+    x = jax.device_put(jnp.arange(4.0), jax.devices()[0])
+    y = jax.device_put(jnp.arange(4.0), jax.devices()[1])
+    jitted = jax.jit(add)
+    with pytest.raises(ValueError, match="Received incompatible devices") as called:
+        jitted(x, y)
+    with pytest.raises(ValueError) as lowered:
+        _jax.lower_as_called(jitted, add, (x, y), {})
+    assert str(lowered.value) == str(called.value)
+    assert "test_local_validation_raises_what_the_call_raises.<locals>.add" in str(called.value)
+    _jax.lower_as_called(jitted, add, (x, x), {})  # a valid call: nothing raised, nothing run
+
+
+def test_a_mismatch_raises_the_local_error_first(timeout):
+    """Both processes' calls are invalid on their own: each raises that error, not
+    AgreementError, on both sides of the mismatch."""
+    timeout(30)
+    store = FakeStore()
+    outcomes: dict = {}
+
+    def run(rank: int, sig: _agreement.Signature) -> None:
+        def validate() -> None:
+            raise ValueError(f"invalid on process {rank}")
+
+        try:
+            _exchange._exchange(store, INFO, sig, "model.py:1", rank, 2, _exchange._Process(),
+                                validate)
+        except Exception as error:  # noqa: BLE001 (the test inspects it)
+            outcomes[rank] = error
+
+    threads = [threading.Thread(target=run, args=(r, signature(s)))
+               for r, s in ((0, "8"), (1, "16"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert {r: (type(e), str(e)) for r, e in outcomes.items()} == {
+        0: (ValueError, "invalid on process 0"), 1: (ValueError, "invalid on process 1")}
+
+
+def test_a_client_without_try_get_or_increment():
+    """try_get falls back to a 1 ms wait; a missing increment is a store failure, which
+    check() turns into a warning (agreement skipped), never a broken call."""
+
+    class Minimal:
+        def __init__(self) -> None:
+            self.store = CountingStore()
+
+        def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
+            return self.store.blocking_key_value_get(key, timeout_in_ms)
+
+    client = Minimal()
+    assert _jax.kv_try_get(client, "a") is None
+    client.store.key_value_set("a", "1")
+    assert _jax.kv_try_get(client, "a") == "1"
+    with pytest.raises(_jax.JaxRuntimeError, match="UNIMPLEMENTED"):
+        _jax.kv_increment(client, "n")
+    assert _jax.kv_increment(client.store, "n") == 1 and _jax.kv_increment(client.store, "n") == 2
+
+
+def test_a_process_that_arrives_after_the_decision_follows_it_cheaply(timeout):
+    """p0 and p1 differ and raise at once; p2 calls p0's signature afterwards: nobody
+    is left to tell it, so after its timeout (and grace) it follows the decision
+    stored for its signature (a few small gets, no directory read) and raises too,
+    naming its own value."""
+    timeout(0.5)
+    store = FakeStore()
+    p0, p1, p2 = (Process(store, r, n=3) for r in range(3))
+    a, b = both(p0, p1, signature("8"), signature("16"))
+    assert isinstance(a["error"], _agreement.AgreementError)
+    assert isinstance(b["error"], _agreement.AgreementError)
+    reads = []
+    read = store.key_value_dir_get
+    store.key_value_dir_get = lambda prefix: reads.append(prefix) or read(prefix)
+    with pytest.raises(_agreement.AgreementError) as raised:
+        p2.call(signature("8"))
+    assert raised.value.values == {0: "float32[8]", 1: "float32[16]", 2: "float32[8]"}
+    assert reads == []  # O(1) gets, not the O(N) reads of deciding
+    p1.call_in_thread(signature("8"))["thread"].join(60)  # p1 retries with p0's: agreed
+    p2.call(signature("8"))  # a re-miss of an agreed signature passes at once

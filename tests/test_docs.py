@@ -272,5 +272,30 @@ def test_a_figure_that_differs_from_the_json_is_stale(tmp_path):
     next(row for row in data["rows"] if row["name"] == "args_1")["ratio"] += 0.5
     (tmp_path / "compare.json").write_text(json.dumps(data))
     assert tables.stale(tables.targets(tmp_path / "compare.json", tmp_path)) == [
-        f"{tmp_path / 'README.md'}: headline", f"{tmp_path / 'docs' / 'performance.md'}: compare"]
+        f"{tmp_path / 'README.md'}: headline", f"{tmp_path / 'README.md'}: costs",
+        f"{tmp_path / 'docs' / 'performance.md'}: compare"]
     assert tables.main(["--check"]) == 0  # the committed pages, from the committed JSON
+
+
+def test_the_readme_states_costs_and_the_self_check_from_the_numbers():
+    """One statement of what small calls and new host values cost, and what the
+    run's self-check said, each written from the compare JSON."""
+    tables = _doc_tables()
+    data = json.loads((ROOT / "docs" / "compare.json").read_text())
+    for row in data["rows"]:
+        row.update(ratio=0.8, ratio_p10=0.7, ratio_p90=0.9)
+    text = tables.costs_block(data)
+    assert "Do not use it" not in text and "took 0.80-0.80 times jax.jit's C++" in text
+    assert f"faster in {len(tables.FRESH_HOST)} (p90 below 1), slower in 0" in text
+    for row in data["rows"]:
+        row.update(ratio=1.2, ratio_p10=1.1, ratio_p90=1.3)
+    text = tables.costs_block(data)
+    assert text.startswith("Do not use it when the last microsecond of small calls matters")
+    assert f"faster in 0 (p90 below 1), slower in {len(tables.FRESH_HOST)} (p10 above 1)" in text
+    meta = {}
+    assert "no self-check record" in tables.self_check_line(meta)
+    meta["self_check_after"] = {"passed": True, "band": [0.9, 1.1], "rows": 40, "outside": []}
+    assert "put all 40 rows within 0.9-1.1" in tables.self_check_line(meta)
+    meta["self_check_after"] = {"passed": False, "band": [0.9, 1.1], "rows": 40,
+                                "outside": [["args_1", 1.15]]}
+    assert "failed** (`args_1` 1.15 outside 0.9-1.1)" in tables.self_check_line(meta)

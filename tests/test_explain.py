@@ -2,6 +2,8 @@
 
 import concurrent.futures
 import logging
+import os
+import sys
 import warnings
 
 import jax
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import nbjit
 from nbjit import _kernels
@@ -363,3 +366,83 @@ def test_python_float_then_numpy_float32_names_the_weak_type(records):
     assert "args[0]: kind float -> numpy" in message
     assert "the weak type changed: weak -> strong" in message
     assert "np.float32(x)" in message  # what to do
+
+
+def test_call_site_is_relative_to_the_working_directory_below_it(records, monkeypatch):
+    f = nbjit.jit(lambda x: x + 1)
+    f(jnp.ones(3))
+    here = os.path.dirname(os.path.abspath(__file__))
+    line = _this_line() + 2
+    monkeypatch.chdir(os.path.dirname(here))  # the repo root: tests/... as pytest prints it
+    message = _explained(records, lambda: f(jnp.ones(4)))
+    assert f" at tests{os.sep}test_explain.py:{line}:" in message
+    monkeypatch.chdir(os.path.join(here, "tools"))  # not below it: the full path
+    message = _explained(records, lambda: f(jnp.ones(5)))
+    assert f" at {os.path.join(here, 'test_explain.py')}:" in message
+
+
+def _this_line():
+    return sys._getframe(1).f_lineno
+
+
+@pytest.mark.cpu_devices
+def test_equally_close_entries_are_each_named_same_sharding_first(records):
+    # f(x), then a sharded call: f(device_put(x, device 0)) differs from the
+    # first entry only in committedness and from the second only in sharding.
+    f = _fresh(lambda x: x + 1)
+    x = jnp.arange(8.0)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    f(x)
+    f(jax.device_put(x, NamedSharding(mesh, PartitionSpec("x"))))
+    message = _explained(records, lambda: f(jax.device_put(x, jax.devices()[0])))
+    assert "2 of 2 cached signatures are equally close: (args[0]: committed False -> True); " \
+           "or (args[0]: sharding NamedSharding(" in message
+    rows = [r for r in nbjit.ranked_misses() if r.fields == ("args[0]: committed",)]
+    assert rows, "the miss is grouped by the entry with the same sharding"
+
+
+def test_equally_close_without_shardings_most_recent_first(records):
+    f = _fresh()
+    a = jnp.ones(3)
+    f(a, a)
+    f(a.astype(jnp.int32), a)  # differs from the next call in args[0] dtype
+    message = _explained(records, lambda: f(a, a.astype(jnp.int32)))
+    # the first entry differs in args[1] dtype; the second in both: one closest
+    assert "against the closest of 2 cached signatures: args[1]: dtype" in message
+    f2 = _fresh(lambda x, y: x.sum() + y.sum())
+    f2(a, a)
+    f2(jnp.ones(4), a)
+    message = _explained(records, lambda: f2(jnp.ones(4), jnp.ones(2)))
+    assert "against the closest of 2 cached signatures: args[1]: shape" in message
+    f3 = _fresh(lambda x, y: x.sum() + y.sum())
+    f3(a, jnp.ones(2))
+    f3(jnp.ones(2), a)
+    message = _explained(records, lambda: f3(jnp.ones(2), jnp.ones(2)))
+    # each differs in one shape; the most recent (args[1]) is named first
+    assert "2 of 2 cached signatures are equally close: (args[1]: shape float32[3] -> " \
+           "float32[2]); or (args[0]: shape float32[3] -> float32[2])" in message
+
+
+def test_equally_close_entries_agree_in_python_and_the_kernel(monkeypatch):
+    # 400 entries, each differing in one shape from the call; the kernel past
+    # the crossover and the Python loop below it name the same ties in order.
+    descriptions = [_explain.describe_call((jnp.ones(n), jnp.ones(2)), {}, (), (), ())
+                    for n in range(3, 203)]
+    descriptions += [_explain.describe_call((jnp.ones(2), jnp.ones(n)), {}, (), (), ())
+                     for n in range(3, 203)]
+    new = _explain.describe_call((jnp.ones(2), jnp.ones(2)), {}, (), (), ())
+    kernel = _explain._closest_entries(new, descriptions)
+    assert "nbjit._kernels" in sys.modules
+    monkeypatch.setattr(_explain, "NUMBA_CLOSEST_MIN_WORDS", 10**9)
+    python = _explain._closest_entries(new, descriptions)
+    assert kernel == python
+    assert kernel == ([399, 398, 397], 400)  # all tie; the 3 most recent are named
+
+
+def test_more_ties_than_named_are_counted(records):
+    f = _fresh(lambda *xs: sum(x.sum() for x in xs))
+    for k in range(4):  # entry k differs from the call in args[k]'s shape only
+        f(*[jnp.ones(3) if i == k else jnp.ones(2) for i in range(4)])
+    message = _explained(records, lambda: f(*[jnp.ones(2)] * 4))
+    assert "4 of 4 cached signatures are equally close: (args[3]: shape" in message
+    assert message.count("; or (") == 2 and "; or 1 more" in message

@@ -16,6 +16,7 @@ example can also catch nbjit confusing its signature with an earlier one.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
@@ -322,6 +323,65 @@ def test_fuzz_cache_sizes_agree_with_jax_jit(recipe, x64):
         tree = _make(recipe)
         assert_same_call(nb, jx, tree)
         assert nb._cache_size() == jx._cache_size()
+
+
+# ---------------------------------------------------------------------------
+# Namedtuples and registered nodes too: keys read per structure (nbjit/core/structure.py)
+
+FuzzPair = collections.namedtuple("FuzzPair", "first second")
+
+
+@jax.tree_util.register_pytree_node_class
+class FuzzNode:
+    """A registered node whose node data (a tag) is part of the treedef."""
+
+    def __init__(self, children, tag):
+        self.children, self.tag = tuple(children), tag
+
+    def tree_flatten(self):
+        return self.children, self.tag
+
+    @classmethod
+    def tree_unflatten(cls, tag, children):
+        return cls(children, tag)
+
+
+structured_trees = st.recursive(
+    leaves | st.none(),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3).map(tuple),
+        st.lists(children, max_size=3),
+        st.dictionaries(st.sampled_from(["a", "b", "c"]), children, max_size=3),
+        st.tuples(children, children).map(lambda t: FuzzPair(*t)),
+        st.tuples(st.lists(children, max_size=2), st.sampled_from(["x", "y"])).map(
+            lambda t: FuzzNode(*t)),
+    ),
+    max_leaves=5,
+)
+_STRUCTURE_PAIR: list = []
+
+
+def _scaled_nb(tree, by):  # one object per side (caches are per function)
+    return jax.tree.map(lambda x: x * by, tree)
+
+
+def _scaled_jax(tree, by):
+    return jax.tree.map(lambda x: x * by, tree)
+
+
+@settings(max_examples=CI_SIZE_EXAMPLES, derandomize=True, **_common)
+@given(recipe=structured_trees, other=structured_trees, x64=st.booleans())
+def test_fuzz_structures_agree_with_jax_jit(recipe, other, x64):
+    """Two structures, the first called again after the second: outputs and
+    cache sizes agree with jax.jit after every call (one pair of functions
+    for the whole run, so every reader learned is tried on later structures)."""
+    if not _STRUCTURE_PAIR:
+        _STRUCTURE_PAIR.extend([nbjit.jit(_scaled_nb), jax.jit(_scaled_jax)])
+    nb, jx = _STRUCTURE_PAIR
+    with jax.enable_x64(x64):
+        for r in (recipe, other, recipe):
+            assert_same_call(nb, jx, _make(r), 1)
+            assert nb._cache_size() == jx._cache_size()
 
 
 # ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ import pytest
 import nbjit
 from nbjit.core import codegen
 from nbjit.host import packing as _packed
+from nbjit.host import policy as _policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUFF = os.path.join(os.path.dirname(sys.executable), "ruff")
@@ -71,18 +73,18 @@ def _fresh_host_calls():
     """Fresh host values each call, past the point where they are packed or resident."""
     for resident in (True, False):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(_packed, "RESIDENT", resident)
+            patch.setattr(_policy, "RESIDENT", resident)
             f = nbjit.jit(lambda a, b: a + b)  # a new function: a node of its own
-            for i in range(3 * _packed.PACK_AFTER):
+            for i in range(3 * _policy.PACK_AFTER):
                 f(np.full(8, i, np.float32), np.full(8, 1, np.float32))
-                if i == _packed.PACK_AFTER + 2:
+                if i == _policy.PACK_AFTER + 2:
                     assert _packed.wait(120)
             assert _packed.wait(120)
             assert f(np.ones(8, np.float32), np.ones(8, np.float32)).tolist() == [2.0] * 8
 
 
 @pytest.fixture(scope="module")
-def generated():
+def generated(tmp_path_factory):
     """filename -> names its scope supplies, of every generated source run by
     calls of every shape and flavour (see the module docstring)."""
     seen = {}
@@ -100,9 +102,13 @@ def generated():
             f._entry_for(args, kwargs)  # the key-only flavour
             with nbjit.profile():  # the timed flavour
                 f(*args, **kwargs)
+        with jax.profiler.trace(str(tmp_path_factory.mktemp("trace"))):  # the traced flavour
+            for f, args, kwargs in _calls():
+                f(*args, **kwargs)
         _fresh_host_calls()
     names = [filename.rsplit("<", 1)[1] for filename in seen]
-    for kind in ("binder", "timed", "key_only", "hit ", "hit timed", "keyer", "prepare ",
+    for kind in ("binder", "timed", "key_only", "traced", "hit ", "hit timed", "reader",
+                 "prepare ",
                  "packed prepare", "resident prepare", "resident fence"):
         assert any(name.startswith(kind) or f" {kind}" in name for name in names), (kind, names)
     # Compiled at import, before a test can record their scopes (the keyers of

@@ -1,6 +1,6 @@
 """Host inputs (numpy arrays, numpy and Python scalars) bound for one device.
 
-The memo (nbjit/_record.py `HostInput`): an input equal to the last one
+The memo (nbjit/host/steps.py `HostInput`): an input equal to the last one
 reuses its device copy. It must be exact (bytes, not ``==``), follow mutation
 of numpy inputs, never apply to donated or large inputs, and never bypass a
 transfer guard (the guard tests live in test_bad_input.py). Big arrays go
@@ -21,9 +21,10 @@ from jax import lax
 
 import nbjit
 from nbjit.core import record as _record
-from nbjit.core.record import HostInput as _HostInput
-from nbjit.host import packing as _packed
-from nbjit.host import plan as _sharding
+from nbjit.host import plan as _plan
+from nbjit.host import policy as _policy
+from nbjit.host import steps as _steps
+from nbjit.host.steps import HostInput as _HostInput
 
 
 def _host_inputs(f, *args):
@@ -50,9 +51,8 @@ def test_memo_rests_while_values_change_and_wakes_when_they_repeat(monkeypatch):
     """New values on every call: after MEMO_PATIENCE misses the memo stops
     copying bytes out for MEMO_REST calls; repeated values wake it again
     (resident inputs, which would take over the new values, are off)."""
-    from nbjit.host import packing as _packed
 
-    monkeypatch.setattr(_packed, "RESIDENT", False)
+    monkeypatch.setattr(_policy, "RESIDENT", False)
     f, g = nbjit.jit(lambda x: x * 2), jax.jit(lambda x: x * 2)
     for i in range(40):
         v = np.full(4, i, np.float32)
@@ -200,7 +200,7 @@ def test_big_one_device_input_is_copied_by_its_plan():
     """From SINGLE_DEVICE_PLAN_MIN_BYTES a one-device numpy input goes through
     a ShardingPlan (parallel copy into aligned staging): same result as
     jax.jit, and the caller's array is never aliased."""
-    n = _sharding.SINGLE_DEVICE_PLAN_MIN_BYTES // 4 + 1024
+    n = _plan.SINGLE_DEVICE_PLAN_MIN_BYTES // 4 + 1024
     a = np.arange(n, dtype=np.float32)
     f, g = nbjit.jit(lambda x: x * 2), jax.jit(lambda x: x * 2)
     f(a)
@@ -238,8 +238,8 @@ def test_caller_may_write_its_array_right_after_the_call():
 
 @pytest.fixture
 def no_packing(monkeypatch):
-    """The per-leaf records themselves (packing would replace them: test_packed.py)."""
-    monkeypatch.setattr(_packed, "_enabled", False)
+    """The per-leaf records themselves (the policy would replace them: test_packed.py)."""
+    monkeypatch.setattr(_policy, "_enabled", False)
 
 
 @pytest.mark.parametrize("extra", [2, _record.PREPARE_UNROLL_MAX + 2])
@@ -286,7 +286,7 @@ def test_preparer_applies_steps_to_consts_and_kept_leaves(monkeypatch):
     expected = [*consts, leaves[0], leaves[2]]
     steps = {}
     for i, x in enumerate(expected):
-        step = _record._step_for(i, x, target, False)
+        step = _steps.step_for(i, x, target, False)
         if step is not None:
             steps[i] = step
     assert [type(s).__name__ for s in steps.values()] == ["HostInput", "_Copy", "HostInput"]

@@ -17,7 +17,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     root = str(DOCS.parent)  # the kernel imports this checkout's nbjit
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend: figures
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
@@ -32,3 +32,6 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
         assert "args[1]: shape, args[2]: shape" in text
         assert "AssertionError: 2 nbjit cache misses, at most 1 allowed" in text
         assert "self-check jax.jit/jax.jit" in text
+        plot_cell = next(c for c in notebook.cells if "prof.plot()" in c.source)
+        assert any("image/png" in o.get("data", {}) for o in plot_cell.outputs), \
+            "prof.plot() drew no figure in the notebook's outputs"

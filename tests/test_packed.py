@@ -1,4 +1,4 @@
-"""Packed host inputs (nbjit/_packed.py): fresh host values in one transfer per call.
+"""Packed host inputs (nbjit/host/packing.py): fresh host values in one transfer per call.
 
 Resident inputs are switched off here (`_packing_only`): they come first
 on the CPU and are tested in tests/test_resident.py; the differential tests
@@ -26,23 +26,25 @@ from _diff import assert_same_call, assert_same_outputs
 from _threads import run_threads
 
 import nbjit
-from nbjit.host import packing as _packed
-from nbjit.host import plan as _sharding
+from nbjit.host import packing as _packing
+from nbjit.host import policy as _policy
+from nbjit.host import resident as _resident
+from nbjit.host import staging as _staging
 
-CALLS = 3 * _packed.PACK_AFTER  # enough fresh calls to pack, then run packed
+CALLS = 3 * _policy.PACK_AFTER  # enough fresh calls to pack, then run packed
 
 
 @pytest.fixture(autouse=True)
 def _packing_only(monkeypatch):
     """Packing as where resident inputs are not possible (a GPU): on the CPU
     resident inputs come first (tests/test_resident.py)."""
-    monkeypatch.setattr(_packed, "RESIDENT", False)
+    monkeypatch.setattr(_policy, "RESIDENT", False)
 
 
 @pytest.fixture(params=["packed", "resident"])
 def mode(request, monkeypatch):
     """For the differential tests both ways share: packing, or resident slots."""
-    monkeypatch.setattr(_packed, "RESIDENT", request.param == "resident")
+    monkeypatch.setattr(_policy, "RESIDENT", request.param == "resident")
     return request.param
 
 
@@ -85,11 +87,11 @@ def _run_fresh(fn, make_args, calls=CALLS, **jit_options):
     """Calls nbjit.jit(fn) and jax.jit(fn) with new values each call; returns the nbjit one."""
     f, g = nbjit.jit(fn, **jit_options), jax.jit(fn, **jit_options)
     for i in range(calls):
-        if i == _packed.PACK_AFTER + 2:
-            assert _packed.wait(120)  # the background compile done: the rest run packed
+        if i == _policy.PACK_AFTER + 2:
+            assert _packing.wait(120)  # the background compile done: the rest run packed
         args = make_args(i)
         assert_same_outputs(f(*args), g(*args))
-    assert _packed.wait(120)
+    assert _packing.wait(120)
     return f, args
 
 
@@ -146,7 +148,7 @@ def test_zero_d_empty_misaligned_strided_and_fortran_arrays(mode):
     assert _is_fast(f, mode, *args)
     if mode == "resident":  # the empty leaf keeps its put (nothing to write)
         node, _ = f._entry_for(args, {})
-        assert [s.leaf for s in node.plan.resident.slots] == [0, 2, 3, 4, 5]
+        assert [s.leaf for s in node.plan.resident.layouts] == [0, 2, 3, 4, 5]
 
 
 def test_python_scalars_keep_weak_types(mode):
@@ -250,7 +252,7 @@ def test_log_compiles_shows_the_packed_compile(caplog):
         with caplog.at_level("WARNING"):
             for i in range(CALLS):
                 f(np.full(3, i, np.float32), np.ones(3, np.float32))
-            assert _packed.wait(120)
+            assert _packing.wait(120)
     finally:
         jax.config.update("jax_log_compiles", False)
     assert f.stats().packed_compiles == 1
@@ -287,7 +289,7 @@ def test_repeated_values_keep_the_memo_and_do_not_pack(mode):
     assert f.stats().packed_compiles == 0 and f.stats().resident == 0
     for s in range(CALLS):
         f(1000 + s, 2.5)  # another signature, fresh values: packed or resident
-    assert _packed.wait(120)
+    assert _packing.wait(120)
     assert _is_fast(f, mode, 1, 2.5) and not _is_fast(f, mode, a, b)
 
 
@@ -300,23 +302,23 @@ def test_donation_big_leaves_and_switch_off_are_not_packed():
     f = nbjit.jit(lambda a, b, c: (a + b, c * 2), donate_argnums=2)
     for i in range(CALLS):
         f(np.full(3, i, np.float32), np.ones(3, np.float32), jnp.ones(3))
-    assert _packed.wait(120)
+    assert _packing.wait(120)
     assert f.stats().packed_compiles == 0
-    big = _packed.SLOT_MAX_BYTES // 4 + 1
+    big = _policy.SLOT_MAX_BYTES // 4 + 1
     f, args = _run_fresh(lambda a, b: a[:3] + b, lambda i: (
         np.full(big, i, np.float32), np.full(3, -i, np.float32)))
     assert f.stats().packed_compiles == 0
-    _packed.set_enabled(False)
+    _policy.set_enabled(False)
     try:
         f, args = _run_fresh(lambda a, b: a - b, lambda i: (np.full(3, i, np.float32),
                                                             np.full(3, -i, np.float32)))
         assert f.stats().packed_compiles == 0 and not _is_packed(f, *args)
     finally:
-        _packed.set_enabled(True)
+        _policy.set_enabled(True)
 
 
 def test_environment_switch():
-    code = ("import nbjit.host.packing as p, sys; sys.exit(0 if p.enabled() is False else 1)")
+    code = ("import nbjit.host.policy as p, sys; sys.exit(0 if p.enabled() is False else 1)")
     env = {"NBJIT_PACK_HOST_INPUTS": "0", "PATH": "/usr/bin:/bin",
            **{k: v for k, v in __import__("os").environ.items() if k.startswith(("PYTHON", "JAX"))}}
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0
@@ -329,9 +331,9 @@ def test_caller_overwrites_its_arrays_right_after_each_call(way, monkeypatch):
     first (the miss) included: no result changes, and no staging buffer or
     slot is written while a call in flight reads it. With one slot, reusing
     it without the fence test gave 170 wrong results of 200 (a probe)."""
-    monkeypatch.setattr(_packed, "RESIDENT", way != "packed")
+    monkeypatch.setattr(_policy, "RESIDENT", way != "packed")
     if way == "resident, one slot":
-        monkeypatch.setattr(_packed, "RESIDENT_CAP", 1)
+        monkeypatch.setattr(_resident, "RESIDENT_CAP", 1)
     n = 1 << 12
 
     def fn(a, b):
@@ -350,8 +352,8 @@ def test_caller_overwrites_its_arrays_right_after_each_call(way, monkeypatch):
         results.append(f(a, b))
         a[:] = 12345.0
         b[:] = -99.0
-        if i == _packed.PACK_AFTER + 2:
-            assert _packed.wait(120)  # the rest run packed
+        if i == _policy.PACK_AFTER + 2:
+            assert _packing.wait(120)  # the rest run packed
     assert _is_fast(f, "packed" if way == "packed" else "resident", a, b)
     assert f.stats().packed_compiles == (way == "packed")
     wrong = sum(not np.array_equal(np.asarray(r[0]), np.asarray(e[0]))
@@ -361,7 +363,7 @@ def test_caller_overwrites_its_arrays_right_after_each_call(way, monkeypatch):
 
 
 def test_pool_is_capped_and_reused(monkeypatch):
-    monkeypatch.setattr(_packed, "POOL_CAP", 3)
+    monkeypatch.setattr(_packing, "POOL_CAP", 3)
     n = 1 << 12
 
     def fn(a, b):
@@ -372,15 +374,15 @@ def test_pool_is_capped_and_reused(monkeypatch):
 
     f, g = nbjit.jit(fn), jax.jit(fn)
     rng = np.random.default_rng(7)
-    before = _sharding.host_staging_size()
+    before = _staging.host_staging_size()
     pending = []
     for i in range(60):  # many calls in flight: beyond the cap, fresh unpooled buffers
-        if i == _packed.PACK_AFTER + 2:
-            assert _packed.wait(120)
+        if i == _policy.PACK_AFTER + 2:
+            assert _packing.wait(120)
         a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         pending.append((f(a, b), g(a, b)))
     assert _is_packed(f, a, b)
-    assert _sharding.host_staging_size() - before <= 3
+    assert _staging.host_staging_size() - before <= 3
     for nb, jx in pending:
         assert_same_outputs(nb, jx)
     node, _ = f._entry_for((a, b), {})
@@ -412,7 +414,7 @@ def test_threads_sharing_one_function(mode):
             assert_same_outputs(out, expected)
 
     errors = run_threads(worker, 4)
-    assert _packed.wait(120)
+    assert _packing.wait(120)
     assert not errors, errors[0]
     stats = f.stats()
     assert (stats.packed_compiles, stats.resident) == ((1, 0) if mode == "packed" else (0, 1))
@@ -425,7 +427,7 @@ def test_transfer_guards_as_jax(level, caplog, mode):
     f, g = nbjit.jit(lambda a, b: a + b), jax.jit(lambda a, b: a + b)
     for i in range(CALLS):
         f(np.full(3, i, np.float32), np.ones(3, np.float32))
-    assert _packed.wait(120)
+    assert _packing.wait(120)
     a, b = np.full(3, 5, np.float32), np.full(3, 6, np.float32)
     assert _is_fast(f, mode, a, b)
     with jax.transfer_guard(level):
@@ -439,27 +441,27 @@ def test_transfer_guards_as_jax(level, caplog, mode):
 
 
 def test_failed_and_interrupted_compiles_leave_the_function_working(monkeypatch):
-    real = _packed.Plan._compile
+    real = _packing.compile_packed
 
-    def failing(plan, leaves):
+    def failing(watched, record, leaves):
         raise RuntimeError("compile failed")
 
-    monkeypatch.setattr(_packed.Plan, "_compile", failing)
+    monkeypatch.setattr(_packing, "compile_packed", failing)
     f, args = _run_fresh(lambda a, b: a - b, lambda i: (np.full(3, i, np.float32),
                                                         np.full(3, 2 * i, np.float32)))
     assert not _is_packed(f, *args)
 
     calls = []
 
-    def interrupted(plan, leaves):
+    def interrupted(watched, record, leaves):
         calls.append(1)
         if len(calls) == 1:
             raise KeyboardInterrupt
-        return real(plan, leaves)
+        return real(watched, record, leaves)
 
-    monkeypatch.setattr(_packed.Plan, "_compile", interrupted)
+    monkeypatch.setattr(_packing, "compile_packed", interrupted)
     for background in (True, False):  # on its thread: the calls never see it
-        monkeypatch.setattr(_packed, "BACKGROUND", background)
+        monkeypatch.setattr(_policy, "BACKGROUND", background)
         calls.clear()
         f, g = nbjit.jit(lambda a, b: a * b), jax.jit(lambda a, b: a * b)
         raised = 0
@@ -472,8 +474,8 @@ def test_failed_and_interrupted_compiles_leave_the_function_working(monkeypatch)
                 continue
             assert_same_outputs(out, g(*args))
             if i % 4 == 0:
-                assert _packed.wait(120)
-        assert _packed.wait(120)
+                assert _packing.wait(120)
+        assert _packing.wait(120)
         assert raised == (0 if background else 1) and len(calls) == 2 and _is_packed(f, *args)
 
 
@@ -502,7 +504,7 @@ def test_cache_clearing_the_lru_and_trace_context(mode):
         for i in range(CALLS):
             args = (np.full(3, i, np.float32), np.full(3, -i, np.float32))
             assert_same_outputs(f(*args), g(*args))
-        assert _packed.wait(120)
+        assert _packing.wait(120)
         return args
 
     count = "packed_compiles" if mode == "packed" else "resident"
@@ -519,7 +521,7 @@ def test_cache_clearing_the_lru_and_trace_context(mode):
         for i in range(CALLS):
             a = (np.full(3, i, np.float64), np.full(3, -i, np.float64))
             assert_same_outputs(f(*a), g(*a))
-        assert _packed.wait(120)
+        assert _packing.wait(120)
         assert _is_fast(f, mode, *a)
     assert f._cache_size() == 2 and getattr(f.stats(), count) == 4
 
@@ -529,7 +531,7 @@ def test_cache_clearing_the_lru_and_trace_context(mode):
         for i in range(CALLS):
             h(np.full(2, i, np.float32), np.ones(2, np.float32))
         h(1, 2.0)
-        assert _packed.wait(120)
+        assert _packing.wait(120)
         assert h._cache_size() == 1 and h.stats().evictions == 1
 
 
@@ -573,7 +575,7 @@ def test_packed_executables_and_slots_die_with_the_function_and_clear_cache(mode
             f(1000 + i, 0.5 + i)  # memo misses announce new values
         for i in range(CALLS):
             f(np.full(3000, i, np.float32), np.ones(3000, np.float32))  # no memo: counted
-        assert _packed.wait(120)
+        assert _packing.wait(120)
         assert getattr(f.stats(), "packed_compiles" if mode == "packed" else "resident") == 2
         return f
 

@@ -1,4 +1,4 @@
-"""Resident host inputs (nbjit/_packed.py, "Resident slots"): fresh host
+"""Resident host inputs (nbjit/host/resident.py): fresh host
 values written into device arrays that alias pooled host memory, no transfer.
 
 A signature whose small host leaves keep bringing new values gets slots:
@@ -19,9 +19,12 @@ from _diff import assert_same_outputs
 
 import nbjit
 from nbjit import _jax
-from nbjit.host import packing as _packed
+from nbjit.host import packing as _packing
+from nbjit.host import policy as _policy
+from nbjit.host import resident as _resident
+from nbjit.host.policy import TRANSITIONS, Stage
 
-CALLS = 3 * _packed.PACK_AFTER  # enough fresh calls to go resident, then run resident
+CALLS = 3 * _policy.PACK_AFTER  # enough fresh calls to go resident, then run resident
 
 
 def _node(f, *args, **kwargs):
@@ -36,7 +39,7 @@ def _is_resident(f, *args, **kwargs) -> bool:
         record.fence is not None)
 
 
-def _pool(f, *args, **kwargs) -> _packed.ResidentSlots:
+def _pool(f, *args, **kwargs) -> _resident.ResidentSlots:
     return _node(f, *args, **kwargs).plan.resident
 
 
@@ -102,18 +105,18 @@ def test_donation_big_outputs_and_switch_off_stay_per_leaf():
     for i in range(CALLS):
         f(*_fresh_pair(i), jnp.ones(3))
     assert f.stats().resident == 0
-    big = _packed.FENCE_MAX_BYTES // 4 + 1  # every output too big to keep as a fence
+    big = _resident.FENCE_MAX_BYTES // 4 + 1  # every output too big to keep as a fence
     f, args = _run_fresh(lambda a: jnp.broadcast_to(a[0], (big,)),
                          lambda i: (np.full(3, i, np.float32),))
     assert f.stats().resident == 0 and not _is_resident(f, *args)
     f, args = _run_fresh(lambda a: (), lambda i: (np.full(3, i, np.float32),))  # no outputs
     assert f.stats().resident == 0
-    _packed.set_enabled(False)
+    _policy.set_enabled(False)
     try:
         f, args = _run_fresh(lambda a, b: a - b, _fresh_pair)
         assert f.stats().resident == 0 and not _is_resident(f, *args)
     finally:
-        _packed.set_enabled(True)
+        _policy.set_enabled(True)
 
 
 def test_the_fence_is_the_smallest_output():
@@ -171,6 +174,8 @@ def test_deleted_fences_retire_slots_then_the_signature_gives_them_up():
         assert nb[0].is_deleted()
     assert pool.broken and pool.retired >= pool.MAX_RETIRED
     assert not _is_resident(f, *_fresh_pair(0))
+    node = _node(f, *_fresh_pair(0))
+    assert node.plan.stage is Stage.GIVEN_UP and node.record is node.plan.per_leaf
     for i in range(4):
         assert_same_outputs(f(*_fresh_pair(i)), g(*_fresh_pair(i)))
 
@@ -191,6 +196,7 @@ def test_an_output_aliasing_a_slot_gives_slots_up():
 
     assert not pool._check_outputs(slot, [Aliasing()])
     assert pool.broken and not _is_resident(f, *_fresh_pair(0))
+    assert _node(f, *_fresh_pair(0)).plan.stage is Stage.GIVEN_UP
     assert_same_outputs(f(*_fresh_pair(3)), jax.jit(lambda a, b: a - b)(*_fresh_pair(3)))
 
 
@@ -209,12 +215,13 @@ def test_a_device_whose_puts_copy_gets_packing_instead(monkeypatch):
     made: two or more leaves are packed (a second compile), one stays per-leaf."""
     monkeypatch.setattr(_jax, "ZERO_COPY", _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
     f, args = _run_fresh(lambda a, b: a * b, _fresh_pair)
-    assert _packed.wait(120)
+    assert _packing.wait(120)
     assert_same_outputs(f(*args), jax.jit(lambda a, b: a * b)(*args))
     assert not _is_resident(f, *args) and f.stats().resident == 0
-    assert f.stats().packed_compiles == 1
+    assert f.stats().packed_compiles == 1 and _node(f, *args).plan.stage is Stage.PACKED
     f, args = _run_fresh(lambda a: a + 1, lambda i: (np.full(3, i, np.float32),))
     assert f.stats().resident == 0 and f.stats().packed_compiles == 0
+    assert _node(f, *args).plan.stage is Stage.GIVEN_UP  # one leaf, no slots: nothing to pack
 
 
 def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatch):
@@ -222,18 +229,118 @@ def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatc
 
     f, args = _run_fresh(lambda a, b: a - b, _fresh_pair)
     text = str(f.stats())
-    assert f"fresh host inputs of {f.stats().name}: resident 1 (signatures)" in text
-    assert "resident 1" in f.stats()._repr_html_()
-    monkeypatch.setattr(_packed, "RESIDENT", False)
+    assert (f"new host values on most calls of {f.stats().name}: 1 signature now write them "
+            "into reused device buffers (resident: no transfer)") in text
+    assert "1 signature now write them" in f.stats()._repr_html_()
+    monkeypatch.setattr(_policy, "RESIDENT", False)
     g, args = _run_fresh(lambda a, b: a * b - 1, _fresh_pair)
-    assert _packed.wait(120)
-    assert "packed 1 (" in str(g.stats()) and ": resident" not in str(g.stats())
+    assert _packing.wait(120)
+    assert "1 signature pack them into one transfer per call (" in str(g.stats())
+    assert "(resident: " not in str(g.stats())
     report = _report.build(None)
     rows = {r["name"]: r for r in report["functions"]}
     assert rows[f.stats().name]["resident"] == 1 and rows[g.stats().name]["packed_compiles"] == 1
     out = _report.format_text(report)
-    assert f"fresh host inputs of {f.stats().name}: resident 1" in out
-    assert f"fresh host inputs of {g.stats().name}: packed 1 (" in out
+    assert f"new host values on most calls of {f.stats().name}: 1 signature now write" in out
+    assert f"new host values on most calls of {g.stats().name}: 1 signature pack" in out
     h = nbjit.jit(lambda a: a + 1)
     h(jnp.ones(2))
-    assert "fresh host inputs" not in str(h.stats())
+    assert "new host values" not in str(h.stats())
+
+
+def test_the_same_big_arrays_every_call_are_not_fresh():
+    """Leaves too big for the memo (no memo miss says a value is new): the same
+    values every call get no slots and nothing in the report; new values, in
+    new arrays or written into the same one, do."""
+    from nbjit.core.record import HostInput
+    from nbjit.observe import report as _report
+
+    n = HostInput.MEMO_MAX_BYTES // 4 * 2  # float32: twice the memo's limit
+    same = (np.ones(n, np.float32), np.full(n, 2, np.float32))
+    f, args = _run_fresh(lambda a, b: a @ b, lambda i: same)
+    assert not _is_resident(f, *args) and f.stats().resident == 0
+    assert "new host values" not in str(f.stats())
+    report = _report.format_text(_report.build(None)).splitlines()
+    assert not [line for line in report
+                if line.startswith("new host values") and f.stats().name in line]
+    g, args = _run_fresh(lambda a, b: a @ b - 1,
+                         lambda i: (np.full(n, i, np.float32), np.ones(n, np.float32)))
+    assert _is_resident(g, *args) and g.stats().resident == 1
+    buffer = np.zeros(n, np.float32)
+
+    def written_in_place(i):
+        buffer[:] = i
+        return buffer, same[1]
+
+    h, args = _run_fresh(lambda a, b: a @ b + 1, written_in_place)
+    assert _is_resident(h, *args) and h.stats().resident == 1
+
+
+# ---------------------------------------------------------------------------
+# The policy: one compare-and-swap, along its table
+
+
+def test_the_policy_swaps_in_its_watching_record_built_with_on_fresh():
+    """On the miss the policy replaces the miss's record with one whose host
+    steps were built with `on_fresh` (never patched on afterwards)."""
+    f = nbjit.jit(lambda a, b: a * b)
+    args = _fresh_pair(0)
+    f(*args)
+    node = _node(f, *args)
+    policy = node.plan
+    assert policy.stage is Stage.PER_LEAF and node.record is policy.per_leaf
+    hosts = [s for s in node.record.step_objects() if type(s).__name__ == "HostInput"]
+    assert len(hosts) == 2 and all(h.on_fresh is not None for h in hosts)
+    assert all(h.on_fresh() == policy.fresh for h in hosts)  # weak: the policy's method
+    for i in range(1, CALLS):
+        f(*_fresh_pair(i))
+    assert policy.stage is Stage.RESIDENT and _is_resident(f, *args)
+
+
+def test_the_swap_is_a_compare_and_swap_along_the_table():
+    f, args = _run_fresh(lambda a, b: a + b, _fresh_pair)
+    node = _node(f, *args)
+    policy, resident = node.plan, node.record
+    assert policy.stage is Stage.RESIDENT
+    # Not what the node holds: refused, nothing changes.
+    assert not policy._swap(policy.builder, Stage.GIVEN_UP, policy.per_leaf)
+    assert node.record is resident and policy.stage is Stage.RESIDENT
+    # A move the table does not have: refused.
+    assert (Stage.RESIDENT, Stage.PACKED) not in TRANSITIONS
+    assert not policy._swap(resident, Stage.PACKED, policy.per_leaf)
+    assert node.record is resident and policy.stage is Stage.RESIDENT
+    # Its own move: made.
+    assert policy._swap(resident, Stage.GIVEN_UP, policy.per_leaf)
+    assert node.record is policy.per_leaf and policy.stage is Stage.GIVEN_UP
+    g = jax.jit(lambda a, b: a + b)
+    for i in range(4):  # given up: per-leaf puts, for good
+        assert_same_outputs(f(*_fresh_pair(i)), g(*_fresh_pair(i)))
+    assert policy.stage is Stage.GIVEN_UP and not _is_resident(f, *args)
+
+
+def test_only_the_insert_and_the_policy_assign_a_nodes_record():
+    """`node.record` is set by the miss path's insert (cache.Node) and replaced
+    by the policy's `_swap`; nowhere else in nbjit."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(nbjit.__file__).parent
+    places = sorted(f"{p.relative_to(root)}:{line.strip()}"
+                    for p in root.rglob("*.py")
+                    for line in p.read_text().splitlines() if re.search(r"\.record = ", line))
+    assert places == ["core/cache.py:self.record = record", "host/policy.py:node.record = record"]
+
+
+def test_on_miss_never_raises_into_the_miss_path():
+    """`on_miss` is what the miss path calls after a compile with a record: a
+    jitted object it cannot read, or no node, leaves the miss alone."""
+    from nbjit.host import policy
+
+    assert policy.on_miss(object(), None, None, None, [], (), {}) is None
+    f = nbjit.jit(lambda a, b: a + b)
+    args = _fresh_pair(0)
+    f(*args)
+    node = _node(f, *args)
+    record = node.record
+    assert policy.on_miss(f, node, None, None, list(args), args, {}) is None
+    assert node.record is record  # nothing swapped

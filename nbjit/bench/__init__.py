@@ -22,7 +22,8 @@ What it holds, by module:
 - `nbjit.bench.floor`: `floor_call`, a call's executable run from Python
   with no dispatcher in front.
 - `nbjit.bench.runner`: `run_scenario` and `run` (one `Row` per scenario),
-  `output_difference`, `fresh_copy`.
+  `output_difference`, `fresh_copy`; `writes_into_docs` and
+  `self_check_record`: published numbers come with a passing self-check.
 - `nbjit.bench.report`: `format_table` (ending in the `Summary` line),
   `write_json`/`read_json`, `plot`, `self_check_failures`.
 - `nbjit.bench.user`: `compare` and `CompareResult`, public as
@@ -49,6 +50,8 @@ from nbjit.bench.runner import (
     output_difference,
     run,
     run_scenario,
+    self_check_record,
+    writes_into_docs,
 )
 from nbjit.bench.user import CompareResult, OutputsDiffer, compare
 
@@ -57,5 +60,6 @@ __all__ = [
     "Interleaved", "OutputsDiffer", "Ratio", "Row", "Scenario", "Settings", "Summary",
     "compare", "first_difference", "floor_call", "fresh_copy", "format_table", "interleave",
     "output_difference", "plot", "read_json", "run", "run_scenario", "scenario", "scenarios",
-    "select", "self_check_failures", "time_batch", "verdict", "write_json",
+    "select", "self_check_failures", "self_check_record", "time_batch", "verdict",
+    "write_json", "writes_into_docs",
 ]

@@ -372,6 +372,28 @@ def _data_parallel_case() -> Case:
                            jit_options={"in_shardings": (replicated, by_row, by_row)})
 
 
+def _params_dict_step(params, x):
+    """An SGD step on a params dict {"l0": {"w", "b"}, ...}: the call researchers write most."""
+    def loss(p):
+        y = x
+        for name in sorted(p):
+            y = jnp.tanh(y @ p[name]["w"] + p[name]["b"])
+        return jnp.mean(y * y)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
+
+
+def _params_dict_case(leaves: int) -> Callable[[], Case]:
+    """A params dict of `leaves` leaves (w and b per layer, 4x4 and 4) and a jax.Array batch."""
+    def build() -> Case:
+        params = {f"l{i:03d}": {"w": jnp.full((4, 4), 0.1), "b": jnp.zeros(4)}
+                  for i in range(leaves // 2)}
+        return Case(_params_dict_step, (params, jnp.ones((2, 4))))
+
+    return build
+
+
 def _upstream_pair(
     name: str, n: int, kind: str, build: Callable[[], Case], family: str | None = None
 ) -> list[Scenario]:
@@ -429,6 +451,9 @@ def scenarios() -> list[Scenario]:
         Scenario("workload_data_parallel_8_devices", 4, "new numpy batch -> 8 devices",
                  _data_parallel_case, False, min_devices=8),
     ]
+    for n in (2, 32, 256):  # pytree calls: where flat arguments already are (issue 30)
+        out.append(Scenario(f"params_dict_step_{n}", n + 1, "params dict + jax.Array batch",
+                            _params_dict_case(n), False, "params dict step"))
     out += _filter_jit_rows()
     return out
 

@@ -7,6 +7,11 @@ together with the *floor* (`nbjit.bench.floor`): the executable's own execute
 A `Row` holds one scenario's result; `run` runs a matrix and returns its
 rows with the run's metadata (versions, machine, settings).
 
+Numbers written into this checkout's docs/ (`writes_into_docs`) are the
+published ones: `python -m nbjit compare` then also runs the self-check
+(jax.jit against itself, same matrix, right after) and writes nothing there
+when it fails (`self_check_record`, kept in the run's metadata).
+
 Multi-device scenarios need 8 devices: the CLI asks for them
 (`nbjit.routing.devices.request_host_devices`) before JAX's backend starts; where
 fewer devices exist they are skipped with a note.
@@ -19,6 +24,7 @@ import functools
 import importlib.util
 import itertools
 import os
+import pathlib
 import platform
 import subprocess
 import sys
@@ -145,7 +151,7 @@ def _floor_contender(target: Any, floor_call: Callable[..., Callable[[], Any]], 
     return lambda: blk(floor())
 
 
-SETTLE_CALLS = 32  # > 2 * nbjit.host.packing.PACK_AFTER: enough fresh values to pack host inputs
+SETTLE_CALLS = 32  # > 2 * nbjit.host.policy.PACK_AFTER: enough fresh values to pack host inputs
 
 
 def _settle(call: Callable[[], Any]) -> None:
@@ -356,3 +362,20 @@ def metadata(settings: measure.Settings, self_check: bool, label_a: str) -> dict
         "settings": asdict(settings),
         "notes": [],
     }
+
+
+DOCS_DIR = pathlib.Path(__file__).resolve().parents[2] / "docs"  # this checkout's
+
+
+def writes_into_docs(paths: Sequence[str | None]) -> bool:
+    """Whether any of the output paths lies in this checkout's docs/."""
+    return any(p and pathlib.Path(p).resolve().is_relative_to(DOCS_DIR) for p in paths)
+
+
+def self_check_record(rows: Sequence[Row], band: tuple[float, float]) -> dict[str, Any]:
+    """The self-check of a run, for its metadata: jax.jit against itself over
+    the same matrix; passed when every timed row's ratio lies within `band`."""
+    ratios = [(r.name, r.ratio) for r in rows if r.ratio is not None]
+    outside = [[name, round(ratio, 3)] for name, ratio in ratios
+               if not band[0] <= ratio <= band[1]]
+    return {"passed": not outside, "band": list(band), "rows": len(ratios), "outside": outside}

@@ -13,10 +13,13 @@ A binder keys a call one of four ways, chosen by the dynamic arguments'
 types on each call: all `jax.Array`s (the common case): read one by one;
 all leaves with host values among them (numpy arrays and scalars, Python
 scalars): keyed as they are; one list or tuple of `jax.Array`s (``f(xs)``):
-its elements read one by one; anything else (pytrees): flattened as JAX
-does, then the leaves keyed. A leaf nothing can key (a tracer, a jax.Ref,
-an object) sends the call to the function's `_unkeyable` (JAX's own path); a
-miss or a signature without a fast path to its `_miss_or_slow`.
+its elements read one by one; anything else (pytrees): by the *reader* of
+its structure (`nbjit.core.structure`: exact-type guards, direct reads, one
+key tuple; learned on a structure's first call), and only where no reader
+reads it (a tracer leaf, more than UNROLL_MAX dynamic arguments) flattened
+as JAX does, then the leaves keyed. A leaf nothing can key (a tracer, a
+jax.Ref, an object) sends the call to the function's `_unkeyable` (JAX's
+own path); a miss or a signature without a fast path to its `_miss_or_slow`.
 
 Flavours: "plain" is the hit path; "timed" (while a `nbjit.profile()` is
 active) adds clock stamps between the phases and times slow calls whole;
@@ -31,6 +34,7 @@ with a plain subscript (a `__missing__` hook would make every lookup slower).
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +56,7 @@ from nbjit.core.keys import (
     treedef_id,
     tuple_source,
 )
-from nbjit.core.keys import _treedef_ids as treedef_ids
+from nbjit.core.structure import UNKEYABLE, Readers
 from nbjit.observe import profile as _profile
 from nbjit.observe import spans as _spans
 from nbjit.observe import stats as _stats
@@ -76,7 +80,7 @@ class Split:
     """
 
     __slots__ = ("shape", "key_shape", "nargs", "names", "static_positions",
-                 "dynamic_positions", "static_names", "dynamic_names")
+                 "dynamic_positions", "static_names", "dynamic_names", "readers")
 
     def __init__(self, shape: Any, static_argnums: tuple[int, ...],
                  static_argnames: frozenset[str]) -> None:
@@ -90,6 +94,7 @@ class Split:
         self.dynamic_positions = tuple(i for i in range(nargs) if i not in self.static_positions)
         self.static_names = tuple(sorted(static_argnames.intersection(names)))
         self.dynamic_names = tuple(sorted(k for k in names if k not in static_argnames))
+        self.readers: Readers | None = None  # built with the first unrolled binder
 
     def leaves_treedef_id(self) -> int:
         """The treedef id of this shape's dynamic arguments when each is a leaf."""
@@ -97,6 +102,27 @@ class Split:
         if self.dynamic_names:
             tree = (tree, dict.fromkeys(self.dynamic_names, 0))
         return treedef_id(_jax.flatten_for_dispatch(tree)[1])
+
+
+class ShapeMarker:
+    """Heads the keys of one key shape's all-array form: hashed and compared by
+    identity (a tuple would be hashed on every call)."""
+
+    __slots__ = ("key_shape",)
+
+    def __init__(self, key_shape: Any) -> None:
+        self.key_shape = key_shape
+
+    def __repr__(self) -> str:
+        return f"ShapeMarker({self.key_shape!r})"
+
+
+_shape_markers: dict[Any, ShapeMarker] = {}
+
+
+def shape_marker(key_shape: Any) -> ShapeMarker:
+    """The one marker of `key_shape` (every function's binders share it)."""
+    return _shape_markers.setdefault(key_shape, ShapeMarker(key_shape))
 
 
 def call_shape(args: tuple, kwargs: dict) -> Any:
@@ -163,13 +189,14 @@ def bind(self, args, kwargs):
 {start}{unpack}{read}
 {stamp_key}{tail}"""
 
-# Up to UNROLL_MAX dynamic arguments, each in a local.
+# Up to UNROLL_MAX dynamic arguments, each in a local: all jax.Arrays; all
+# leaves (host values among them: no flatten); else containers (pytrees).
 _READ_UNROLLED = """\
     if {checks}:
         key = {key}
         shardings = {shardings}
         leaves = {leaves}
-    elif {leaf_checks}:  # leaves already (host values among them): no flatten
+    elif {leaf_checks}:
         leaves = [{dynamic}]
         get = canonical_dtypes[x64.value].get
         try:
@@ -220,11 +247,45 @@ _READ_LOOP = """\
 _READ_FLATTENED = """\
         if signatures is None:
             leaves, treedef = flatten({tree})
-            tid = treedef_ids_get(treedef)
-            if tid is None:
+            try:  # node data whose __eq__ raises, met in another function's treedef
                 tid = treedef_id(treedef)
-            if not leaves or type(leaves[-1]) is ArrayImpl:  # else host values: no array attempt
-                try:  # one assignment: a leaf with .aval but no ._sharding (a jax.Ref) sets neither
+            except Exception:
+                return {via_slow}args, kwargs, "pytree_node_data")
+{keyed_from_leaves}"""
+
+# The general path of the unrolled form: the readers of the structures this
+# call shape has seen first (`nbjit.core.structure`: exact-type guards, direct
+# reads, no flatten), each returning ``(key, shardings, leaves)`` or None;
+# if none reads the call, a flatten, and the reader of that structure is
+# learned (or found) and keys it, so a structure is keyed by its reader
+# whichever way the call came. A structure no reader reads (a leaf of
+# another type: a tracer) is keyed from its leaves.
+_READ_STRUCTURED = """\
+        if signatures is None:
+            for read in READERS:
+                if (got := read({reader_args})) is not None:
+                    break
+            else:
+                leaves, treedef = flatten({tree})
+                try:  # node data whose __eq__ raises, met in another function's treedef
+                    tid = treedef_id(treedef)
+                except Exception:
+                    return {via_slow}args, kwargs, "pytree_node_data")
+                read = learn_reader(tid, treedef, leaves)
+                got = None if read is None else read({reader_args})
+            if got is UNKEYABLE:
+                return {via_unkeyable}args, kwargs, flatten({tree})[0])
+            if got is not None:
+                key, shardings, leaves = got
+            else:
+{keyed_from_leaves}"""
+
+# Leaves no reader read, keyed one by one: all jax.Arrays in one pass; mixed
+# with host values by the treedef's mixed keyer, else leaf by leaf
+# (`mixed_signatures`); a leaf nothing can key sends the call to `_unkeyable`.
+_KEYED_FROM_LEAVES = """\
+            if not leaves or type(leaves[-1]) is ArrayImpl:  # else host values: skip this
+                try:  # one assignment: a leaf with .aval, no ._sharding (a Ref) sets neither
                     signatures, shardings = (tuple([(x.aval, x._committed) for x in leaves]),
                                              [x._sharding for x in leaves])
                 except AttributeError:
@@ -245,8 +306,8 @@ _KEY_ONLY_FINISH = "    return (leaves, key, shardings)\n"
 
 def _via(fn: str, flavour: str) -> str:
     """How generated code calls slow path `fn` (the prefix, up to its first argument)."""
-    if flavour == "key_only":
-        return "refuse(" if fn == "self._unkeyable" else f"{fn}("
+    if flavour == "key_only":  # keys only: a call it cannot key runs nothing
+        return "refuse(" if fn in ("self._unkeyable", "self._slow") else f"{fn}("
     if flavour == "traced":
         return f"leave_phase(span, {fn}, "
     return f"timed_call(self, t0, {fn}, " if flavour == "timed" else f"{fn}("
@@ -298,7 +359,10 @@ def _source(split: Split, flavour: str = "plain") -> str:
     statics = ([f"type({arg_names[i]}), {arg_names[i]}" for i in split.static_positions]
                + [f"{k!r}, type({kw_names[k]}), {kw_names[k]}" for k in split.static_names])
     marked = bool(split.names or statics)  # a plain positional call keys as bare pairs
-    prefix = ["shape", *statics] if marked else []
+    # The marker names the key shape, so the static items need no names: each
+    # static argument is its exact type and itself (jax.jit's type + ==).
+    prefix = (["SHAPE", *(f"type({x}), {x}" for x in _static_locals(split, arg_names, kw_names))]
+              if marked else [])
     if not (marked or not dynamic):
         leaves = "args"
     elif unroll:
@@ -308,8 +372,17 @@ def _source(split: Split, flavour: str = "plain") -> str:
                   + (" + [kwargs[k] for k in DYNAMIC_NAMES]" if split.dynamic_names else ""))
     static_key = tuple_source([f"({s})" for s in statics])
     via_unkeyable = _via("self._unkeyable", flavour)
-    flattened = _READ_FLATTENED.format(tree=_dynamic_tree(split, unroll, arg_names, kw_names),
-                                       static_key=static_key, via_unkeyable=via_unkeyable)
+    tree = _dynamic_tree(split, unroll, arg_names, kw_names)
+    keyed = _KEYED_FROM_LEAVES.format(static_key=static_key, via_unkeyable=via_unkeyable)
+    if unroll:
+        readers = _structure_readers(split)
+        flattened = _READ_STRUCTURED.format(
+            tree=tree, via_unkeyable=via_unkeyable, reader_args=", ".join(readers.arguments),
+            via_slow=_via("self._slow", flavour),
+            keyed_from_leaves=textwrap.indent(keyed, "    "))
+    else:
+        flattened = _READ_FLATTENED.format(tree=tree, keyed_from_leaves=keyed,
+                                           via_slow=_via("self._slow", flavour))
     if not dynamic:  # nothing to key but the static arguments
         read = f"    key = {tuple_source(prefix)}\n    shardings = []\n    leaves = {leaves}\n"
     elif unroll:
@@ -321,7 +394,8 @@ def _source(split: Split, flavour: str = "plain") -> str:
             key=tuple_source(prefix + items), leaves=leaves, shardings=shardings,
             leaf_checks=" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic),
             dynamic=", ".join(dynamic), static_key=static_key, via_unkeyable=via_unkeyable,
-            signatures="".join(f"\n                {SIGNATURE.format(x=d)}," for d in dynamic),
+            signatures="".join(f"\n                {SIGNATURE.format(x=d, pad=' ' * 16)},"
+                               for d in dynamic),
             sequence_read=sequence_read, flattened=flattened)
     else:
         read = _READ_LOOP.format(dynamic=leaves, flattened=flattened,
@@ -332,6 +406,35 @@ def _source(split: Split, flavour: str = "plain") -> str:
         stamp_key=_STAMPS.get(flavour, _NO_STAMPS)[0], tail=tail)
 
 
+def _static_locals(split: Split, arg_names: list[str], kw_names: dict[str, str]) -> list[str]:
+    """How a binder's source names the static arguments, positional then by name (sorted)."""
+    return ([arg_names[i] for i in split.static_positions]
+            + [kw_names[k] for k in split.static_names])
+
+
+def _structure_readers(split: Split) -> Readers:
+    """The pytree readers of an unrolled call shape (shared by its flavours):
+    they read the dynamic arguments' locals and key the static ones first."""
+    if split.readers is None:
+        arg_names, kw_names, _ = _argument_names(split, True)
+        statics = _static_locals(split, arg_names, kw_names)
+        split.readers = Readers(
+            [arg_names[i] for i in split.dynamic_positions]
+            + [kw_names[k] for k in split.dynamic_names],
+            form=split.key_shape, extra=statics,
+            prefix=[item for x in statics for item in (f"type({x})", x)])
+    return split.readers
+
+
+def _param_trees(treedef: Any, named: bool) -> list[Any]:
+    """The treedefs of each dynamic argument in a binder's flattened tree,
+    ``(positional, {name: value})`` when `named`, else the positional tuple."""
+    if not named:
+        return treedef.children()
+    positional, by_name = treedef.children()
+    return positional.children() + by_name.children()
+
+
 def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
                 ) -> Callable[[Any, tuple, dict], Any]:
     """Compiles the binder of `split`: ``bind(pjit_function, args, kwargs)``.
@@ -339,17 +442,24 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
     `env` holds the names the source reads (`BinderTable.env`); the binder
     holds no reference to the function itself.
     """
-    scope = {**env, **SIGNATURE_SCOPE, "shape": (LEAVES, split.key_shape),
+    source = _source(split, flavour)  # builds the call shape's readers when it reads pytrees
+    scope = {**env, **SIGNATURE_SCOPE, "SHAPE": shape_marker(split.key_shape),
              "DYNAMIC_POSITIONS": split.dynamic_positions, "DYNAMIC_NAMES": split.dynamic_names,
              "LEAVES": LEAVES, "SEQUENCE": SEQUENCE, "KEY_SHAPE": split.key_shape,
              "flatten": _jax.flatten_for_dispatch,
-             "treedef_ids_get": treedef_ids.get, "treedef_id": treedef_id,
+             "treedef_id": treedef_id,
              "mixed_signatures": mixed_signatures, "LEAF_TYPES": LEAF_TYPES,
              "mixed_keyers_get": mixed_keyers.get, "learn_mixed_keyer": learn_mixed_keyer,
              "sequence_keyers_get": SEQUENCE_KEYERS.get,
-             "LEAVES_TREEDEF_ID": split.leaves_treedef_id(), "refuse": _refuse}
+             "LEAVES_TREEDEF_ID": split.leaves_treedef_id(), "refuse": _refuse,
+             "UNKEYABLE": UNKEYABLE}
+    if split.readers is not None:
+        readers, named = split.readers, bool(split.dynamic_names)
+        scope["READERS"] = readers.tried
+        scope["learn_reader"] = lambda tid, treedef, leaves: readers.learn(
+            tid, _param_trees(treedef, named), leaves)
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
-    return run_source(_source(split, flavour), name, scope)["bind"]
+    return run_source(source, name, scope)["bind"]
 
 
 def _refuse(*_: Any) -> str:

@@ -8,9 +8,9 @@ Nodes with the same key form a chain from `Namespace.entries[key]`.
 
 Invariants:
   * Only the miss path (`nbjit.core.dispatch`) links nodes; a node's key and
-    context never change after it is linked, and its record (frozen) is
-    only ever replaced whole, by one attribute store (packed host inputs,
-    `nbjit.host.packing`), never edited. A hit stores its (equal)
+    context never change after it is linked, and its record (fields never
+    change) is only ever replaced whole, by the host-input policy's
+    compare-and-swap (`nbjit.host.policy`), never edited. A hit stores its (equal)
     shardings list in the node, so that the next call's comparison is by
     identity (`jax.device_put` hands out equal but distinct sharding objects,
     whose ``==`` costs far more than an identity check; measured in
@@ -74,7 +74,7 @@ class Counters:
         self.miss_seconds = 0.0
         self.packed_compiles = 0  # packed executables compiled (nbjit.host.packing)
         self.packed_seconds = 0.0
-        self.resident = 0  # signatures given resident host inputs (nbjit.host.packing)
+        self.resident = 0  # signatures given resident host inputs (nbjit.host.policy)
         self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
 
     def count_slow(self, reason: str) -> None:
@@ -99,7 +99,7 @@ class Node:
         self.next: Node | None = None
         self.hits = 0  # hits served by this node (see `Counters`)
         self.description: Any = None  # what `nbjit.observe.explain` needs, set on the miss path
-        self.plan: Any = None  # packed host inputs armed for it (nbjit.host.packing)
+        self.plan: Any = None  # its host-input policy, if armed (nbjit.host.policy)
 
 
 class Pending:

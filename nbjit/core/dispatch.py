@@ -22,8 +22,9 @@ computes and installs; it does not call into the observers' rooms inline.
 
 Invariants:
   * Only the miss path links nodes into the cache (`nbjit.core.cache`); a
-    node's record (a frozen `nbjit.core.record.FastPath`) is only ever replaced
-    whole, in one attribute store, by the host-input policy (`nbjit.host`).
+    node's record (a `nbjit.core.record.FastPath`, whose fields never change)
+    is set by that insert and afterwards replaced whole only by the
+    host-input policy's compare-and-swap (`nbjit.host.policy`), never edited.
   * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
   * JAX's own path answers everything else, so JAX raises what it raises.
 """
@@ -52,7 +53,7 @@ from nbjit.core.record import (
     private_host_copies,
 )
 from nbjit.core.view import JitView
-from nbjit.host import packing as _packed
+from nbjit.host import policy as _host_policy
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.observe import explain as _explain
 from nbjit.observe import profile as _profile
@@ -415,11 +416,8 @@ def _arm_host_inputs(outcome: MissOutcome) -> None:
     packed later (`nbjit.host`); never breaks a miss."""
     if outcome.node is None or outcome.record is None:
         return
-    try:
-        _packed.arm(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
-                    outcome.leaves, outcome.args, outcome.kwargs)
-    except Exception:
-        pass
+    _host_policy.on_miss(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
+                         outcome.leaves, outcome.args, outcome.kwargs)  # never raises
 
 
 MISS_OBSERVERS: tuple[Callable[[MissOutcome], None], ...] = (

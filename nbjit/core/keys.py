@@ -10,7 +10,12 @@ Keys never collide across the forms:
     beyond it the tuple of ``(aval, committed)`` pairs (avals are interned by
     JAX and hash by identity);
   * all jax.Arrays otherwise: ``(shape marker, static items..., avals and
-    committed flags or pairs...)``;
+    committed flags or pairs...)``, the marker one object per key shape
+    (`binders.shape_marker`) and each static argument two items, its exact
+    type and itself;
+  * a pytree a reader reads (`nbjit.core.structure`): ``(reader id, static
+    items..., per-leaf items...)``, the id naming the call shape, treedef
+    and leaf kinds;
   * leaves and flattened (one form: the same call keys alike either way):
     ``(LEAVES, call shape, static key, treedef id, per-leaf signatures)``;
   * one dynamic list or tuple whose elements are all jax.Arrays (read
@@ -118,9 +123,11 @@ def _other_signature(x: Any) -> Any:
 # the binders that key leaves inline: the common leaves (arrays, numpy arrays
 # of a dtype seen before, Python scalars) without a call, `get` being the
 # canonical-dtype lookup of the call's x64 setting. Same as `leaf_signature`.
+# `{pad}` indents its continuation lines (generated code is linted too).
 SIGNATURE = ("({x}.aval, {x}._committed) if (t := type({x})) is ArrayImpl"
-              " else (dtype, {x}.shape) if t is ndarray and (dtype := get({x}.dtype)) is not None"
-              " else t if t in PYTHON_SCALARS else other_signature({x})")
+             "\n{pad}else (dtype, {x}.shape)"
+             " if t is ndarray and (dtype := get({x}.dtype)) is not None"
+             "\n{pad}else t if t in PYTHON_SCALARS else other_signature({x})")
 SIGNATURE_SCOPE = {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray,
                     "PYTHON_SCALARS": _PYTHON_SCALARS, "other_signature": _other_signature,
                     "NoSignature": _NoSignature, "canonical_dtypes": canonical_dtypes,
@@ -132,7 +139,8 @@ def mixed_signatures(leaves):
     values, say), or None if some leaf has no signature (JAX must take it).\"""
     get = canonical_dtypes[x64.value].get
     try:
-        signatures = tuple([{SIGNATURE.format(x="x")} for x in leaves])
+        signatures = tuple([{SIGNATURE.format(x="x", pad=" " * 28)}
+                                for x in leaves])
     except NoSignature:
         return None
     return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]
@@ -169,7 +177,8 @@ def _mixed_keyer_source(leaves: list) -> tuple[str, dict] | None:
             scope[f"T{i}"] = t
         elif t is np.ndarray:
             dtype = x.dtype
-            canonical = {x64: canonical_dtypes[x64].get(dtype) for x64 in (False, True)}
+            canonical: dict[bool, Any] = {
+                x64: canonical_dtypes[x64].get(dtype) for x64 in (False, True)}
             if canonical[False] is None or canonical[False] != canonical[True]:
                 return None
             checks.append(f"type({name}) is ndarray and {name}.dtype is D{i}")

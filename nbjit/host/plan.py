@@ -19,7 +19,8 @@ in place (zero copy) and the caller's numpy array is never aliased, so
 mutating it after the call never changes the result. It is fresh per call,
 except from STAGING_POOL_MIN_BYTES: a pooled buffer is reused only once its
 reference count shows that nothing (no live array, no transfer) holds it.
-From PARALLEL_COPY_MIN_BYTES the copy into it runs on several threads.
+From PARALLEL_COPY_MIN_BYTES the copy into it runs on several threads
+(both in `nbjit.host.staging`).
 
 Anything a plan cannot do exactly (an unsupported sharding, dtype or layout,
 a shape the sharding does not divide, a numpy subclass) goes to
@@ -29,40 +30,26 @@ exception; nothing is cached for it.
 
 from __future__ import annotations
 
-import collections
-import os
-import sys
 import threading
-import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
 import numpy as np
 
 from nbjit import _jax
+from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
+from nbjit.host.staging import (
+    clear_staging_pool,
+    copy_parts,
+    load_kernels,
+    parallel_copy,
+    staging_buffer,
+)
 
-_ALIGN = 64  # bytes; the CPU client uses host memory in place when aligned to this
+__all__ = ["SINGLE_DEVICE_PLAN_MIN_BYTES", "ShardingPlan", "addressable_index_domains",
+           "clear_plans", "device_put", "plan_cache_size", "plan_for", "warm_kernels"]
+
 _PLAN_CACHE_SIZE = 4096
-_SCALAR_TYPES = (bool, int, float, complex)
-
-# Big arrays: from PARALLEL_COPY_MIN_BYTES the copy into staging is split
-# into chunks of about _COPY_CHUNK_BYTES that this thread and up to
-# _COPY_THREADS - 1 copy threads claim (below it the handoff costs more than
-# it saves), and staging buffers from STAGING_POOL_MIN_BYTES are reused once
-# the runtime has let go of them (a fresh buffer is memory the kernel faults
-# in and zeroes; two threads faulting a fresh buffer were erratic, so both
-# thresholds are equal). The measurements behind both thresholds:
-# docs/performance.md#measured-constants-behind-the-code.
-PARALLEL_COPY_MIN_BYTES = 8 << 20
-STAGING_POOL_MIN_BYTES = 8 << 20
-_STAGING_POOL_PER_SIZE = 2  # buffers kept per staging size (double buffering)
-_STAGING_POOL_MAX_BYTES = 512 << 20  # all pooled buffers together
-_COPY_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                           else (os.cpu_count() or 1)))
-
-_COPY_CHUNK_BYTES = 2 << 20  # the copy threads claim chunks of about this size
-_MAX_COPY_CHUNKS = 64
 
 SINGLE_DEVICE_PLAN_MIN_BYTES = 20 << 20
 """From this many bytes a numpy input bound for one device is better sent
@@ -73,20 +60,6 @@ input itself); below it the plan measured slower than the plain put.
 Measured as put + jitted `a * 2`, plan against plain; the ratios are in
 docs/performance.md#measured-constants-behind-the-code."""
 
-_kernels = None  # nbjit._kernels, imported on first plan (importing numba is not cheap)
-_kernels_lock = threading.Lock()
-
-
-def _load_kernels():
-    global _kernels
-    if _kernels is None:
-        with _kernels_lock:
-            if _kernels is None:
-                from nbjit import _kernels as kernels
-
-                _kernels = kernels
-    return _kernels
-
 
 def warm_kernels() -> None:
     """Imports numba and loads (or, cold, compiles) the plan kernels now.
@@ -95,7 +68,7 @@ def warm_kernels() -> None:
     target initialisation (warm), plus compilation (cold, much longer);
     docs/performance.md, "Numba kernels: first-call cost".
     """
-    kernels = _load_kernels()
+    kernels = load_kernels()
     domains = kernels.index_domains(np.array([8], np.int64), np.array([2], np.int64),
                                     np.zeros((1, 1), np.int64), np.zeros((2, 1), np.int64))
     kernels.group_replicas(domains)
@@ -122,11 +95,12 @@ class ShardingPlan:
 
     __slots__ = ("sharding", "shape", "dtype", "weak_type", "aval", "devices", "domains",
                  "group_of_device", "_starts", "_stops", "_elem_offsets", "_byte_offsets",
-                 "_shard_shapes", "_nbytes", "_uint", "_slices", "_kernel_ok", "_parts")
+                 "_shard_shapes", "_nbytes", "_uint", "_slices", "_kernel_ok", "_parts", "_gather")
 
     def __init__(self, sharding, shape: tuple[int, ...], dtype: np.dtype, weak_type: bool,
                  devices: list, domains: np.ndarray):
-        kernels = _load_kernels()
+        kernels = load_kernels()
+        self._gather = kernels.gather_strided
         self.sharding = sharding
         self.shape = shape
         self.dtype = dtype
@@ -156,18 +130,15 @@ class ShardingPlan:
             shard_shapes.append(shard_shape)
             byte_offsets.append(offset)
             nbytes = int(np.prod(shard_shape, dtype=np.int64)) * itemsize
-            offset += -(-nbytes // _ALIGN) * _ALIGN
+            offset += align_up(nbytes)
         self._shard_shapes = shard_shapes
         self._byte_offsets = byte_offsets
         self._elem_offsets = np.array(byte_offsets, np.int64) // itemsize
         self._nbytes = offset
         self._uint = kernels.gather_view_dtype(dtype)
         self._slices = [tuple(slice(int(a), int(b)) for a, b in domains[f]) for f in first_device]
-        self._parts = None
-        if _COPY_THREADS > 1 and self._nbytes >= PARALLEL_COPY_MIN_BYTES:
-            n_chunks = min(_MAX_COPY_CHUNKS, max(2, self._nbytes // _COPY_CHUNK_BYTES))
-            self._parts = _split_copy(lows, highs, byte_offsets, itemsize, n_chunks,
-                                      kernels.GATHER_RANK if self._kernel_ok else None)
+        self._parts = copy_parts(self._nbytes, lows, highs, byte_offsets, itemsize,
+                                 kernels.GATHER_RANK if self._kernel_ok else None)
 
     @property
     def parallel(self) -> bool:
@@ -177,8 +148,9 @@ class ShardingPlan:
     def put(self, x: np.ndarray) -> jax.Array:
         """`x` (an ndarray of exactly `shape` and `dtype`, any strides) as a
         committed jax.Array with `sharding`. `x` is read, never aliased."""
-        raw = _staging_buffer(self._nbytes + _ALIGN)
-        skip = -raw.__array_interface__["data"][0] % _ALIGN
+        raw = staging_buffer(self._nbytes + ALIGN)
+        address = raw.__array_interface__["data"][0]
+        skip = align_up(address) - address
         staging = raw[skip:skip + self._nbytes]
         dtype = self.dtype
         shards = [np.ndarray(s, dtype, buffer=staging, offset=o)
@@ -190,315 +162,15 @@ class ShardingPlan:
         # 64x64 (bench_kernels.Gather).
         kernel = flags.f_contiguous and not flags.c_contiguous and self._kernel_ok
         if self._parts is not None:
-            _parallel_copy(self._parts, x, staging, dtype, self._uint, kernel)
+            parallel_copy(self._parts, x, staging, dtype, self._uint, kernel)
         elif kernel:
-            _kernels.gather_strided(x, self._starts, self._stops, self._elem_offsets,
-                                    staging.view(self._uint))
+            self._gather(x, self._starts, self._stops, self._elem_offsets,
+                         staging.view(self._uint))
         else:
             for shard, index in zip(shards, self._slices, strict=True):
                 np.copyto(shard, x[index])
         per_device = [shards[g] for g in self.group_of_device]
         return _jax.batched_device_put(self.aval, self.sharding, per_device, self.devices, True)
-
-
-class _CopyPart:
-    """One thread's share of a plan's copy into staging: row ranges of shards.
-
-    `pieces`: (source index, destination shape, byte offset in staging) for
-    numpy's copy; `starts`/`stops`/`offsets`: the same pieces for the Numba
-    gather (None when the rank exceeds its GATHER_RANK).
-    """
-
-    __slots__ = ("pieces", "starts", "stops", "offsets")
-
-    def __init__(self, pieces: list, rank: int | None, itemsize: int):
-        self.pieces = [(tuple(slice(a, b) for a, b in zip(lo, hi, strict=True)),
-                        tuple(b - a for a, b in zip(lo, hi, strict=True)), off)
-                       for lo, hi, off in pieces]
-        self.starts = self.stops = self.offsets = None
-        if rank is not None:
-            n = len(pieces)
-            self.starts = np.zeros((n, rank), np.int64)
-            self.stops = np.ones((n, rank), np.int64)
-            for i, (lo, hi, _) in enumerate(pieces):
-                self.starts[i, rank - len(lo):] = lo
-                self.stops[i, rank - len(hi):] = hi
-            self.offsets = np.array([off // itemsize for _, _, off in pieces], np.int64)
-
-    def copy(self, x: np.ndarray, staging: np.ndarray, dtype: np.dtype, uint: type,
-             kernel: bool) -> None:
-        if kernel:
-            _kernels.gather_strided(x, self.starts, self.stops, self.offsets, staging.view(uint))
-        else:
-            for index, shape, offset in self.pieces:
-                np.copyto(np.ndarray(shape, dtype, buffer=staging, offset=offset), x[index])
-
-
-def _split_copy(lows: np.ndarray, highs: np.ndarray, byte_offsets: list[int], itemsize: int,
-                n_parts: int, rank: int | None) -> list[_CopyPart] | None:
-    """The distinct shards' copy cut into (at most) `n_parts` parts of about
-    equal bytes.
-
-    Each shard is cut along its first dimension longer than 1 (its row-major
-    block in staging stays contiguous per piece). None when it cannot be cut.
-    """
-    shards = []
-    total = 0
-    for lo, hi, off in zip(lows.tolist(), highs.tolist(), byte_offsets, strict=True):
-        extents = [b - a for a, b in zip(lo, hi, strict=True)]
-        axis = next((d for d, n in enumerate(extents) if n > 1), None)
-        nbytes = int(np.prod(extents, dtype=np.int64)) * itemsize
-        if nbytes == 0:
-            continue
-        if axis is None:
-            return None
-        row = nbytes // extents[axis]
-        shards.append((lo, hi, off, axis, row))
-        total += nbytes
-    target = -(-total // n_parts)
-    parts: list[list] = [[]]
-    room = target
-    for lo, hi, off, axis, row in shards:
-        start = lo[axis]
-        while start < hi[axis]:
-            if room < row and parts[-1] and len(parts) < n_parts:
-                parts.append([])
-                room = target
-            rows = min(hi[axis] - start, max(1, room // row))
-            if len(parts) == n_parts:
-                rows = hi[axis] - start  # the last part takes what is left
-            piece_lo, piece_hi = list(lo), list(hi)
-            piece_lo[axis], piece_hi[axis] = start, start + rows
-            parts[-1].append((piece_lo, piece_hi, off + (start - lo[axis]) * row))
-            room -= rows * row
-            start += rows
-    if len(parts) < 2:
-        return None
-    return [_CopyPart(p, rank, itemsize) for p in parts]
-
-
-_executor: ThreadPoolExecutor | None = None
-_executor_pid: int | None = None
-_executor_lock = threading.Lock()
-
-
-def _copy_executor() -> ThreadPoolExecutor:
-    """The copy threads of this process (made again after a fork)."""
-    global _executor, _executor_pid
-    pid = os.getpid()
-    if _executor is None or _executor_pid != pid:
-        with _executor_lock:
-            if _executor is None or _executor_pid != pid:
-                _executor = ThreadPoolExecutor(_COPY_THREADS - 1,
-                                               thread_name_prefix="nbjit-staging-copy")
-                _executor_pid = pid
-    return _executor
-
-
-class _CopyRun:
-    """One call's chunks, claimed one at a time by this thread and the copy
-    threads: a copy thread that gets no core in time claims nothing, and the
-    caller waits only for chunks a copy thread has started."""
-
-    __slots__ = ("parts", "args", "next", "busy", "error", "cond")
-
-    def __init__(self, parts: list[_CopyPart], args: tuple):
-        self.parts = parts
-        self.args = args
-        self.next = 0
-        self.busy = 0
-        self.error: BaseException | None = None
-        self.cond = threading.Condition(threading.Lock())
-
-    def work(self) -> None:
-        cond = self.cond
-        parts = self.parts
-        while True:
-            with cond:
-                i = self.next
-                if i >= len(parts) or self.error is not None:
-                    return
-                self.next = i + 1
-                self.busy += 1
-            try:
-                parts[i].copy(*self.args)
-            except BaseException as e:  # re-raised by the caller
-                with cond:
-                    self.error = e
-            finally:
-                with cond:
-                    self.busy -= 1
-                    if not self.busy:
-                        cond.notify_all()
-
-    def wait(self) -> None:
-        with self.cond:
-            while self.busy:
-                self.cond.wait()
-            # A copy thread that starts later claims nothing; its queued task
-            # must not keep the staging buffer (or the caller's array) alive.
-            self.args = None
-        if self.error is not None:
-            raise self.error
-
-
-def _parallel_copy(parts: list[_CopyPart], x: np.ndarray, staging: np.ndarray,
-                   dtype: np.dtype, uint: type, kernel: bool) -> None:
-    """Every chunk copied by this thread and the copy threads together (numpy's
-    copy and the Numba gather release the GIL)."""
-    run = _CopyRun(parts, (x, staging, dtype, uint, kernel))
-    try:
-        executor = _copy_executor()
-        for _ in range(_COPY_THREADS - 1):
-            executor.submit(run.work)
-    except RuntimeError:  # interpreter shutting down: this thread copies it all
-        pass
-    run.work()
-    run.wait()
-
-
-def _refcounts(buffers: list[np.ndarray]) -> list[int]:
-    return [sys.getrefcount(raw) for raw in buffers]
-
-
-# What `_refcounts` reports for a buffer that only its pool list holds.
-_FREE_REFCOUNT = _refcounts([np.empty(1, np.uint8)])[0]
-_pool: dict[int, list[np.ndarray]] = {}
-_pool_bytes = 0
-_pool_lock = threading.Lock()
-
-
-def _staging_buffer(size: int) -> np.ndarray:
-    """A uint8 buffer of `size` bytes that nothing else uses.
-
-    From STAGING_POOL_MIN_BYTES, one of the pooled buffers of that size that
-    no live array holds any more (with zero copy the runtime keeps a
-    reference to the staging array until its device buffer is freed; while
-    a transfer reads it, too), else a fresh one, pooled while there is room.
-    """
-    global _pool_bytes
-    if size < STAGING_POOL_MIN_BYTES:
-        return np.empty(size, np.uint8)
-    with _pool_lock:
-        buffers = _pool.setdefault(size, [])
-        for raw, count in zip(buffers, _refcounts(buffers), strict=True):
-            if count == _FREE_REFCOUNT:
-                return raw
-        raw = np.empty(size, np.uint8)
-        if len(buffers) < _STAGING_POOL_PER_SIZE and _pool_bytes + size <= _STAGING_POOL_MAX_BYTES:
-            buffers.append(raw)
-            _pool_bytes += size
-        return raw
-
-
-class HostStaging:
-    """Small staging buffers of one layout, for one packed record's host leaves.
-
-    The same rule as the big buffers above: a buffer is overwritten only
-    when, right after `collect_garbage()` (each call runs one first), no
-    one but the pool holds it (with zero copy the runtime holds one
-    reference to the array it was given for as long as any device buffer,
-    computation or view reads that memory). Each item is
-    ``(staging, *slot views)``: the staging array is a 64-byte-aligned view
-    of its allocation, the slot views are views of that allocation too, so
-    a reference to the staging array itself is the runtime's alone.
-
-    `free` is claimed with ``popleft`` and refilled with ``append`` (atomic
-    under the GIL: two threads never fill one buffer). At most `cap`
-    buffers are pooled; beyond, each call gets a fresh, unpooled buffer
-    (never reused, so never overwritten while read).
-    """
-
-    __slots__ = ("nbytes", "slots", "cap", "free", "made", "spare", "__weakref__")
-
-    CHUNK = 16  # items allocated at once
-
-    # A free item's staging array as `getrefcount(item[0])` sees it: the
-    # item tuple's reference and the call's argument.
-    FREE_REFCOUNT = 2
-
-    def __init__(self, nbytes: int, slots: list[tuple[int, tuple[int, ...], np.dtype]],
-                 cap: int) -> None:
-        self.nbytes = nbytes
-        self.slots = [(offset, offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
-                       shape, dtype) for offset, shape, dtype in slots]  # (start, stop, ...)
-        self.cap = cap
-        self.free: collections.deque = collections.deque()
-        self.made = 0  # buffers pooled so far
-        self.spare: list = []  # made, never used yet
-        with _pool_lock:
-            _host_stagings.add(self)
-
-    def new_item(self) -> tuple:
-        """A fresh ``(staging, *views)`` (zero-filled: padding bytes are defined)."""
-        spare = self.spare
-        if not spare:
-            # Made `CHUNK` at a time: reading an allocation's address costs more
-            # than making it. Each item's views are of the chunk (their base).
-            stride = self.nbytes
-            raw = np.zeros(stride * self.CHUNK + _ALIGN, np.uint8)
-            skip = -raw.__array_interface__["data"][0] % _ALIGN
-            for k in range(self.CHUNK):
-                at = skip + k * stride
-                spare.append((raw[at:at + stride],
-                              *[raw[at + start:at + stop].view(dtype).reshape(shape)
-                                for start, stop, shape, dtype in self.slots]))
-        try:
-            return spare.pop()
-        except IndexError:  # another thread took the last one meanwhile
-            return self.new_item()
-
-    def claim(self) -> tuple:
-        """A free pooled item, else a new one (pooled while under the cap)."""
-        free = self.free
-        for _ in range(len(free)):
-            try:
-                item = free.popleft()
-            except IndexError:
-                break
-            if sys.getrefcount(item[0]) == self.FREE_REFCOUNT:
-                return item
-            free.append(item)  # still read by an array or a computation
-        item = self.new_item()
-        if self.made >= self.cap:
-            return (*item, None)  # unpooled: marked by a trailing None
-        self.made += 1
-        return item
-
-    def release(self, item: tuple) -> None:
-        """Puts a claimed item back (the runtime's reference marks it busy)."""
-        if item[-1] is not None:
-            self.free.append(item)
-
-    def clear(self) -> None:
-        """Lets go of the free buffers; those in use come back when released."""
-        self.free.clear()
-        self.spare.clear()
-        self.made = 0
-
-
-_host_stagings: weakref.WeakSet[HostStaging] = weakref.WeakSet()
-
-
-def host_staging_size() -> int:
-    """Pooled small staging buffers of packed records (free or in use)."""
-    with _pool_lock:
-        return sum(s.made for s in _host_stagings)
-
-
-def clear_staging_pool() -> None:
-    """Lets go of every pooled staging buffer (arrays using one keep it alive)."""
-    global _pool_bytes
-    with _pool_lock:
-        _pool.clear()
-        _pool_bytes = 0
-        for staging in _host_stagings:
-            staging.clear()
-
-
-def staging_pool_size() -> int:
-    """Pooled staging buffers (free or in use)."""
-    return sum(len(b) for b in _pool.values())
 
 
 def _unsupported(_reason: str) -> None:
@@ -515,7 +187,7 @@ def _named_mesh(sharding, ndim: int):
     entries = list(spec) + [None] * (ndim - len(spec))
     if len(entries) != ndim:
         return None
-    axes_per_dim = []
+    axes_per_dim: list[tuple[int, ...]] = []
     for entry in entries:
         if entry is None:
             axes_per_dim.append(())
@@ -592,7 +264,7 @@ def addressable_index_domains(sharding, shape: tuple[int, ...]):
     if len(position) != len(flat_devices) or any(d not in position for d in devices):
         return None
     device_coords = np.ascontiguousarray(coords[[position[d] for d in devices]])
-    kernels = _load_kernels()
+    kernels = load_kernels()
     domains = kernels.index_domains(np.array(shape, np.int64), mesh_shape, dim_axes,
                                     device_coords)
     return devices, domains
@@ -681,7 +353,7 @@ def device_put(x: Any, device: Any = None, **kwargs: Any) -> jax.Array:
     kind = type(x)
     if kind is np.ndarray:
         weak_type = False
-    elif kind in _SCALAR_TYPES:
+    elif kind in PYTHON_SCALARS:
         scalar = _canonical_scalar(x)
         if scalar is None:
             return jax.device_put(x, sharding)

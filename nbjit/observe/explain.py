@@ -64,6 +64,7 @@ NUMBA_CLOSEST_MIN_WORDS = 400
 PYTHON_CLOSEST_MAX_WORDS = 100_000
 
 _MAX_DIFFERENCES = 4  # differences named per message
+_MAX_TIED = 3  # equally close entries named per message
 
 
 # ---------------------------------------------------------------------------
@@ -365,6 +366,41 @@ EVICTED = "evicted by the LRU"
 OPTIONS = "jit options"
 
 
+def _closest_entries(new: CallDescription, cached: Sequence[CallDescription]
+                     ) -> tuple[list[int], int]:
+    """(up to `_MAX_TIED` indices into `cached` (oldest first) of descriptions as
+    close to `new` as the closest, how many are): those with `new`'s shardings
+    first (the same placement, so the fields that differ are what the caller
+    changed), then the most recent first, as `closest` picks.
+
+    All distances, with `closest`'s choice of Python or the kernel: a miss
+    names each tie, where `closest` keeps one.
+    """
+    words = len(cached) * len(new.row)
+    if words < NUMBA_CLOSEST_MIN_WORDS or (
+            words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
+        from nbjit.observe import distance as _distance
+
+        distances = [_distance.description_distance_python(new.row, d.row) for d in cached]
+    else:
+        from nbjit import _kernels
+
+        rows = [d.array for d in cached]
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum([r.shape[0] for r in rows], out=offsets[1:])
+        distances = _kernels.description_distances(new.array, np.concatenate(rows), offsets)
+    best = min(distances)
+    tied = [i for i in range(len(cached) - 1, -1, -1) if distances[i] == best]
+    shardings = [leaf.sharding for leaf in new.leaves]
+    same: list[int] = []
+    other: list[int] = []
+    for i in tied:  # shape churn ties thousands, most with the same shardings: stop early
+        (same if [leaf.sharding for leaf in cached[i].leaves] == shardings else other).append(i)
+        if len(same) == _MAX_TIED:
+            break
+    return (same + other)[:_MAX_TIED], len(tied)
+
+
 def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...], str]:
     """(the fields the miss is grouped by, the sentence that explains it)."""
     if new is None:
@@ -374,14 +410,20 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
                             f"(cache capacity {miss.capacity})")
     if miss.cached:
         cached = by_age(miss.cached)
-        index, _ = closest(new, cached)
-        found = field_differences(cached[index], new)
-        shown = "; ".join(text for _, text in found[:_MAX_DIFFERENCES])
-        if len(found) > _MAX_DIFFERENCES:
-            shown += f"; and {len(found) - _MAX_DIFFERENCES} more"
-        fields = tuple(field for field, _ in found) or ("no described field",)
-        return fields, (f"against the closest of {len(cached)} cached signatures: "
-                        + (shown or "no described field differs"))
+        named, n_tied = _closest_entries(new, cached)
+        tied = [field_differences(cached[i], new) for i in named]
+        shown = []
+        for found in tied:
+            text = "; ".join(text for _, text in found[:_MAX_DIFFERENCES])
+            if len(found) > _MAX_DIFFERENCES:
+                text += f"; and {len(found) - _MAX_DIFFERENCES} more"
+            shown.append(text or "no described field differs")
+        fields = tuple(field for field, _ in tied[0]) or ("no described field",)
+        if n_tied == 1:
+            return fields, f"against the closest of {len(cached)} cached signatures: {shown[0]}"
+        more = f"; or {n_tied - len(named)} more" if n_tied > len(named) else ""
+        return fields, (f"{n_tied} of {len(cached)} cached signatures are equally close: "
+                        + "; or ".join(f"({text})" for text in shown) + more)
     if miss.twin_options:
         other, own = miss.twin_options[0]
         return (OPTIONS,), ("no entries with these options; another jit of the same "

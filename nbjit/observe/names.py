@@ -122,7 +122,14 @@ def call_site() -> str:
         frame = frame.f_back
     if frame is None:
         return "<unknown>"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    path = frame.f_code.co_filename
+    try:  # relative when below the working directory, as pytest prints locations
+        cwd: str | None = os.getcwd() + os.sep
+    except OSError:  # the working directory was removed
+        cwd = None
+    if cwd is not None and path.startswith(cwd):
+        path = path[len(cwd):]
+    return f"{path}:{frame.f_lineno}"
 
 
 def aval_text(leaf: Any, *, kind: bool = False, weak: bool = False) -> str:

@@ -4,9 +4,9 @@ Per live nbjit function (the script's, routed from `jax.jit`): calls, hits,
 misses, slow calls with their reasons (`nbjit.stats()`), and, when the run
 was profiled (the default), where the time of its calls went: in nbjit's
 dispatch (keying, lookup, inputs, outputs of hits), in `execute_sharded`,
-and in misses and slow calls, timed whole (`nbjit.profile()`); signatures whose
-fresh host inputs became resident or packed (with the packed compiles'
-time); then the misses ranked by the compile time they cost
+and in misses and slow calls, timed whole (`nbjit.profile()`); signatures that
+were given new host values on most calls and so became resident or packed
+(with the packed compiles' time); then the misses ranked by the compile time they cost
 (`nbjit.ranked_misses()`).
 Every row is one function, named as `nbjit.stats()` names it.
 """
@@ -82,7 +82,7 @@ def format_text(report: dict[str, Any]) -> str:
         text = _stats.host_inputs_text(r.get("resident", 0), r.get("packed_compiles", 0),
                                        r.get("packed_seconds", 0.0))
         if text:
-            lines.append(f"fresh host inputs of {r['name']}: {text} (signatures)")
+            lines.append(f"new host values on most calls of {r['name']}: {text}")
     if timed:
         lines.append(
             "dispatch = key + lookup + inputs + outputs of hits; execute = execute_sharded of "

@@ -55,6 +55,7 @@ SLOW_REASONS: dict[str, str] = {
     "no_fastpath": "JAX returned no fast-path data for this signature",
     "disable_jit": "jax.disable_jit() is on: the Python function ran as is",
     "static_arg_error": "a static argument's hash or == raised",
+    "pytree_node_data": "a pytree node's data raised when compared: JAX's path decides",
     "input_refused": "preparing inputs failed (e.g. a transfer guard): JAX's path reports it",
     "execute_refused": "the executable refused the inputs",
     "compile_failed": "the signature's compile failed (here or in another thread)",
@@ -97,7 +98,7 @@ class DispatchStats:
     evictions: int = 0
     entries: int = 0
     miss_seconds: float = 0.0
-    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit.host.packing)
+    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit/host/packing.py)
     packed_seconds: float = 0.0
     resident: int = 0  # signatures whose host inputs became resident (no compile)
 
@@ -118,21 +119,30 @@ def _reasons_text(reasons: dict[str, int]) -> str:
 
 
 def host_inputs_text(resident: int, packed: int, packed_seconds: float) -> str:
-    """``"resident 1, packed 1 (0.14 s compiling)"``: what fresh host values got
-    (`nbjit.host.packing`), or "" for nothing."""
-    parts = [f"resident {resident}"] if resident else []
+    """What the signatures that were given new host values (numpy arrays,
+    scalars) on most calls got instead of a transfer per value
+    (nbjit/host/policy.py), in words; "" for none. A signature counts only
+    after its values actually changed from call to call."""
+    def signatures(n: int) -> str:
+        return f"{n} signature{'s' if n != 1 else ''}"
+
+    parts: list[str] = []
+    if resident:
+        parts.append(f"{signatures(resident)} now write them into reused device buffers "
+                     "(resident: no transfer)")
     if packed:
-        parts.append(f"packed {packed} ({packed_seconds:.2f} s compiling)")
-    return ", ".join(parts)
+        parts.append(f"{signatures(packed)} pack them into one transfer per call "
+                     f"({packed_seconds:.2f} s compiling it)")
+    return "; ".join(parts)
 
 
 def _host_lines(rows: dict[str, DispatchStats]) -> list[str]:
-    """A line per function whose fresh host inputs became resident or packed."""
+    """A line per function whose new host values became resident or packed."""
     lines = []
     for name, s in rows.items():
         text = host_inputs_text(s.resident, s.packed_compiles, s.packed_seconds)
         if text:
-            lines.append(f"fresh host inputs of {name}: {text} (signatures)")
+            lines.append(f"new host values on most calls of {name}: {text}")
     return lines
 
 

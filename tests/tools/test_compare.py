@@ -427,3 +427,41 @@ def test_settle_brings_fresh_host_inputs_to_their_steady_state():
     assert stats.resident + stats.packed_compiles == 1
     node, _ = f._entry_for((np.ones(8, np.float32), np.ones(8, np.float32)), {})
     assert node.record.fence is not None or stats.packed_compiles == 1  # resident, or packed
+
+
+@pytest.mark.parametrize("check_ratio", [1.0, 1.3], ids=["passes", "fails"])
+def test_compare_into_docs_needs_a_passing_self_check(tmp_path, capsys, monkeypatch, check_ratio):
+    """Outputs into docs/ run the self-check after the run; a failed one writes nothing
+    there, a passed one is recorded in the JSON (doc_tables.py states it)."""
+    from nbjit.bench import runner
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    monkeypatch.setattr(runner, "DOCS_DIR", docs)
+    monkeypatch.setattr(bench, "scenarios", _tiny_matrix)
+    monkeypatch.setattr(bench.Settings, "quick", classmethod(lambda cls: TINY))
+    real_run, self_checks = bench.run, []
+
+    def run(matrix, settings, self_check=False, progress=True):
+        rows, meta = real_run(matrix, settings, self_check=self_check, progress=False)
+        if self_check:  # the machine's noise, chosen
+            self_checks.append(meta)
+            rows = [dataclasses.replace(r, ratio=check_ratio) for r in rows]
+        return rows, meta
+
+    monkeypatch.setattr(bench, "run", run)
+    args = ["compare", "--quick", "--only", "tiny_d*", "--no-progress"]
+    assert cli.main([*args, "--json", str(tmp_path / "elsewhere.json")]) == 0
+    assert self_checks == []  # not into docs/: no self-check
+    rc = cli.main([*args, "--json", str(docs / "compare.json"), "--markdown",
+                   str(docs / "compare.md")])
+    err = capsys.readouterr().err
+    assert len(self_checks) == 1
+    if check_ratio == 1.0:
+        assert rc == 0 and "self-check after the run passed: 1 rows within 0.9-1.1" in err
+        meta = json.loads((docs / "compare.json").read_text())["meta"]
+        assert meta["self_check_after"] == {"passed": True, "band": [0.9, 1.1], "rows": 1,
+                                            "outside": []}
+    else:
+        assert rc == 1 and "not writing into docs/" in err and "tiny_dispatch (1.30)" in err
+        assert list(docs.iterdir()) == []

@@ -1,0 +1,126 @@
+"""How a signature's small host leaves lie in one staging buffer.
+
+Resident slots (`nbjit.host.resident`) and packing (`nbjit.host.packing`)
+both write a signature's small host leaves into one 64-byte-aligned buffer,
+each leaf at an aligned offset in its canonical dtype: one `LeafLayout`
+per leaf. This module holds what both share: the layouts, what may be laid
+out (`PACKABLE`), and the generated statements that write a leaf into its
+view (numpy converts, as jaxlib's conversion of a host value; a value it
+would not convert as jaxlib does raises `Refused`: JAX's own path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
+
+__all__ = ["FLOAT32_MAX", "GUARD_AND_POP", "PACKABLE", "POOL_MAX_BYTES", "LeafLayout", "Refused",
+           "Watched", "buffer_nbytes", "lay_out", "python_type",
+           "write_statement"]
+
+POOL_MAX_BYTES = 4 << 20  # staging buffers (slots, or a packed pool) per signature, in bytes
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+# numpy dtypes whose bytes XLA reads with the same bit layout (int4 & co. are
+# packed two per byte by XLA, not by numpy: never laid out).
+PACKABLE = frozenset(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+    np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128))
+try:
+    import ml_dtypes as _ml_dtypes
+
+    PACKABLE = PACKABLE | {np.dtype(_ml_dtypes.bfloat16)}
+except ImportError:  # pragma: no cover - jax depends on ml_dtypes
+    pass
+
+
+class Refused(Exception):
+    """A call the staging write cannot take exactly: JAX's own path takes it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafLayout:
+    """Where one host leaf lies in a staging buffer, and what it is."""
+
+    leaf: int  # index into the call's dynamic leaves
+    offset: int  # byte offset in the buffer
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    weak: bool
+    python: type | None  # the Python scalar type of this leaf, None for numpy values
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Watched:
+    """What the host-input policy knows of one signature when it arms it
+    (fixed from then on): JAX's fast-path data, the traced jaxpr (None with
+    one leaf: nothing to pack), the leaves' layouts, the one device's
+    sharding, and the options, name and counters of the jitted function."""
+
+    fastpath: Any
+    jaxpr: Any
+    layouts: tuple[LeafLayout, ...]
+    n_leaves: int
+    sharding: Any
+    options: dict
+    name: str
+    counters: Any
+
+
+def lay_out(layouts: Sequence[LeafLayout]) -> list[LeafLayout]:
+    """`layouts` with offsets anew, in order, each aligned."""
+    placed, offset = [], 0
+    for layout in layouts:
+        placed.append(dataclasses.replace(layout, offset=offset))
+        offset += align_up(layout.nbytes)
+    return placed
+
+
+def buffer_nbytes(layouts: Sequence[LeafLayout]) -> int:
+    """The aligned size of a buffer holding `layouts` (at least `ALIGN`)."""
+    end = max(layout.offset + layout.nbytes for layout in layouts)
+    return max(ALIGN, align_up(end))
+
+
+def write_statement(layout: LeafLayout, view: str, x: str) -> str:
+    """The statement writing leaf `x` into `view` (numpy converts), indented
+    for the ``try:`` block of a generated preparer."""
+    if layout.python is float and layout.dtype == np.float32:
+        # numpy warns where jaxlib's conversion (a C cast) is silent: JAX's path
+        return (f"        if not -F32MAX <= {x} <= F32MAX and {x} == {x}:\n"
+                f"            raise Refused\n        {view}[()] = {x}\n")
+    if layout.python is complex and layout.dtype == np.complex64:
+        return (f"        if not (-F32MAX <= {x}.real <= F32MAX"
+                f" and -F32MAX <= {x}.imag <= F32MAX):\n"
+                f"            raise Refused\n        {view}[()] = {x}\n")
+    if layout.python is not None:
+        return f"        {view}[()] = {x}\n"
+    return f"        {view}[...] = {x}\n"
+
+
+def python_type(x: Any) -> type | None:
+    """`x`'s type if it is a Python scalar (written with ``[()]``), else None."""
+    t = type(x)
+    return t if t in PYTHON_SCALARS else None
+
+
+# Both preparers: a guarded transfer goes to JAX's path, then the oldest free
+# buffer or slot is popped (or, with none free, claimed).
+GUARD_AND_POP = """\
+    if guard.value is not None and not unguarded():
+        raise Refused  # a guarded transfer: JAX's path logs or raises per leaf
+    try:
+        {item} = popleft()
+    except IndexError:
+        {item} = claim({busy})
+    else:
+"""

@@ -1,0 +1,441 @@
+"""The host-input policy: one object per watched signature owns its host inputs' life.
+
+Every host leaf (a numpy array or scalar, a Python scalar) bound for one
+device normally becomes its own device buffer, one put each
+(`nbjit.host.steps.HostInput`). When a cached signature keeps bringing new
+host values, its small host leaves take one of two ways instead, tried in
+this order: resident slots (`nbjit.host.resident`: no compile, no transfer;
+where a zero-copy put aliases host memory, i.e. the CPU), else packing
+(`nbjit.host.packing`: one put and a second executable).
+
+`on_miss` arms a `HostPolicy` for a freshly linked node whose record has a
+host leaf that qualifies (`SLOT_MAX_BYTES` each, `TOTAL_MAX_BYTES`
+together, a dtype in `PACKABLE`), all inputs and outputs on one device, no
+donation, no explicit in/out shardings; packing needs two such leaves (one
+leaf would still cost one put). Never: donation, effects (no fast path at
+all), debug_nans/infs (those calls never reach a record), more than one
+device, explicit layouts (no record either).
+
+The policy is the only code that replaces a node's record after the miss
+path inserted it, in one method (`HostPolicy._swap`, compare-and-swap: the
+node's record is replaced only if it is still the one the policy expects),
+and only along `TRANSITIONS`:
+
+  * PER_LEAF: a put per host leaf; the watching record's memos (built with
+    `on_fresh` = this policy) report new values. After `PACK_AFTER` new
+    values within ``2 * PACK_AFTER`` calls (leaves too big for a memo:
+    `PACK_AFTER` calls whose bytes differ from the last call's, counted by
+    the counting record, which gives up after ``2 * PACK_AFTER`` calls) -> ARMING.
+  * ARMING: the next call makes the slots (a few puts, once) -> RESIDENT;
+    where slots cannot be, with one leaf -> GIVEN_UP; else it starts the
+    packed executable's compile -> COMPILING.
+  * COMPILING: on a thread of its own (XLA compiles without the GIL), in
+    the caller's exact trace context (`packing.run_in_trace_context`);
+    calls go on per leaf meanwhile. Where the thread cannot enter that
+    context -> ARMING again, and the next call compiles on the calling
+    thread (as a miss would; `BACKGROUND = False` does that always).
+    Compiled -> PACKED; failed, or other outputs -> GIVEN_UP; interrupted
+    (KeyboardInterrupt) -> PER_LEAF, armed again.
+  * RESIDENT: slots given up (deleted fences, an output aliasing a slot)
+    -> GIVEN_UP.
+
+A value the staging write would not convert as jaxlib does (a Python float
+beyond float32's range, an int that overflows), and any active
+host-to-device transfer guard, send the call to JAX's own path, which
+converts, logs or raises as jax.jit does.
+
+Switch: ``NBJIT_PACK_HOST_INPUTS=0`` in the environment (read at import),
+or `set_enabled(False)` at run time (no new policies are armed and none
+moves on from PER_LEAF; records already resident or packed stay so until
+their entries are cleared); `RESIDENT = False` skips slots (packing only,
+as on a device without them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from nbjit import _jax
+from nbjit._common import align_up
+from nbjit.core.record import FastPath, build_record
+from nbjit.host import packing as _packing
+from nbjit.host import resident as _resident
+from nbjit.host.layout import PACKABLE, LeafLayout, Watched, python_type
+from nbjit.host.steps import HostInput
+
+__all__ = ["PACK_AFTER", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES", "TRANSITIONS", "HostPolicy",
+           "Stage", "enabled", "on_miss", "set_enabled"]
+
+PACK_AFTER = 8  # new host values seen (within 2 * PACK_AFTER calls) before arming
+SLOT_MAX_BYTES = 64 << 10  # a bigger host leaf keeps its own put
+TOTAL_MAX_BYTES = 256 << 10  # all laid-out leaves of a signature together
+# Compile the packed executable on a thread of its own (False: on the calling
+# thread, at the call that finds packing due).
+BACKGROUND = True
+RESIDENT = True  # resident slots are tried before packing (False: packing only)
+
+_enabled = os.environ.get("NBJIT_PACK_HOST_INPUTS", "1").strip().lower() not in (
+    "0", "false", "no", "off")
+
+
+def enabled() -> bool:
+    """Whether new signatures may get resident or packed host inputs."""
+    return _enabled
+
+
+def set_enabled(on: bool) -> None:
+    """Turns resident/packed host inputs on or off for signatures from now on."""
+    global _enabled
+    _enabled = bool(on)
+
+
+class Stage(enum.Enum):
+    """Where a watched signature's host inputs are; the record each installs."""
+
+    PER_LEAF = "per-leaf"  # the watching record (or the counting one): a put per leaf
+    ARMING = "arming"  # the building record: the next call makes slots or starts a compile
+    COMPILING = "compiling"  # the packed executable compiles; calls run per leaf meanwhile
+    RESIDENT = "resident"  # the resident record: values written into slots, no transfer
+    PACKED = "packed"  # the packed record: one put, a second executable
+    GIVEN_UP = "given up"  # the watching record, for good
+
+
+S = Stage
+# (from, to) -> why. `HostPolicy._swap` makes these moves and no others.
+TRANSITIONS: dict[tuple[Stage, Stage], str] = {
+    (S.PER_LEAF, S.PER_LEAF): "armed: the watching (or counting) record replaces the miss's;"
+                              " or counting done: switched off, or the same values came back",
+    (S.PER_LEAF, S.ARMING): "PACK_AFTER new values seen (by the memos, or by the counting"
+                            " record's byte compare)",
+    (S.ARMING, S.RESIDENT): "slots made",
+    (S.ARMING, S.GIVEN_UP): "no slots, and one leaf: nothing to pack",
+    (S.ARMING, S.COMPILING): "the packed executable's compile starts",
+    (S.COMPILING, S.ARMING): "the compile thread cannot enter the caller's trace context",
+    (S.COMPILING, S.PACKED): "compiled, with the original's outputs",
+    (S.COMPILING, S.GIVEN_UP): "the compile failed, or gives other outputs",
+    (S.COMPILING, S.PER_LEAF): "the compile was interrupted: armed again",
+    (S.RESIDENT, S.GIVEN_UP): "slots given up (deleted fences, an aliased output)",
+}
+del S
+
+_swap_lock = threading.Lock()  # (swaps are rare: one lock for all policies)
+
+
+class HostPolicy:
+    """One watched signature's host inputs (see the module's docstring).
+
+    `per_leaf` is the watching per-leaf record (its memos call `fresh`);
+    `counter` and `builder` are that record with another `prepare` (count
+    calls; make slots or start the compile) and hold the policy weakly, so
+    the node holds the policy (`node.plan`) and nothing holds it back.
+    """
+
+    __slots__ = ("node_ref", "watched", "per_leaf", "counter", "builder", "stage", "count",
+                 "window_start", "lock", "sync", "resident", "seen", "calls", "__weakref__")
+
+    def __init__(self, node: Any, watched: Watched, leaves: list,
+                 fresh_inputs: list[int]) -> None:
+        self.node_ref = weakref.ref(node)
+        self.watched = watched
+        self.stage = Stage.PER_LEAF
+        self.count = 0
+        self.window_start = 0
+        self.lock = threading.Lock()  # one call at a time makes slots or starts a compile
+        self.sync = False  # compile on the calling thread (see `_start_background`)
+        self.resident: _resident.ResidentSlots | None = None
+        self.seen: list[bytes] | None = None  # the last counted call's bytes (`counter`)
+        self.calls = 0  # calls counted by `counter`
+        fresh = weakref.WeakMethod(self.fresh)
+        self.per_leaf = build_record(watched.fastpath, leaves, False,
+                                     on_fresh=dict.fromkeys(fresh_inputs, fresh))
+        self.builder = dataclasses.replace(
+            self.per_leaf, prepare=_weak_prepare(self, "_build_then_prepare"))
+        # For leaves without a memo (bigger than its limit) no memo miss says a
+        # value is new: this record compares each call's bytes with the last
+        # call's instead, until arming is due or given up.
+        self.counter = dataclasses.replace(
+            self.per_leaf, prepare=_weak_prepare(self, "_count_then_prepare"))
+
+    def _swap(self, expected: FastPath, stage: Stage, record: FastPath) -> bool:
+        """The one place a node's record is replaced after its insert.
+
+        Compare-and-swap: installs `record` and moves to `stage` only if the
+        node still holds `expected` and ``(self.stage, stage)`` is in
+        `TRANSITIONS`; False otherwise (nothing changes). The hit path reads
+        ``node.record`` once per call, so a call runs one record whole.
+        """
+        with _swap_lock:
+            node = self.node_ref()
+            if node is None or node.record is not expected or (
+                    (self.stage, stage) not in TRANSITIONS):
+                return False
+            node.record = record
+            self.stage = stage
+            return True
+
+    def install(self, miss_record: FastPath) -> bool:
+        """Replaces the miss's record with the watching (or counting) one."""
+        return self._swap(miss_record, Stage.PER_LEAF, self._watching())
+
+    def _watching(self) -> FastPath:
+        """PER_LEAF's record: the counting one where a watched leaf has no memo
+        (no memo miss would announce its new values), else the watching one."""
+        return self.counter if any(not h.memo for h in self.hosts()) else self.per_leaf
+
+    def hosts(self) -> list[HostInput]:
+        """The watched `HostInput` steps (those built with `on_fresh`)."""
+        return [s for s in self.per_leaf.step_objects()
+                if type(s) is HostInput and s.on_fresh is not None]
+
+    def fresh(self) -> None:
+        """A watched host leaf brought a new value (its memo missed)."""
+        if self.stage is not Stage.PER_LEAF or not _enabled:
+            return
+        node = self.node_ref()
+        if node is None:
+            return
+        hits = node.hits
+        if not 0 <= hits - self.window_start <= 2 * PACK_AFTER:
+            self.window_start = hits
+            self.count = 0
+        self.count += 1
+        if self.count >= PACK_AFTER:
+            self._swap(self.per_leaf, Stage.ARMING, self.builder)  # the next call builds
+
+    def _count_then_prepare(self, leaves: list) -> list:
+        """Counts the calls whose watched values differ from the last call's
+        bytes: the same arrays every call are not fresh values and get no slots.
+        Arming is due after `PACK_AFTER` new values; with fewer within
+        ``2 * PACK_AFTER`` calls the node goes back to its watching record for
+        good, so comparing (a copy of up to `TOTAL_MAX_BYTES`) costs only the
+        first calls of a signature."""
+        seen = [np.asarray(leaves[layout.leaf]).tobytes() for layout in self.watched.layouts]
+        if seen != self.seen:
+            self.count += 1
+        self.seen, self.calls = seen, self.calls + 1
+        if self.count >= PACK_AFTER:
+            self.seen = None
+            if _enabled:
+                self._swap(self.counter, Stage.ARMING, self.builder)
+            else:
+                self._swap(self.counter, Stage.PER_LEAF, self.per_leaf)
+        elif self.calls >= 2 * PACK_AFTER:  # the same values come back
+            self.seen = None
+            self._swap(self.counter, Stage.PER_LEAF, self.per_leaf)
+        return self.per_leaf.prepare(leaves)
+
+    def _build_then_prepare(self, leaves: list) -> list:
+        if self.lock.acquire(blocking=False):
+            try:
+                self._arm(leaves)
+            finally:
+                self.lock.release()
+        return self.per_leaf.prepare(leaves)
+
+    def _arm(self, leaves: list) -> None:
+        """ARMING: slots where they can be, else packing (or nothing to pack)."""
+        if self.stage is not Stage.ARMING:
+            return
+        if RESIDENT and not self.sync and self._try_resident(leaves):
+            return
+        if self.watched.jaxpr is None:  # one leaf: nothing to pack
+            self._swap(self.builder, Stage.GIVEN_UP, self.per_leaf)
+        elif BACKGROUND and not self.sync:
+            self._start_background(leaves)
+        elif self._swap(self.builder, Stage.COMPILING, self.builder):
+            self._build(leaves, self.builder)
+
+    def _try_resident(self, leaves: list) -> bool:
+        """Makes the node's record resident (no compile) where this device allows it."""
+        try:
+            made = _resident.resident_record(self.watched, self.per_leaf, leaves,
+                                             _weak_call(self, "_slots_broken"))
+        except Exception:  # never breaks a call: packing (or the per-leaf path) goes on
+            made = None
+        if made is None:
+            return False
+        record, self.resident = made
+        if not self._swap(self.builder, Stage.RESIDENT, record):
+            return False
+        self.watched.counters.resident += 1
+        return True
+
+    def _slots_broken(self) -> None:
+        """RESIDENT -> GIVEN_UP, if the node still runs this policy's slots."""
+        node, pool = self.node_ref(), self.resident
+        current = None if node is None else node.record
+        if current is not None and pool is not None and current.fence is pool.fence:
+            self._swap(current, Stage.GIVEN_UP, self.per_leaf)
+
+    def _start_background(self, leaves: list) -> None:
+        """Compiles on a thread of its own while calls take the per-leaf path."""
+        node = self.node_ref()
+        if node is None or not self._swap(self.builder, Stage.COMPILING, self.per_leaf):
+            return
+        example = [x.copy() if type(x) is np.ndarray else x for x in leaves]  # (values unused)
+        context = node.context
+        _packing.start_thread(lambda: self._background(example, context))
+
+    def _background(self, leaves: list, context: tuple) -> None:
+        try:
+            ran = _packing.run_in_trace_context(context, lambda: self._build(leaves, self.per_leaf))
+            if not ran:
+                self.sync = True  # the next call compiles itself
+                self._swap(self.per_leaf, Stage.ARMING, self.builder)
+        except BaseException:  # never lets a thread's error escape; the per-leaf path goes on
+            self._swap(self.per_leaf, Stage.GIVEN_UP, self.per_leaf)
+
+    def _build(self, leaves: list, current: FastPath) -> None:
+        """COMPILING: compiles the packed record; `current` is what the node holds now."""
+        try:
+            packed = _packing.compile_packed(self.watched, self.per_leaf, leaves)
+        except Exception:
+            packed = None
+        except BaseException:  # interrupted: the per-leaf path, armed again
+            self.count, self.calls = 0, 0
+            self._swap(current, Stage.PER_LEAF, self._watching())
+            if current is self.builder:  # (on the calling thread: the caller sees it)
+                raise
+            return
+        if packed is None:
+            self._swap(current, Stage.GIVEN_UP, self.per_leaf)
+        else:
+            self._swap(current, Stage.PACKED, packed)
+
+
+def _weak_prepare(policy: HostPolicy, method: str) -> Callable[[Sequence[Any]], list]:
+    """``prepare(leaves)`` calling `policy`'s `method`, holding the policy weakly:
+    a policy's records refer back to it without a cycle (the node holds the
+    policy; its executables, and JAX's caches keyed on its jaxpr, die with
+    the node)."""
+    ref = weakref.ref(policy)
+    fallback = policy.per_leaf.prepare
+
+    def prepare(leaves: Sequence[Any]) -> list:
+        live = ref()
+        return fallback(leaves) if live is None else getattr(live, method)(leaves)
+
+    return prepare
+
+
+def _weak_call(policy: HostPolicy, method: str) -> Callable[[], None]:
+    """``call()`` calling `policy`'s `method` if the policy is still alive."""
+    ref = weakref.ref(policy)
+
+    def call() -> None:
+        live = ref()
+        if live is not None:
+            getattr(live, method)()
+
+    return call
+
+
+# ---------------------------------------------------------------------------
+# Arming (after a miss)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Jitted:
+    """What the policy reads of a jitted function. Its private attributes are
+    read in `_jitted` alone, so they are easy to switch to a typed interface."""
+
+    donates: bool
+    options: dict
+    counters: Any
+    jax_jitted: Any
+    name: str
+
+
+def _jitted(jitted: Any) -> _Jitted:
+    return _Jitted(bool(jitted._donates), jitted._options, jitted._counters, jitted._jax_jitted,
+                   str(getattr(jitted, "__name__", "function")))
+
+
+# jit options the packed executable keeps (the rest describe f's own inputs/outputs)
+_PACKED_OPTIONS = ("keep_unused", "device", "backend", "compiler_options")
+
+
+def on_miss(jitted: Any, node: Any, record: FastPath, fastpath: Any, leaves: list, args: tuple,
+            kwargs: dict) -> None:
+    """After a miss linked `node` with `record`: arms a `HostPolicy` if the
+    signature qualifies (see the module's docstring). Never raises."""
+    try:
+        _arm(_jitted(jitted), node, record, fastpath, leaves, args, kwargs)
+    except Exception:  # never breaks a miss: the node keeps the miss's record
+        pass
+
+
+def _arm(jitted: _Jitted, node: Any, record: FastPath, fastpath: Any, leaves: list,
+         args: tuple, kwargs: dict) -> None:
+    if not _enabled or jitted.donates or _jax.post_hook_state.value is not None:
+        return
+    if any(k in jitted.options for k in ("in_shardings", "out_shardings")):
+        return
+    n_consts = len(record.consts)
+    hosts = [s for s in record.step_objects() if type(s) is HostInput and s.index >= n_consts]
+    if not hosts:
+        return
+    sharding = hosts[0].sharding
+    shardings = [*fastpath.in_shardings, *fastpath.out_shardings]
+    if not all(type(s) is _jax.SingleDeviceSharding for s in shardings) or any(
+            s.device_set != sharding.device_set for s in shardings):
+        return
+    leaf_of = {h.index: h.index - n_consts if record.kept is None
+               else record.kept[h.index - n_consts] for h in hosts}
+    layouts = _layouts(hosts, leaf_of, leaves)
+    if not layouts:
+        return
+    jaxpr = None  # one leaf: resident or nothing (packing one leaf gains nothing)
+    if len(layouts) >= 2:
+        jaxpr = _traced_jaxpr(jitted, args, kwargs, layouts, len(leaves))
+        if jaxpr is None:
+            return
+    options = {k: v for k, v in jitted.options.items() if k in _PACKED_OPTIONS}
+    watched = Watched(fastpath, jaxpr, tuple(layouts), len(leaves), sharding, options,
+                      jitted.name, jitted.counters)
+    laid_out = {s.leaf for s in layouts}
+    policy = HostPolicy(node, watched, leaves,
+                        [i for i, leaf in leaf_of.items() if leaf in laid_out])
+    node.plan = policy  # the policy lives as long as its node
+    policy.install(record)
+
+
+def _layouts(hosts: list[HostInput], leaf_of: dict[int, int], leaves: list) -> list[LeafLayout]:
+    """The qualifying host leaves' layouts, in input order, each at an aligned offset."""
+    layouts, offset = [], 0
+    for h in hosts:
+        if h.dtype not in PACKABLE:
+            continue
+        leaf = leaf_of[h.index]
+        layout = LeafLayout(leaf, offset, tuple(h.aval.shape), h.dtype, bool(h.aval.weak_type),
+                            python_type(leaves[leaf]))
+        if layout.nbytes > SLOT_MAX_BYTES or offset + layout.nbytes > TOTAL_MAX_BYTES:
+            continue
+        layouts.append(layout)
+        offset += align_up(layout.nbytes)
+    return layouts
+
+
+def _traced_jaxpr(jitted: _Jitted, args: tuple, kwargs: dict, layouts: list[LeafLayout],
+                  n_leaves: int) -> Any:
+    """The jaxpr JAX traced the signature to, if its inputs are the leaves as laid out."""
+    try:
+        jaxpr = _jax.traced_jaxpr(jitted.jax_jitted, args, kwargs)
+    except Exception:
+        return None
+    in_avals = list(jaxpr.in_avals)
+    if len(in_avals) != n_leaves:
+        return None
+    for s in layouts:
+        a = in_avals[s.leaf]
+        if (tuple(a.shape), np.dtype(a.dtype), bool(a.weak_type)) != (s.shape, s.dtype, s.weak):
+            return None
+    return jaxpr

@@ -1,0 +1,276 @@
+"""Resident host inputs: fresh host values written where the executable reads them.
+
+On a device whose zero-copy put aliases host memory (the CPU), a slot is a
+64-byte-aligned staging buffer with, made once, a device array over each
+leaf's view of it (`LeafLayout`s). A call writes its host values into a
+free slot and hands the signature's own executable the slot's arrays: no
+transfer at all. A slot is free again once the last call that read it is
+done, which its *fence* tells: that call's smallest output (at most
+`FENCE_MAX_BYTES`), kept by the slot until it is reused, since every output
+of a computation is ready exactly when the computation is. A fence that
+was deleted (donated elsewhere) cannot tell, so its slot is retired; after
+`ResidentSlots.MAX_RETIRED` retired slots the signature goes back to its
+per-leaf record (the pool's `on_broken`). At most `RESIDENT_CAP` slots per
+signature; a call that finds none free takes the per-leaf path. The first
+resident call checks that no output aliases a slot (XLA's outputs are new
+buffers unless donated, and nothing here donates).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from nbjit import _jax
+from nbjit._common import ALIGN, align_up
+from nbjit.core.codegen import run_source
+from nbjit.core.record import FastPath, Unsupported, build_record
+from nbjit.host.layout import (
+    FLOAT32_MAX,
+    GUARD_AND_POP,
+    POOL_MAX_BYTES,
+    LeafLayout,
+    Refused,
+    Watched,
+    buffer_nbytes,
+    lay_out,
+    write_statement,
+)
+
+__all__ = ["FENCE_MAX_BYTES", "RESIDENT_CAP", "ResidentSlots", "resident_record"]
+
+RESIDENT_CAP = 32  # slots per signature (calls in flight beyond: per-leaf puts)
+FENCE_MAX_BYTES = 64 << 10  # the output a slot keeps alive to know its call is done
+
+_RETIRED = object()  # the fence of a slot that is never used again
+
+_RESIDENT_TEMPLATE = """\
+def prepare(leaves):
+{unpack}""" + GUARD_AND_POP.format(item="slot", busy="None") + """\
+        if (fence := slot[0]) is not None:
+            try:
+                busy = not ready(fence)
+            except Exception:  # a deleted fence cannot tell: claim retires the slot
+                busy, slot[0] = True, RETIRED
+            if busy:
+                slot = claim(slot)
+    if slot is None:  # every slot still read by a call in flight: a put per leaf
+        return fallback(leaves)
+    try:
+{writes}    except BaseException:
+        append(slot)  # (its fence still holds: no call reads it)
+        raise
+    return {finish}
+"""
+
+
+class ResidentSlots:
+    """The slots of one resident record (see the module's docstring).
+
+    A slot is a list ``[fence, *device arrays, *views, staging]``. `free`
+    is claimed with ``popleft`` and refilled with ``append`` (atomic under
+    the GIL); `by_array` finds a slot from its first device array (the
+    fence hook sees the call's inputs, nothing else). At most `cap` slots
+    exist; a call that finds none free takes the per-leaf path.
+    `on_broken`, given when the pool is made, is called once if the pool
+    gives its slots up.
+    """
+
+    __slots__ = ("layouts", "avals", "sharding", "devices", "nbytes", "cap", "free", "by_array",
+                 "made", "retired", "fence_index", "input_index", "broken", "on_broken", "fence",
+                 "__weakref__")
+
+    MAX_RETIRED = 8  # slots retired (deleted fences) before the signature gives slots up
+
+    def __init__(self, layouts: list[LeafLayout], sharding: Any, fence_index: int,
+                 input_index: int, on_broken: Callable[[], None] | None = None) -> None:
+        self.layouts = layouts
+        self.avals = [_jax.ShapedArray(s.shape, s.dtype, weak_type=s.weak) for s in layouts]
+        self.sharding = sharding
+        self.devices = list(sharding.device_set)
+        self.nbytes = nbytes = buffer_nbytes(layouts)
+        self.cap = max(1, min(RESIDENT_CAP, POOL_MAX_BYTES // nbytes))
+        self.free: collections.deque = collections.deque()
+        self.by_array: dict[int, list] = {}
+        self.made = 0
+        self.fence_index = fence_index
+        self.input_index = input_index
+        self.retired = 0
+        self.broken = False
+        self.on_broken = on_broken
+        self.fence = self._make_fence()
+
+    def new_slot(self) -> list | None:
+        """A new slot, or None where a zero-copy put does not alias its view."""
+        raw = np.zeros(self.nbytes + ALIGN, np.uint8)  # zeros: padding bytes are defined
+        address = raw.ctypes.data
+        skip = align_up(address) - address
+        staging = raw[skip:skip + self.nbytes]
+        views = [staging[s.offset:s.offset + s.nbytes].view(s.dtype).reshape(s.shape)
+                 for s in self.layouts]
+        arrays = []
+        for view, aval in zip(views, self.avals, strict=True):
+            array = _jax.batched_device_put(aval, self.sharding, [view], self.devices, False,
+                                            False, _jax.ZERO_COPY)
+            if array.unsafe_buffer_pointer() != view.ctypes.data:
+                return None  # a copy (device memory, or a runtime that copies): no slots
+            arrays.append(array)
+        slot = [None, *arrays, *views, staging]
+        self.by_array[id(arrays[0])] = slot
+        self.made += 1
+        return slot
+
+    def claim(self, busy: list | None) -> list | None:
+        """A new slot under the cap, else None, after `busy` (the oldest free
+        slot, popped and found still read) goes back to the pool or is retired.
+
+        No other free slot is tried: they were freed later, so their calls
+        were dispatched later and are the less likely to be done (a loop
+        with many calls in flight would pay a readiness test per slot).
+        """
+        if busy is not None:
+            if busy[0] is _RETIRED:
+                self.retire(busy)
+            else:
+                self.free.append(busy)
+        if self.made >= self.cap or self.broken:
+            return None
+        return self.new_slot()
+
+    def retire(self, slot: list) -> None:
+        """Never uses `slot` again (the runtime keeps its memory while anything reads it)."""
+        if self.by_array.pop(id(slot[1]), None) is not None:
+            self.made -= 1
+            self.retired += 1
+            if self.retired >= self.MAX_RETIRED:
+                self.give_up()
+
+    def give_up(self) -> None:
+        """No slots from now on: `on_broken` sends the signature back to its per-leaf record."""
+        self.broken = True
+        self.cap = 0
+        self.free.clear()
+        if (on_broken := self.on_broken) is not None:
+            on_broken()
+
+    def _make_fence(self) -> Callable[[Any, list], None]:
+        """``fence(inputs, outs)``, after a hit: the slot the call read (if any)
+        keeps its fence and is free again. The first fenced call checks its outputs."""
+        scope = {"get": self.by_array.get, "append": self.free.append, "CHECKED": False}
+
+        ref = weakref.ref(self)  # (the pool holds the fence: no cycle back)
+
+        def first(slot: list, outs: list) -> None:
+            pool = ref()
+            if pool is not None and pool._check_outputs(slot, outs):
+                scope["CHECKED"] = True
+                pool.free.append(slot)
+
+        scope["first"] = first
+        source = (f"def fence(inputs, outs):\n"
+                  f"    slot = get(id(x := inputs[{self.input_index}]))\n"
+                  f"    if slot is not None and slot[1] is x:\n"
+                  f"        slot[0] = outs[{self.fence_index}]\n"
+                  f"        if CHECKED:\n"
+                  f"            append(slot)\n"
+                  f"        else:\n"
+                  f"            first(slot, outs)\n")
+        return run_source(source, "resident fence", scope)["fence"]
+
+    def _check_outputs(self, slot: list, outs: list) -> bool:
+        """Whether no output aliases the slot's memory (else slots are given up)."""
+        staging = slot[-1]
+        start = staging.ctypes.data
+        stop = start + staging.nbytes
+        try:
+            pointers = [o.unsafe_buffer_pointer() for o in outs if o.size]
+        except Exception:
+            pointers = [start]
+        if any(start <= p < stop for p in pointers):
+            # (Never seen: XLA's outputs are new buffers unless donated.) This
+            # slot is never written again, so the caller's outputs stay valid.
+            self.by_array.pop(id(slot[1]), None)
+            self.give_up()
+            return False
+        return True
+
+
+def resident_record(watched: Watched, record: FastPath, leaves: list,
+                    on_broken: Callable[[], None]) -> tuple[FastPath, ResidentSlots] | None:
+    """`record` with resident host inputs and its slots, or None where they cannot be.
+
+    `on_broken` is called if the slots are given up later (it must not hold
+    the record: a generated function and its scope form a cycle, so what
+    the scope holds, the pool, must not hold a record, or its executable
+    waits for a gc pass).
+    """
+    # An empty leaf's put stays (nothing to write).
+    layouts = lay_out([s for s in watched.layouts if s.nbytes])
+    fence_index = _fence_index(list(watched.fastpath.out_avals))
+    if not layouts or fence_index is None:
+        return None
+    n_consts, kept = len(record.consts), record.kept
+    input_index = n_consts + (layouts[0].leaf if kept is None else kept.index(layouts[0].leaf))
+    pool = ResidentSlots(layouts, watched.sharding, fence_index, input_index, on_broken)
+    slot = pool.claim(None)
+    if slot is None:
+        return None
+    pool.free.append(slot)
+    example = list(leaves)
+    for s, array in zip(layouts, slot[1:1 + len(layouts)], strict=True):
+        example[s.leaf] = array
+    try:
+        inner = build_record(watched.fastpath, example, False)
+    except Unsupported:
+        return None
+    if inner.executable is not record.executable:
+        return None
+    moved: set[int] = set()
+    for step in inner.step_objects():
+        moved.update(getattr(step, "indices", ()))
+        if getattr(step, "index", None) is not None:
+            moved.add(step.index)
+    if any(n_consts + (s.leaf if kept is None else kept.index(s.leaf)) in moved
+           for s in layouts):
+        return None  # a slot array would be moved: not where the executable wants it
+    prepare = _resident_preparer(layouts, watched.n_leaves, inner, pool, record.prepare)
+    resident = dataclasses.replace(record, steps=inner.steps, prepare=prepare, fence=pool.fence)
+    return resident, pool
+
+
+def _fence_index(out_avals: list) -> int | None:
+    """The smallest output no bigger than `FENCE_MAX_BYTES` (a slot keeps it alive)."""
+    best, best_bytes = None, FENCE_MAX_BYTES + 1
+    for i, aval in enumerate(out_avals):
+        try:
+            nbytes = int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+        except TypeError:  # an extended dtype (PRNG keys): not a plain buffer
+            continue
+        if nbytes < best_bytes:
+            best, best_bytes = i, nbytes
+    return best
+
+
+def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath,
+                       pool: ResidentSlots, fallback: Any) -> Any:
+    names = [f"x{j}" for j in range(n_leaves)]
+    unpack = f"    {', '.join(names)}, = leaves\n"
+    m = len(layouts)
+    # A slot is [fence, *arrays, *views, staging]: leaf j's view is slot[1 + m + j].
+    writes = "".join(write_statement(s, f"slot[{1 + m + j}]", names[s.leaf])
+                     for j, s in enumerate(layouts))
+    arrays = {s.leaf: f"slot[{1 + j}]" for j, s in enumerate(layouts)}
+    new_leaves = f"[{', '.join(arrays.get(j, names[j]) for j in range(n_leaves))}]"
+    finish = new_leaves if inner.leaves_are_inputs else f"inner({new_leaves})"
+    source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish)
+    scope = {"unguarded": _jax.host_transfers_unguarded,
+             "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,
+             "popleft": pool.free.popleft, "append": pool.free.append, "claim": pool.claim,
+             "ready": _jax.ArrayImpl.is_ready, "RETIRED": _RETIRED, "fallback": fallback,
+             "F32MAX": FLOAT32_MAX, "inner": inner.prepare, "pool": pool}
+    return run_source(source, "resident prepare", scope)["prepare"]

@@ -1,0 +1,376 @@
+"""Host staging buffers: the copy into them and the pools that reuse them.
+
+A `ShardingPlan` (`nbjit.host.plan`) gathers a numpy array's shards into one
+64-byte-aligned staging buffer per call (`staging_buffer`; from
+PARALLEL_COPY_MIN_BYTES the copy is split into chunks several threads
+claim, `split_copy` / `parallel_copy`). Packed host inputs
+(`nbjit.host.packing`) write small leaves into the buffers of a
+`HostStaging` pool. Either pool reuses a buffer only once its reference
+count shows that nothing else (no live array, no transfer) holds it.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from nbjit._common import ALIGN, align_up
+
+__all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "HostStaging", "clear_staging_pool",
+           "copy_parts", "host_staging_size", "load_kernels", "parallel_copy", "split_copy",
+           "staging_buffer",
+           "staging_pool_size"]
+
+# Big arrays: from PARALLEL_COPY_MIN_BYTES the copy into staging is split
+# into chunks of about _COPY_CHUNK_BYTES that this thread and up to
+# COPY_THREADS - 1 copy threads claim (below it the handoff costs more than
+# it saves), and staging buffers from STAGING_POOL_MIN_BYTES are reused once
+# the runtime has let go of them (a fresh buffer is memory the kernel faults
+# in and zeroes; two threads faulting a fresh buffer were erratic, so both
+# thresholds are equal). The measurements behind both thresholds:
+# docs/performance.md#measured-constants-behind-the-code.
+PARALLEL_COPY_MIN_BYTES = 8 << 20
+STAGING_POOL_MIN_BYTES = 8 << 20
+_STAGING_POOL_PER_SIZE = 2  # buffers kept per staging size (double buffering)
+_STAGING_POOL_MAX_BYTES = 512 << 20  # all pooled buffers together
+COPY_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                           else (os.cpu_count() or 1)))
+
+_COPY_CHUNK_BYTES = 2 << 20  # the copy threads claim chunks of about this size
+_MAX_COPY_CHUNKS = 64
+
+_kernels: Any = None  # nbjit._kernels once loaded
+_kernels_lock = threading.Lock()
+
+
+def load_kernels() -> Any:
+    """The Numba kernels (`nbjit._kernels`), imported on first use: the import
+    is deferred to here because importing numba is not cheap, and a process
+    that never builds a plan should not pay it."""
+    global _kernels
+    if _kernels is None:
+        with _kernels_lock:
+            if _kernels is None:
+                from nbjit import _kernels as kernels
+
+                _kernels = kernels
+    return _kernels
+
+
+class _CopyPart:
+    """One thread's share of a plan's copy into staging: row ranges of shards.
+
+    `pieces`: (source index, destination shape, byte offset in staging) for
+    numpy's copy; `starts`/`stops`/`offsets`: the same pieces for the Numba
+    gather (None when the rank exceeds its GATHER_RANK).
+    """
+
+    __slots__ = ("pieces", "starts", "stops", "offsets")
+
+    def __init__(self, pieces: list, rank: int | None, itemsize: int):
+        self.pieces = [(tuple(slice(a, b) for a, b in zip(lo, hi, strict=True)),
+                        tuple(b - a for a, b in zip(lo, hi, strict=True)), off)
+                       for lo, hi, off in pieces]
+        self.starts = self.stops = self.offsets = None
+        if rank is not None:
+            n = len(pieces)
+            self.starts = np.zeros((n, rank), np.int64)
+            self.stops = np.ones((n, rank), np.int64)
+            for i, (lo, hi, _) in enumerate(pieces):
+                self.starts[i, rank - len(lo):] = lo
+                self.stops[i, rank - len(hi):] = hi
+            self.offsets = np.array([off // itemsize for _, _, off in pieces], np.int64)
+
+    def copy(self, x: np.ndarray, staging: np.ndarray, dtype: np.dtype, uint: type,
+             kernel: bool) -> None:
+        if kernel:
+            _kernels.gather_strided(x, self.starts, self.stops, self.offsets, staging.view(uint))
+        else:
+            for index, shape, offset in self.pieces:
+                np.copyto(np.ndarray(shape, dtype, buffer=staging, offset=offset), x[index])
+
+
+def copy_parts(nbytes: int, lows: np.ndarray, highs: np.ndarray, byte_offsets: list[int],
+               itemsize: int, rank: int | None) -> list[_CopyPart] | None:
+    """A plan's copy into `nbytes` of staging as parts for several threads, or
+    None where one thread copies it all (small, or one copy thread)."""
+    if COPY_THREADS <= 1 or nbytes < PARALLEL_COPY_MIN_BYTES:
+        return None
+    n_parts = min(_MAX_COPY_CHUNKS, max(2, nbytes // _COPY_CHUNK_BYTES))
+    return split_copy(lows, highs, byte_offsets, itemsize, n_parts, rank)
+
+
+def split_copy(lows: np.ndarray, highs: np.ndarray, byte_offsets: list[int], itemsize: int,
+               n_parts: int, rank: int | None) -> list[_CopyPart] | None:
+    """The distinct shards' copy cut into (at most) `n_parts` parts of about
+    equal bytes.
+
+    Each shard is cut along its first dimension longer than 1 (its row-major
+    block in staging stays contiguous per piece). None when it cannot be cut.
+    """
+    shards = []
+    total = 0
+    for lo, hi, off in zip(lows.tolist(), highs.tolist(), byte_offsets, strict=True):
+        extents = [b - a for a, b in zip(lo, hi, strict=True)]
+        axis = next((d for d, n in enumerate(extents) if n > 1), None)
+        nbytes = int(np.prod(extents, dtype=np.int64)) * itemsize
+        if nbytes == 0:
+            continue
+        if axis is None:
+            return None
+        row = nbytes // extents[axis]
+        shards.append((lo, hi, off, axis, row))
+        total += nbytes
+    target = -(-total // n_parts)  # (a ceiling division, not an alignment)
+    parts: list[list] = [[]]
+    room = target
+    for lo, hi, off, axis, row in shards:
+        start = lo[axis]
+        while start < hi[axis]:
+            if room < row and parts[-1] and len(parts) < n_parts:
+                parts.append([])
+                room = target
+            rows = min(hi[axis] - start, max(1, room // row))
+            if len(parts) == n_parts:
+                rows = hi[axis] - start  # the last part takes what is left
+            piece_lo, piece_hi = list(lo), list(hi)
+            piece_lo[axis], piece_hi[axis] = start, start + rows
+            parts[-1].append((piece_lo, piece_hi, off + (start - lo[axis]) * row))
+            room -= rows * row
+            start += rows
+    if len(parts) < 2:
+        return None
+    return [_CopyPart(p, rank, itemsize) for p in parts]
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_pid: int | None = None
+_executor_lock = threading.Lock()
+
+
+def _copy_executor() -> ThreadPoolExecutor:
+    """The copy threads of this process (made again after a fork)."""
+    global _executor, _executor_pid
+    pid = os.getpid()
+    if _executor is None or _executor_pid != pid:
+        with _executor_lock:
+            if _executor is None or _executor_pid != pid:
+                _executor = ThreadPoolExecutor(COPY_THREADS - 1,
+                                               thread_name_prefix="nbjit-staging-copy")
+                _executor_pid = pid
+    return _executor
+
+
+class _CopyRun:
+    """One call's chunks, claimed one at a time by this thread and the copy
+    threads: a copy thread that gets no core in time claims nothing, and the
+    caller waits only for chunks a copy thread has started."""
+
+    __slots__ = ("parts", "args", "next", "busy", "error", "cond")
+
+    def __init__(self, parts: list[_CopyPart], args: tuple):
+        self.parts = parts
+        self.args: tuple | None = args
+        self.next = 0
+        self.busy = 0
+        self.error: BaseException | None = None
+        self.cond = threading.Condition(threading.Lock())
+
+    def work(self) -> None:
+        cond = self.cond
+        parts = self.parts
+        while True:
+            with cond:
+                i = self.next
+                if i >= len(parts) or self.error is not None:
+                    return
+                self.next = i + 1
+                self.busy += 1
+            try:
+                parts[i].copy(*self.args)  # type: ignore[misc]  # set while busy
+            except BaseException as e:  # re-raised by the caller
+                with cond:
+                    self.error = e
+            finally:
+                with cond:
+                    self.busy -= 1
+                    if not self.busy:
+                        cond.notify_all()
+
+    def wait(self) -> None:
+        with self.cond:
+            while self.busy:
+                self.cond.wait()
+            # A copy thread that starts later claims nothing; its queued task
+            # must not keep the staging buffer (or the caller's array) alive.
+            self.args = None
+        if self.error is not None:
+            raise self.error
+
+
+def parallel_copy(parts: list[_CopyPart], x: np.ndarray, staging: np.ndarray,
+                   dtype: np.dtype, uint: type, kernel: bool) -> None:
+    """Every chunk copied by this thread and the copy threads together (numpy's
+    copy and the Numba gather release the GIL)."""
+    run = _CopyRun(parts, (x, staging, dtype, uint, kernel))
+    try:
+        executor = _copy_executor()
+        for _ in range(COPY_THREADS - 1):
+            executor.submit(run.work)
+    except RuntimeError:  # interpreter shutting down: this thread copies it all
+        pass
+    run.work()
+    run.wait()
+
+
+def _refcounts(buffers: list[np.ndarray]) -> list[int]:
+    return [sys.getrefcount(raw) for raw in buffers]
+
+
+# What `_refcounts` reports for a buffer that only its pool list holds.
+_FREE_REFCOUNT = _refcounts([np.empty(1, np.uint8)])[0]
+_pool: dict[int, list[np.ndarray]] = {}
+_pool_bytes = 0
+_pool_lock = threading.Lock()
+
+
+def staging_buffer(size: int) -> np.ndarray:
+    """A uint8 buffer of `size` bytes that nothing else uses.
+
+    From STAGING_POOL_MIN_BYTES, one of the pooled buffers of that size that
+    no live array holds any more (with zero copy the runtime keeps a
+    reference to the staging array until its device buffer is freed; while
+    a transfer reads it, too), else a fresh one, pooled while there is room.
+    """
+    global _pool_bytes
+    if size < STAGING_POOL_MIN_BYTES:
+        return np.empty(size, np.uint8)
+    with _pool_lock:
+        buffers = _pool.setdefault(size, [])
+        for raw, count in zip(buffers, _refcounts(buffers), strict=True):
+            if count == _FREE_REFCOUNT:
+                return raw
+        raw = np.empty(size, np.uint8)
+        if len(buffers) < _STAGING_POOL_PER_SIZE and _pool_bytes + size <= _STAGING_POOL_MAX_BYTES:
+            buffers.append(raw)
+            _pool_bytes += size
+        return raw
+
+
+class HostStaging:
+    """Small staging buffers of one layout, for one packed record's host leaves.
+
+    The same rule as the big buffers above: a buffer is overwritten only
+    when, right after `collect_garbage()` (each call runs one first), no
+    one but the pool holds it (with zero copy the runtime holds one
+    reference to the array it was given for as long as any device buffer,
+    computation or view reads that memory). Each item is
+    ``(staging, *leaf views)``: the staging array is a 64-byte-aligned view
+    of its allocation, the leaf views are views of that allocation too, so
+    a reference to the staging array itself is the runtime's alone.
+
+    `free` is claimed with ``popleft`` and refilled with ``append`` (atomic
+    under the GIL: two threads never fill one buffer). At most `cap`
+    buffers are pooled; beyond, each call gets a fresh, unpooled buffer
+    (never reused, so never overwritten while read).
+    """
+
+    __slots__ = ("nbytes", "layouts", "cap", "free", "made", "spare", "__weakref__")
+
+    CHUNK = 16  # items allocated at once
+
+    # A free item's staging array as `getrefcount(item[0])` sees it: the
+    # item tuple's reference and the call's argument.
+    FREE_REFCOUNT = 2
+
+    def __init__(self, nbytes: int, layouts: list[tuple[int, tuple[int, ...], np.dtype]],
+                 cap: int) -> None:
+        self.nbytes = nbytes
+        # (start, stop, shape, dtype) of each leaf's view, from (offset, shape, dtype)
+        self.layouts = [(offset, offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                         shape, dtype) for offset, shape, dtype in layouts]
+        self.cap = cap
+        self.free: collections.deque = collections.deque()
+        self.made = 0  # buffers pooled so far
+        self.spare: list = []  # made, never used yet
+        with _pool_lock:
+            _host_stagings.add(self)
+
+    def new_item(self) -> tuple:
+        """A fresh ``(staging, *views)`` (zero-filled: padding bytes are defined)."""
+        spare = self.spare
+        if not spare:
+            # Made `CHUNK` at a time: reading an allocation's address costs more
+            # than making it. Each item's views are of the chunk (their base).
+            stride = self.nbytes
+            raw = np.zeros(stride * self.CHUNK + ALIGN, np.uint8)
+            address = raw.__array_interface__["data"][0]
+            skip = align_up(address) - address
+            for k in range(self.CHUNK):
+                at = skip + k * stride
+                spare.append((raw[at:at + stride],
+                              *[raw[at + start:at + stop].view(dtype).reshape(shape)
+                                for start, stop, shape, dtype in self.layouts]))
+        try:
+            return spare.pop()
+        except IndexError:  # another thread took the last one meanwhile
+            return self.new_item()
+
+    def claim(self) -> tuple:
+        """A free pooled item, else a new one (pooled while under the cap)."""
+        free = self.free
+        for _ in range(len(free)):
+            try:
+                item = free.popleft()
+            except IndexError:
+                break
+            if sys.getrefcount(item[0]) == self.FREE_REFCOUNT:
+                return item
+            free.append(item)  # still read by an array or a computation
+        item = self.new_item()
+        if self.made >= self.cap:
+            return (*item, None)  # unpooled: marked by a trailing None
+        self.made += 1
+        return item
+
+    def release(self, item: tuple) -> None:
+        """Puts a claimed item back (the runtime's reference marks it busy)."""
+        if item[-1] is not None:
+            self.free.append(item)
+
+    def clear(self) -> None:
+        """Lets go of the free buffers; those in use come back when released."""
+        self.free.clear()
+        self.spare.clear()
+        self.made = 0
+
+
+_host_stagings: weakref.WeakSet[HostStaging] = weakref.WeakSet()
+
+
+def host_staging_size() -> int:
+    """Pooled small staging buffers of packed records (free or in use)."""
+    with _pool_lock:
+        return sum(s.made for s in _host_stagings)
+
+
+def clear_staging_pool() -> None:
+    """Lets go of every pooled staging buffer (arrays using one keep it alive)."""
+    global _pool_bytes
+    with _pool_lock:
+        _pool.clear()
+        _pool_bytes = 0
+        for staging in _host_stagings:
+            staging.clear()
+
+
+def staging_pool_size() -> int:
+    """Pooled staging buffers (free or in use)."""
+    return sum(len(b) for b in _pool.values())

@@ -1,0 +1,249 @@
+"""Input steps: how one input of a cached signature reaches its device.
+
+A record's input preparation (`nbjit.core.record`) is a tuple of steps,
+each chosen when the record is built by the type of the value the miss saw
+(`STEP_BUILDERS`, a ``type -> builder`` table as JAX's
+`shard_arg_handlers`):
+
+  * a `jax.Array` already placed as the executable wants: no step;
+  * a one-device `jax.Array` on another device: a C++ copy (`_Copy`);
+  * a host value (numpy array or scalar, Python scalar) bound for one
+    device: `HostInput` (one batched C++ transfer, with a memo);
+  * a host value bound for many devices, or a big one: its `ShardingPlan`
+    slices/copies on the host (`_Planned`);
+  * anything else: JAX's own `shard_args`, batched into one `_ShardArgs`.
+
+A step's configuration is fixed when it is built, its `on_fresh` callback
+included; what changes per call is a `HostInput`'s memo (the last value's
+device copy and its patience counters), nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from nbjit import _jax
+from nbjit.host import plan as _plan
+from nbjit.host.values import PYTHON_SCALAR_DTYPES, canonical_dtypes, host_dtype
+
+__all__ = ["SHARD_ARGS", "STEP_BUILDERS", "HostInput", "step_for"]
+
+ArrayImpl = _jax.ArrayImpl
+_device_put = _jax.batched_device_put
+_copy_to_devices = _jax.copy_to_devices_unguarded
+_host_transfers_unguarded = _jax.host_transfers_unguarded
+COPY_DURING_CALL = _jax.COPY_DURING_CALL
+_WEAK_SCALAR_TYPES = frozenset({int, float, complex})  # as JAX types them (bool is not weak)
+
+# What `on_fresh` is: a weak reference to a callback (`weakref.WeakMethod`),
+# so a step (held by a record, held by a node) never keeps its caller alive.
+FreshCallback = Callable[[], Callable[[], None] | None]
+
+
+class HostInput:
+    """A host value bound for one device, at `index` of the inputs.
+
+    The value goes to `batched_device_put` as it is: jaxlib converts it to
+    `aval`'s (canonical) dtype itself, which costs less per leaf than
+    converting it in numpy first (docs/performance.md, "Measured constants
+    behind the code"). A numpy array is copied during the call
+    (never aliased: the caller may mutate it as soon as the call returns);
+    a scalar cannot be aliased.
+
+    With `memo`, the device copy of the last value is kept: the same
+    immutable scalar object, or a small array with the same bytes (after
+    canonicalisation), reuses it instead of transferring again. It is exact:
+    bytes, not ``==``, so -0.0, NaN payloads and every dtype are told apart;
+    the copy is never donated (no memo for donating functions) and never
+    handed to the caller. A guarded transfer (log, disallow) always goes
+    through `batched_device_put`, which applies the guard as jaxlib does.
+
+    The array memo has a cost per call (copy out the bytes, compare, keep
+    them), all of it wasted in a loop that passes new values every call.
+    After `MEMO_PATIENCE` misses in a row it sleeps for `MEMO_REST` calls
+    (plain transfers), then looks again: values that start repeating are
+    memoised again within ``MEMO_REST + 2`` calls.
+    """
+
+    MEMO_MAX_BYTES = 1024  # a bytes compare this size costs far less than a transfer
+    MEMO_PATIENCE = 8
+    MEMO_REST = 56
+
+    __slots__ = ("index", "dtype", "aval", "sharding", "devices", "memo", "last", "misses",
+                 "rest", "on_fresh")
+
+    def __init__(self, index: int, dtype: np.dtype, aval: Any, sharding: Any,
+                 memo: bool, on_fresh: FreshCallback | None = None) -> None:
+        self.index = index
+        self.dtype = dtype
+        self.aval = aval
+        self.sharding = sharding
+        self.devices = list(sharding.device_set)
+        self.memo = memo
+        self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
+        self.misses = 0  # array memo misses in a row
+        self.rest = 0  # calls left before the array memo looks again
+        # Told of each memo miss (a new value) when the host-input policy watches
+        # this leaf (`nbjit.host.policy`): given here, never set afterwards.
+        self.on_fresh = on_fresh
+
+    def apply(self, inputs: list) -> None:
+        inputs[self.index] = self.value(inputs[self.index])
+
+    def value(self, x: Any) -> Any:
+        """The device array for host value `x` (see the class docstring).
+
+        The generated preparer (`_preparer_source`) does the plain transfer
+        of a numpy array itself while the memo rests or when there is none,
+        and calls this for everything else.
+        """
+        if type(x) is not np.ndarray:  # a scalar: immutable, the object itself is a key
+            last = self.last
+            if last is not None and x is last[0] and _host_transfers_unguarded():
+                return last[2]
+            array = _device_put(self.aval, self.sharding, [x], self.devices, False)
+            if self.memo:
+                self.last = (x, None, array)
+            if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
+                fresh()
+            return array
+        if not self.memo or self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
+            if self.memo:
+                self.rest -= 1
+            return _device_put(self.aval, self.sharding, [x], self.devices, False, False,
+                               COPY_DURING_CALL)
+        data = np.asarray(x, self.dtype).tobytes()
+        last = self.last
+        if last is not None and data == last[1] and _host_transfers_unguarded():
+            self.misses = 0
+            return last[2]
+        array = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
+                            COPY_DURING_CALL)
+        self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
+        if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
+            fresh()
+        self.misses += 1
+        if self.misses >= self.MEMO_PATIENCE:
+            self.misses = 0
+            self.rest = self.MEMO_REST
+        return array
+
+
+class _Copy:
+    """A one-device jax.Array on another device: copied in C++, as jaxlib does.
+
+    As jaxlib's IFRT CopyArrays, the copy is below the layer that applies
+    device-to-device transfer guards: a hit copies under "disallow" too.
+    """
+
+    __slots__ = ("index", "device_list", "sharding")
+
+    def __init__(self, index: int, sharding: Any) -> None:
+        self.index = index
+        self.device_list = _jax.device_list(sharding)
+        self.sharding = sharding
+
+    def apply(self, inputs: list) -> None:
+        inputs[self.index] = self.value(inputs[self.index])
+
+    def value(self, x: Any) -> Any:
+        return _copy_to_devices([x], [self.device_list], [self.sharding])[0]
+
+
+class _Planned:
+    """A host value sliced/copied on the host by its `ShardingPlan`."""
+
+    __slots__ = ("index", "dtype", "plan")
+
+    def __init__(self, index: int, dtype: np.dtype, plan: Any) -> None:
+        self.index = index
+        self.dtype = dtype
+        self.plan = plan
+
+    def apply(self, inputs: list) -> None:
+        inputs[self.index] = self.value(inputs[self.index])
+
+    def value(self, x: Any) -> Any:
+        return self.plan.put(np.asarray(x, self.dtype))
+
+
+class _ShardArgs:
+    """Inputs JAX's own `shard_args` converts (reshardings, unusual values), in one call."""
+
+    __slots__ = ("indices", "shardings")
+
+    def __init__(self, indices: Sequence[int], shardings: Sequence[Any]) -> None:
+        self.indices = tuple(indices)
+        self.shardings = list(shardings)
+
+    def apply(self, inputs: list) -> None:
+        indices = self.indices
+        converted = _jax.pxla_shard_args(self.shardings, [None] * len(indices),
+                                         [inputs[i] for i in indices])
+        for i, value in zip(indices, converted, strict=True):
+            inputs[i] = value
+
+
+SHARD_ARGS = object()  # a builder's answer: leave this input to `_ShardArgs`
+
+
+def _array_step(i: int, x: Any, sharding: Any, donated: bool,
+                on_fresh: FreshCallback | None) -> Any:
+    if _same_placement(x, sharding):
+        return None
+    if len(x._sharding.device_set) == 1 and len(sharding.device_set) == 1:
+        # A device of another process (none addressable here): as jaxlib's
+        # PrepareIfrtInputs, the array goes to the executable as it is.
+        return _Copy(i, sharding) if len(_jax.device_list(sharding)) else None
+    return SHARD_ARGS
+
+
+def _host_step(i: int, x: Any, sharding: Any, donated: bool,
+               on_fresh: FreshCallback | None) -> Any:
+    dtype = host_dtype(x, canonical_dtypes[_jax.enable_x64.value])
+    if dtype is None or not len(_jax.device_list(sharding)):
+        return SHARD_ARGS  # not a host value, or no device of this process: JAX's way
+    nbytes = np.size(x) * dtype.itemsize
+    if len(sharding.device_set) == 1 and nbytes < _plan.SINGLE_DEVICE_PLAN_MIN_BYTES:
+        memo = not donated and nbytes <= HostInput.MEMO_MAX_BYTES
+        weak = type(x) in _WEAK_SCALAR_TYPES
+        aval = _jax.ShapedArray(np.shape(x), dtype, weak_type=weak)
+        return HostInput(i, dtype, aval, sharding, memo, on_fresh)
+    plan = _plan.plan_for(sharding, np.shape(x), dtype)
+    return SHARD_ARGS if plan is None else _Planned(i, dtype, plan)
+
+
+# type of the value -> builder(input index, value, sharding, donated, on_fresh)
+STEP_BUILDERS: dict[type, Callable[[int, Any, Any, bool, FreshCallback | None], Any]] = {
+    ArrayImpl: _array_step,
+    np.ndarray: _host_step,
+    **{t: _host_step for t in PYTHON_SCALAR_DTYPES},
+}
+
+
+def step_for(i: int, x: Any, sharding: Any, donated: bool,
+             on_fresh: FreshCallback | None = None) -> Any:
+    """The step for input `i` (None: none needed; `SHARD_ARGS`: JAX's `shard_args`).
+
+    `on_fresh`: given to a `HostInput`, which calls it on each value it
+    transfers while its memo looks (a memo miss: a new value).
+    """
+    build = STEP_BUILDERS.get(type(x))
+    if build is None:
+        build = _host_step if isinstance(x, np.generic) else None
+    return SHARD_ARGS if build is None else build(i, x, sharding, donated, on_fresh)
+
+
+def _same_placement(x: Any, sharding: Any) -> bool:
+    xs = x._sharding
+    if xs is sharding or xs == sharding:
+        return True
+    try:
+        return bool(xs.is_equivalent_to(sharding, x.ndim))
+    except Exception:  # different sharding types JAX cannot compare: convert
+        return False
+
+

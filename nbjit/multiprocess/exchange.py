@@ -1,0 +1,497 @@
+"""The exchange: processes agree on a call's signature through jax.distributed's store.
+
+Its cost grows with the number of processes N, not N squared: when processes
+agree only small markers travel, the described entries are read only on a
+mismatch, and every wait is a single-key blocking get.
+
+Store layout, under ``nbjit/agreement/<function key>/`` (``<sig>``: a
+signature key in hex):
+  ``seen/<sig>/<rank>``: `rank` published `<sig>` (at any time);
+  ``count/<sig>``: how many processes published it (an atomic increment by
+      each, on its first publication);
+  ``agreed/<sig>``: set by the process whose increment reached N: every
+      process published it, so every later miss of it passes at once;
+  ``desc/<sig>``: its described entries, set once by its *leader*, the process
+      whose increment returned 1;
+  ``latest/<rank>``: `rank`'s latest attempt that waited (a small JSON: its
+      sequence number, signature, state and call site);
+  ``out/<rank>.<seq>``: the outcome of `rank`'s waiting attempt `seq`, set by
+      the process that decided it (differs, rejected, alone);
+  ``verdict/<sig>``: the last decision about `<sig>`, for a process that
+      arrives after it (naming one process whose next attempt makes it stale).
+
+A miss of signature S: publish the marker, increment the count (the leader
+also sets ``desc/S``); the process that completes the count sets
+``agreed/S`` and goes on. The others block on ``agreed/S`` in growing polls
+(20 ms to 0.5 s) and between polls read their own outcome key. The leader
+alone also watches who is missing, one process per poll (its marker, then
+its latest attempt): a process waiting on a signature the leader never
+published cannot catch up (each waits for the other), so the leader decides
+at once. Deciding reads ``latest/`` and ``seen/S/`` once (N small entries
+each) and the described entries of each differing signature once, raises or
+warns, and writes the outcome of every waiting attempt it sees: a rejection
+for those of other signatures (they raise even if this process calls again
+with theirs, so both sides skip the same call), the same verdict for those
+of its own. After the timeout the leader decides as the old exchange did:
+raise when a missing process published another signature, warn when it
+never called. A process that nobody told anything by its timeout and a
+grace (it arrived after the decision, or its leader hits or crashed)
+follows ``verdict/<sig>`` while that holds, and otherwise decides itself.
+
+Per miss when every process agrees: N markers and increments, one get of
+``agreed/S`` per waiting process, and the leader's N-entry read and marker
+checks: at most 4N small entries served. Waiting adds O(1) per process per
+poll. docs/multi-controller.md has the cost model and the simulated table
+(`python -m nbjit.multiprocess.simulate`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nbjit import _jax
+from nbjit.multiprocess.signature import _MASK64, Signature, first_difference, published_entries
+
+__all__ = ["AgreementError", "AgreementWarning", "Counters", "configure", "counters"]
+
+DEFAULT_TIMEOUT_S = 60.0
+_PREFIX = "nbjit/agreement"
+_FIRST_POLL_S = 0.02
+_MAX_POLL_S = 0.5
+_GRACE_S = 2.0  # a waiting process decides for itself this long after its timeout
+_DESCRIPTION_WAIT_S = 5.0  # a leader sets its description right after its increment
+_NOT_CALLER = (_jax.NBJIT_DIR + os.sep,)  # warnings point past nbjit's frames
+
+
+class AgreementError(ValueError):
+    """Processes called one function with different signatures (nothing ran).
+
+    `function`: its name; `path`: the first differing argument path (or
+    field); `values`: process rank -> that path's value there.
+    """
+
+    def __init__(self, message: str, function: str, path: str, values: dict[int, str]) -> None:
+        super().__init__(message)
+        self.function = function
+        self.path = path
+        self.values = values
+
+
+class AgreementWarning(RuntimeWarning):
+    """A process did not call a function that spans processes within the timeout."""
+
+
+def _env_timeout() -> float:
+    try:
+        return float(os.environ.get("NBJIT_AGREEMENT_TIMEOUT", DEFAULT_TIMEOUT_S))
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+_config: dict[str, Any] = {"timeout_s": _env_timeout(),
+                           "check_host_values": os.environ.get("NBJIT_CHECK_AGREEMENT", "")
+                           not in ("", "0")}
+
+
+def configure(timeout_s: float | None = None, check_host_values: bool | None = None) -> dict:
+    """Sets the wait for other processes and the host-value switch; returns the old ones."""
+    old = dict(_config)
+    if timeout_s is not None:
+        _config["timeout_s"] = float(timeout_s)
+    if check_host_values is not None:
+        _config["check_host_values"] = bool(check_host_values)
+    return old
+
+
+@dataclass
+class Counters:
+    """What agreement did in this process (misses of process-spanning functions)."""
+
+    checks: int = 0  # exchanges made
+    at_once: int = 0  # agreed without a poll timing out
+    at_once_seconds: float = 0.0  # wall time of those exchanges
+    round_trips: int = 0  # key-value store calls
+    describe_seconds: float = 0.0  # building the stable signatures
+    seconds: float = 0.0  # wall time in exchanges, waits included
+    waited_seconds: float = 0.0  # of which waiting for other processes
+    max_wait_seconds: float = 0.0
+    errors: int = 0  # AgreementErrors raised (not the errors JAX raised first)
+    warnings: int = 0
+
+
+_counters = Counters()
+_counters_lock = threading.Lock()
+
+
+def counters() -> Counters:
+    return _counters
+
+
+@dataclass(frozen=True)
+class _Function:
+    name: str
+    key: str  # hex of the name's stable hash: the store's directory for it
+    options_span: bool  # explicit in/out shardings span processes
+    options_text: str
+
+
+class _Process:
+    """What this process published, per function key: signature keys, the
+    ones it leads, its exchange count, and the waiting attempts it rejected."""
+
+    def __init__(self) -> None:
+        self.published: dict[str, set[int]] = {}
+        self.leads: set[tuple[str, int]] = set()
+        self.sequence: dict[str, int] = {}
+        self.rejected: set[tuple[str, int, int]] = set()  # (function, rank, seq) raised against
+        self.lock = threading.Lock()
+
+    def publish(self, function: str, key: int) -> tuple[set[int], int, bool]:
+        """Records an exchange: (the function's published keys, its sequence
+        number, whether `key` is new)."""
+        with self.lock:
+            published = self.published.setdefault(function, set())
+            first = key not in published
+            published.add(key)
+            seq = self.sequence[function] = self.sequence.get(function, 0) + 1
+        return published, seq, first
+
+
+_this_process = _Process()
+
+
+class _Store:
+    """The key-value calls of one exchange, counted; absent keys read as None."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client, self.prefix, self.trips = client, prefix, 0
+
+    def set(self, key: str, value: str) -> None:
+        self.trips += 1
+        _jax.kv_set(self.client, self.prefix + key, value)
+
+    def get(self, key: str) -> str | None:
+        self.trips += 1
+        return _jax.kv_try_get(self.client, self.prefix + key)
+
+    def wait(self, key: str, seconds: float) -> str | None:
+        self.trips += 1
+        return _jax.kv_wait(self.client, self.prefix + key, seconds * 1e3)
+
+    def increment(self, key: str) -> int:
+        self.trips += 1
+        return _jax.kv_increment(self.client, self.prefix + key)
+
+    def read(self, directory: str) -> dict[str, str]:
+        """Last key component -> value, of every key under `directory`."""
+        self.trips += 1
+        found = _jax.kv_dir_get(self.client, self.prefix + directory)
+        return {key.rsplit("/", 1)[1]: value for key, value in found}
+
+
+def _exchange(client: Any, info: _Function, signature: Signature, site: str, rank: int,
+              n: int, process: _Process = _this_process,
+              validate: Callable[[], None] | None = None) -> None:
+    """Publishes `signature`, then waits for the others (see the module docstring).
+
+    Returns when every process published it (or, after a warning, when some
+    never called); raises `AgreementError` when one differs, or the error
+    `validate` raises for this process's own call (JAX's, which comes first).
+    """
+    start = time.perf_counter()
+    store = _Store(client, f"{_PREFIX}/{info.key}/")
+    attempt = _Attempt(store, info, signature, site, rank, n, process, validate)
+    at_once = False
+    try:
+        at_once = attempt.run(start + _config["timeout_s"])
+    finally:
+        elapsed = time.perf_counter() - start
+        with _counters_lock:
+            _counters.checks += 1
+            _counters.round_trips += store.trips
+            _counters.seconds += elapsed
+            _counters.at_once += at_once
+            if at_once:
+                _counters.at_once_seconds += elapsed
+            else:
+                _counters.waited_seconds += elapsed
+                _counters.max_wait_seconds = max(_counters.max_wait_seconds, elapsed)
+
+
+class _Attempt:
+    """One exchange of one process: publish, wait, and decide when it must."""
+
+    def __init__(self, store: _Store, info: _Function, signature: Signature, site: str,
+                 rank: int, n: int, process: _Process, validate: Callable | None) -> None:
+        self.store, self.info, self.signature, self.site = store, info, signature, site
+        self.rank, self.n, self.process, self.validate = rank, n, process, validate
+        self.key = signature.key & _MASK64
+        self.me = f"{self.key:016x}"
+        self.published, self.seq, self.first = process.publish(info.key, self.key)
+        self.leads = False
+        self.missing: list[int] | None = None  # the leader's view of who has not published
+        self.turn = 0
+
+    def run(self, deadline: float) -> bool:
+        """Returns whether the processes agreed at once (no poll timed out)."""
+        if self._publish():
+            return True
+        store, me = self.store, self.me
+        self.leads = (self.info.key, self.key) in self.process.leads
+        end = deadline if self.leads else deadline + min(_config["timeout_s"], _GRACE_S)
+        poll, at_once = _FIRST_POLL_S, True
+        while True:
+            now = time.perf_counter()
+            if now >= end:  # the leader's timeout, or no leader decided: decide here
+                if self.leads:
+                    self._decide(early=False)
+                else:
+                    self._fallback()
+                return False
+            if store.wait(f"agreed/{me}", min(poll, end - now)) is not None:
+                self._follow(store.get(self._outcome_key(self.rank, self.seq)))
+                return at_once
+            at_once = False
+            outcome = store.get(self._outcome_key(self.rank, self.seq))
+            if outcome is not None:
+                self._follow(outcome)
+                return False
+            if self.leads and self._watch():
+                return False
+            poll = min(poll * 2, _MAX_POLL_S)
+
+    def _publish(self) -> bool:
+        """Publishes this attempt; returns True when every process has published
+        its signature (a re-miss of an agreed one, or this process completed it)."""
+        store, me = self.store, self.me
+        if not self.first:
+            if store.get(f"agreed/{me}") is not None:
+                return True  # a re-miss of an agreed signature
+            self._set_latest("waiting")
+            return False
+        store.set(f"seen/{me}/{self.rank}", str(self.seq))  # before latest: see _stuck
+        self._set_latest("waiting")
+        count = store.increment(f"count/{me}")
+        if count == 1:
+            self.process.leads.add((self.info.key, self.key))
+            store.set(f"desc/{me}", json.dumps(published_entries(self.signature.entries)))
+        if count < self.n:
+            return False
+        store.set(f"agreed/{me}", "1")
+        # a process that decided while this one published may have written its outcome
+        self._follow(store.get(self._outcome_key(self.rank, self.seq)))
+        return True
+
+    @staticmethod
+    def _outcome_key(rank: int, seq: int) -> str:
+        return f"out/{rank}.{seq}"
+
+    def _set_latest(self, state: str) -> None:
+        self.store.set(f"latest/{self.rank}", json.dumps(
+            {"seq": self.seq, "sig": self.me, "state": state, "site": self.site}))
+
+    def _watch(self) -> bool:
+        """The leader's look at one missing process: decides (and returns True)
+        when it waits on a signature of its own that this process never published."""
+        store, me = self.store, self.me
+        if self.missing is None:
+            seen = {int(q) for q in store.read(f"seen/{me}/")}
+            self.missing = [q for q in range(self.n) if q not in seen and q != self.rank]
+        while self.missing:
+            q = self.missing[self.turn % len(self.missing)]
+            if store.get(f"seen/{me}/{q}") is None:
+                break
+            self.missing.remove(q)
+        else:
+            return False  # all published: the last one sets agreed/<sig>
+        self.turn += 1
+        text = store.get(f"latest/{q}")
+        if text is None or not self._stuck(q, json.loads(text)):
+            return False
+        return self._decide(early=True) is not None
+
+    def _stuck(self, q: int, other: dict) -> bool:
+        """Whether process `q`, whose latest attempt is `other`, will not publish this
+        signature soon: it waits at a miss whose signature this process never
+        published, so it waits for this process, which waits for it. (One that was
+        rejected may call again with ours, a retry: it is waited for.)"""
+        return (other["sig"] != self.me and other["state"] == "waiting"
+                and int(other["sig"], 16) not in self.published
+                and (self.info.key, q, other["seq"]) not in self.process.rejected)
+
+    def _decide(self, early: bool) -> str | None:
+        """Reads who published what, once; raises or warns, and tells the waiting.
+
+        Returns None when there is nothing to decide yet (early: no process is
+        stuck after all), "agreed" when every process has published meanwhile.
+        """
+        store = self.store
+        # latest before seen: a process shown waiting on a later miss had already
+        # set its marker for ours, if it had one, so the seen read shows it.
+        latest = {int(q): json.loads(v) for q, v in store.read("latest/").items()}
+        seen = {int(q) for q in store.read(f"seen/{self.me}/")} | {self.rank}
+        missing = [q for q in range(self.n) if q not in seen]
+        if not missing:
+            store.set(f"agreed/{self.me}", "1")
+            return "agreed"
+        differing = {q: latest[q] for q in missing if q in latest}
+        if early and not any(self._stuck(q, e) for q, e in differing.items()):
+            return None
+        waiting = {q: e for q, e in latest.items() if q != self.rank
+                   and e["state"] == "waiting" and (q in differing or e["sig"] == self.me)}
+        if not differing:
+            verdict = json.dumps({"kind": "alone", "missing": missing, "by": self.rank,
+                                  "check": [missing[0], None]})
+            verdicts = {self.me: verdict}
+        else:
+            signatures = {q: self.me for q in seen} | {q: e["sig"] for q, e in differing.items()}
+            sites = {q: e["site"] for q, e in latest.items() if signatures.get(q) == e["sig"]}
+            first = min(differing)  # a process whose next attempt makes these verdicts stale
+            checks = {self.me: [first, differing[first]["seq"]]}
+            verdicts = _verdicts(self._entries(differing), signatures,
+                                 sites | {self.rank: self.site}, self.n, early,
+                                 _config["timeout_s"], self.rank, checks, [self.rank, self.seq])
+        for q, e in waiting.items():
+            if q in differing:
+                self.process.rejected.add((self.info.key, q, e["seq"]))
+            store.set(self._outcome_key(q, e["seq"]), verdicts[e["sig"]])
+        for sig, verdict in verdicts.items():  # for those that arrive after this read
+            store.set(f"verdict/{sig}", verdict)
+        self._follow(verdicts[self.me])
+        return "alone"  # when it did not raise
+
+    def _fallback(self) -> None:
+        """A waiting process that no leader told anything in time: follows the last
+        decision about its signature while it still holds (three small gets; the
+        leader decided before this process arrived), or decides itself."""
+        store, me = self.store, self.me
+        count = store.get(f"count/{me}")
+        if count is not None and int(count) >= self.n:
+            return  # every process published it: agreed
+        text = store.get(f"verdict/{me}")
+        if text is not None:
+            verdict = json.loads(text)
+            q, seq = verdict["check"]
+            if seq is None:  # alone: q had not called
+                holds = store.get(f"seen/{me}/{q}") is None
+            else:  # differs: q has made no attempt since
+                other = store.get(f"latest/{q}")
+                holds = other is not None and json.loads(other)["seq"] == seq
+            if holds:
+                self._follow(text)
+                return
+        self._decide(early=False)
+
+    def _entries(self, differing: dict[int, dict]) -> dict[str, list]:
+        """Signature -> its described entries: this one's and each differing one's
+        (read once per signature, not per process)."""
+        entries = {self.me: published_entries(self.signature.entries)}
+        for sig in sorted({e["sig"] for e in differing.values()}):
+            text = self.store.wait(f"desc/{sig}", _DESCRIPTION_WAIT_S)
+            entries[sig] = json.loads(text) if text is not None else [["signature", sig]]
+        return entries
+
+    def _follow(self, outcome: str | None) -> None:
+        """Acts on a decided outcome: raises (differs), warns (alone), or returns (None)."""
+        if outcome is None:
+            return
+        verdict = json.loads(outcome)
+        if verdict["kind"] == "alone":
+            self._set_latest("alone")
+            with _counters_lock:
+                _counters.warnings += 1
+            warnings.warn(_missing_message(self.info, self.rank, verdict["missing"],
+                                           _config["timeout_s"]),
+                          AgreementWarning, skip_file_prefixes=_NOT_CALLER)
+            return
+        self._set_latest("differs")
+        if self.validate is not None:
+            self.validate()  # an error JAX raises for this process's call alone comes first
+        with _counters_lock:
+            _counters.errors += 1  # AgreementErrors raised
+        raise _error(self.info, self.rank, self.n, verdict)
+
+
+# ---------------------------------------------------------------------------
+# Verdicts and messages
+
+
+def _verdicts(entries: dict[str, list], signatures: dict[int, str], sites: dict[int, str],
+              n: int, early: bool, timeout: float, by: int, checks: dict[str, list],
+              check: list) -> dict[str, str]:
+    """Signature -> the verdict (JSON) its callers raise with, seen from it: the
+    first difference in its entry order, each process's value there (ranks
+    grouped), and the call sites. `signatures`: rank -> the signature it
+    published (ranks absent from it have not called)."""
+    out = {}
+    for sig, mine in entries.items():
+        path, values = first_difference(mine, {s: e for s, e in entries.items() if s != sig})
+        own = str(dict(map(tuple, mine)).get(path, "(absent)"))
+        if path == "signature":  # equal as published (truncated): name the keys
+            own, values = f"key {sig}", {s: f"key {s}" for s in entries}
+        by_rank = {q: own if signatures.get(q) == sig
+                   else values.get(signatures[q], own) if q in signatures
+                   else "(not called yet)" for q in range(n)}
+        out[sig] = json.dumps({"kind": "differs", "path": path, "values": _group(by_rank),
+                               "own": own, "sites": _group(sites), "early": early,
+                               "timeout": timeout, "by": by, "check": checks.get(sig, check)})
+    return out
+
+
+def _group(by_rank: dict[int, str]) -> list[list]:
+    """[[value, [[first rank, last rank], ...]], ...], by first rank: N ranks that
+    share a few values travel as a few runs."""
+    runs: dict[str, list[list[int]]] = {}
+    for q in sorted(by_rank):
+        ranges = runs.setdefault(by_rank[q], [])
+        if ranges and ranges[-1][1] == q - 1:
+            ranges[-1][1] = q
+        else:
+            ranges.append([q, q])
+    return sorted(([v, r] for v, r in runs.items()), key=lambda vr: vr[1][0][0])
+
+
+def _expand(groups: list[list]) -> dict[int, str]:
+    return dict(sorted((q, v) for v, ranges in groups for a, b in ranges
+                       for q in range(a, b + 1)))
+
+
+def _ranks_text(ranges: list[list[int]]) -> str:
+    if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+        return f"process {ranges[0][0]}"
+    return "processes " + ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in ranges)
+
+
+def _error(info: _Function, rank: int, n: int, verdict: dict) -> AgreementError:
+    path, values = verdict["path"], _expand(verdict["values"])
+    values[rank] = verdict["own"]  # this process may have called after the decision
+    groups = _group(values)
+    shown = ", ".join(f"{_ranks_text(r)}: {v}" for v, r in groups)
+    called = ", ".join(f"{_ranks_text(r)}: {s}" for s, r in verdict["sites"])
+    timeout = verdict["timeout"]
+    when = ("another process waits on a signature of its own"
+            if verdict["early"] else f"after waiting {timeout:g} s")
+    message = (
+        f"processes called {info.name} with different signatures ({when}); nothing was "
+        f"compiled or run. First difference, {path}: {shown}. Called at: {called}. Every "
+        "process must call a function whose arrays span processes with the same global "
+        "shapes, dtypes, shardings, static arguments and pytree structures, in the same "
+        "order (build global arrays with the same global shape everywhere, e.g. "
+        "jax.make_array_from_process_local_data). A process that is only late (still "
+        f"compiling) needs a longer NBJIT_AGREEMENT_TIMEOUT (now {timeout:g} s).")
+    return AgreementError(message, info.name, path, values)
+
+
+def _missing_message(info: _Function, rank: int, missing: list[int], timeout: float) -> str:
+    who = _ranks_text([r for _, r in _group(dict.fromkeys(missing, ""))][0])
+    return (f"nbjit: process {rank} called {info.name}, whose arrays span processes, and "
+            f"{who} did not call it within {timeout:g} s (NBJIT_AGREEMENT_TIMEOUT); going on. "
+            "If that function runs collectives, this process will wait in them: every "
+            "process must make the same calls in the same order.")

@@ -1,0 +1,79 @@
+"""scripts/bootstrap.sh reinstalls only when what it installs from changed.
+
+The venv is a stand-in whose ``python`` logs each ``-m pip`` call instead of
+running it (and runs everything else with this interpreter), so the test counts
+installs without touching the network.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _fake_venv(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    python = venv / "bin" / "python"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = -m ] && [ "$2" = pip ]; then\n'
+        f'  shift 2; echo "$*" >> {log}; exit 0\n'
+        "fi\n"
+        f"PYTHONPATH={ROOT} exec {sys.executable} \"$@\"\n"
+    )
+    python.chmod(0o755)
+    return venv, log
+
+
+def _bootstrap(venv: pathlib.Path, *extras: str) -> str:
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "bootstrap.sh"), str(venv), *extras],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def _installs(log: pathlib.Path) -> list[str]:
+    if not log.exists():
+        return []
+    return [line for line in log.read_text().splitlines() if line.startswith("install") and
+            "-e" in line.split()]
+
+
+@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="needs coreutils' sha256sum")
+def test_bootstrap_installs_once_then_again_when_the_extras_change(tmp_path):
+    venv, log = _fake_venv(tmp_path)
+    first = _bootstrap(venv)
+    assert len(_installs(log)) == 1
+    assert "not reinstalling" not in first
+    second = _bootstrap(venv)
+    assert len(_installs(log)) == 1  # nothing changed: no pip install -e
+    assert "not reinstalling" in second
+    _bootstrap(venv, "jax==0.11.2")  # other extras: installs again, with them
+    installs = _installs(log)
+    assert len(installs) == 2 and installs[-1].endswith("jax==0.11.2")
+    _bootstrap(venv, "jax==0.11.2")
+    assert len(_installs(log)) == 2
+
+
+def test_a_failed_install_is_retried(tmp_path):
+    venv, log = _fake_venv(tmp_path)
+    _bootstrap(venv)
+    assert (venv / ".nbjit-bootstrap-hash").exists()
+    python = venv / "bin" / "python"
+    working = python.read_text()
+    python.write_text(working.replace("exit 0", "exit 1"))  # pip fails
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "bootstrap.sh"), str(venv), "numba"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert not (venv / ".nbjit-bootstrap-hash").exists()
+    python.write_text(working)
+    assert "not reinstalling" not in _bootstrap(venv)  # even with the old inputs: installs
