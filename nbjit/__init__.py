@@ -12,6 +12,7 @@ Tracing, lowering and compiling are JAX's own; nbjit owns the cache-hit path.
 from nbjit import _jax  # noqa: F401  (checks the jax version at import)
 from nbjit.core.binders import binder_source
 from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit
+from nbjit.filter import filter_jit
 from nbjit.host.plan import device_put
 from nbjit.multiprocess.agreement import AgreementError, AgreementWarning
 from nbjit.observe.explain import RankedMisses, assert_max_misses, explain_misses, ranked_misses
@@ -22,8 +23,8 @@ from nbjit.routing.patch import patch_jax, patched_jax, unpatch_jax
 __all__ = [
     "AgreementError", "AgreementWarning", "CompareResult", "DispatchStats", "PjitFunction",
     "PjitFunctionCache", "Profile", "RankedMisses", "assert_max_misses", "binder_source",
-    "compare", "device_put", "explain_misses", "jit", "patch_jax", "patched_jax", "profile",
-    "ranked_misses", "stats", "unpatch_jax",
+    "compare", "device_put", "explain_misses", "filter_jit", "jit", "patch_jax", "patched_jax",
+    "profile", "ranked_misses", "stats", "unpatch_jax",
 ]
 __version__ = "0.1.0"
 

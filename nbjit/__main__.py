@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-profile", action="store_true",
                    help="no per-phase timing (the report then has counts only)")
     r.add_argument("--no-report", action="store_true", help="print no report at exit")
+    r.add_argument("--no-filter-jit", action="store_true",
+                   help="leave equinox.filter_jit alone (else routed to nbjit.filter_jit)")
     r.add_argument("--check-agreement", action="store_true",
                    help="multi-controller: processes also compare the bytes of host inputs "
                    "at each miss (docs/multi-controller.md)")
@@ -167,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
         if profile is not None:
             stack.enter_context(profile)
         try:
-            return _run.run_script([args.target, *args.args], module=args.module)
+            return _run.run_script([args.target, *args.args], module=args.module,
+                                   filter_jit=not args.no_filter_jit)
         finally:
             stack.close()
             report = _report.build(profile)

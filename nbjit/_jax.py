@@ -431,3 +431,45 @@ trace_context_states = [
     _config_holders.get(name, _config_holders.get("jax_" + name))
     for name in (_trace_context_names() if callable(_trace_context_names)
                  else _trace_context_names)]
+
+
+# Host callbacks in the computation being traced (nbjit.filter: a computation
+# that can raise from a callback, as `equinox.error_if` does, is waited on).
+_CALLBACK_PRIMITIVES = frozenset({"pure_callback", "io_callback"})
+
+
+def _eqns_call_back(eqns, seen: set) -> bool:
+    for eqn in eqns:
+        if type(eqn) is not _core.JaxprEqn and callable(eqn):  # a weakref (auto-DCE)
+            eqn = eqn()
+            if eqn is None:
+                continue
+        if eqn.primitive.name in _CALLBACK_PRIMITIVES:
+            return True
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                jaxpr = getattr(sub, "jaxpr", sub)  # ClosedJaxpr -> Jaxpr
+                if isinstance(jaxpr, _core.Jaxpr) and id(jaxpr) not in seen:
+                    seen.add(id(jaxpr))
+                    if _eqns_call_back(jaxpr.eqns, seen):
+                        return True
+    return False
+
+
+def traced_callbacks() -> bool:
+    """Whether the jaxpr being traced now holds a host callback (in nested
+    jaxprs too). True when the trace cannot be read (be conservative: a
+    caller then waits where it need not); False outside a jaxpr trace."""
+    trace = _core.trace_ctx.trace
+    frame = getattr(trace, "frame", None)
+    if frame is None:
+        return not isinstance(trace, _core.EvalTrace)
+    eqns = getattr(frame, "tracing_eqns", None)
+    if eqns is None:
+        eqns = getattr(frame, "eqns", None)
+    if eqns is None:
+        return True
+    try:
+        return _eqns_call_back(list(eqns), set())
+    except Exception:
+        return True

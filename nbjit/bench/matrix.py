@@ -25,6 +25,7 @@ import numpy as np
 
 # Upstream's own jit, captured where JAX defines it (see nbjit.bench.runner).
 from nbjit._jax import jax_jit
+from nbjit.bench import filter_cases as fc  # equinox is imported when a row is built
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class Case:
     jit_options: dict[str, Any] = field(default_factory=dict)
     fresh_function: bool = False
     arg_pool: tuple[tuple[Any, ...], ...] = ()
+    # Contenders of their own, each with its argument pool: (name, callable, pool).
+    # "a" and "b" are the ratio's sides, any other is timed with them and named
+    # in the row's note (filter_jit rows: nbjit, the ideal, equinox).
+    sides: tuple[tuple[str, Callable[..., Any], tuple[tuple[Any, ...], ...]], ...] = ()
 
     @classmethod
     def new_values(cls, fun: Callable[..., Any], pool: Sequence[tuple[Any, ...]],
@@ -70,6 +75,7 @@ class Scenario:
     # that start large computations, whose queue would otherwise slow the
     # dispatches after them.
     sync_each: bool = False
+    needs: str | None = None  # a module the case imports (an optional dependency): else skipped
 
 
 def _swap(a, b):
@@ -448,7 +454,29 @@ def scenarios() -> list[Scenario]:
     for n in (2, 32, 256):  # pytree calls: where flat arguments already are (issue 30)
         out.append(Scenario(f"params_dict_step_{n}", n + 1, "params dict + jax.Array batch",
                             _params_dict_case(n), False, "params dict step"))
+    out += _filter_jit_rows()
     return out
+
+
+def _filter_jit_rows() -> list[Scenario]:
+    """nbjit.filter_jit (a) against the ideal (b: jax.jit on pre-partitioned arrays),
+    with equinox.filter_jit timed alongside (nbjit.bench.filter_cases)."""
+    def case(sides: Callable[..., tuple], *args: Any) -> Callable[[], Case]:
+        return lambda: Case(sides, (), sides=sides(*args))
+
+    kind = "eqx Module step vs ideal"
+    return [
+        Scenario("filter_jit_mlp_step_depth_2", 3, kind, case(fc.mlp_step, 2), True,
+                 needs="equinox"),
+        Scenario("filter_jit_mlp_step_depth_8", 3, kind, case(fc.mlp_step, 8), True,
+                 needs="equinox"),
+        Scenario("filter_jit_static_fields_step", 3, kind + ", static fields",
+                 case(fc.static_fields_step), True, needs="equinox"),
+        Scenario("filter_jit_fresh_numpy_batch", 3, kind + ", new numpy batch",
+                 case(fc.fresh_batch_step), True, needs="equinox"),
+        Scenario("filter_jit_error_if_step", 3, kind + ", eqx.error_if",
+                 case(fc.error_if_step), True, needs="equinox"),
+    ]
 
 
 def select(matrix: Sequence[Scenario], pattern: str | None) -> list[Scenario]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import importlib.util
 import itertools
 import os
 import pathlib
@@ -62,6 +63,8 @@ class Row:
     calls_per_batch: int = 0
     seconds: float = 0.0
     note: str = ""
+    # Contenders beyond a and b (Case.sides): name -> median of per-round a / it.
+    other_ratios: dict[str, float] | None = None
 
 
 Jit = Callable[..., Callable[..., Any]]
@@ -176,7 +179,12 @@ def run_scenario(
     if len(jax.devices()) < scenario.min_devices:
         row.note = f"skipped: needs {scenario.min_devices} devices, have {len(jax.devices())}"
         return row
+    if scenario.needs and importlib.util.find_spec(scenario.needs) is None:
+        row.note = f"skipped: needs {scenario.needs} (not installed)"
+        return row
     case = scenario.build()
+    if case.sides:
+        return _run_sides(row, case, scenario.block, settings)
     notes = []
     if case.fresh_function:
         call_a = _fresh_caller(jit_a, case, scenario.block)
@@ -210,6 +218,40 @@ def run_scenario(
     if "floor" in result.names:
         row.floor_us = result.median_us("floor")
     row.ratio, row.ratio_p10, row.ratio_p90 = ratio.median, ratio.p10, ratio.p90
+    row.rounds = result.per_call_s.shape[0]
+    row.calls_per_batch = result.calls_per_batch
+    row.seconds = result.seconds
+    row.note = "; ".join(notes)
+    return row
+
+
+def _run_sides(row: Row, case: Case, block: bool, settings: measure.Settings) -> Row:
+    """A case with contenders of its own (`Case.sides`): a / b is the row's ratio,
+    every other contender's median and a / it go to the note; a's outputs are
+    checked against each side that takes the same arguments."""
+    calls, notes = {}, []
+    for name, fun, pool in case.sides:
+        calls[name] = _caller(fun, Case(fun, pool[0], arg_pool=pool), block)
+    a_fun, a_pool = case.sides[0][1], case.sides[0][2]
+    for name, fun, pool in case.sides[1:]:
+        same = zip(pool, a_pool, strict=True)
+        if all(u is v for t, s in same for u, v in zip(t, s, strict=True)):
+            diff = output_difference(a_fun(*a_pool[0]), fun(*pool[0]))
+            if diff:
+                notes.append(f"OUTPUTS DIFFER from {name}: {diff}"[:160])
+    for call in calls.values():
+        _settle(call)
+    result = measure.interleave(list(calls.items()), settings, sync=jax.block_until_ready)
+    ratio = result.ratio("a", "b")
+    row.a_us, row.b_us = result.median_us("a"), result.median_us("b")
+    row.ratio, row.ratio_p10, row.ratio_p90 = ratio.median, ratio.p10, ratio.p90
+    row.other_ratios = {}
+    for name in calls:
+        if name not in ("a", "b"):
+            other = result.ratio("a", name)
+            row.other_ratios[name] = other.median
+            notes.append(f"{name} {result.median_us(name):.1f} us, a/{name} {other.median:.3f} "
+                         f"[{other.p10:.3f}-{other.p90:.3f}]")
     row.rounds = result.per_call_s.shape[0]
     row.calls_per_batch = result.calls_per_batch
     row.seconds = result.seconds

@@ -311,8 +311,11 @@ def field_differences(old: CallDescription, new: CallDescription) -> list[tuple[
             out.append((f"{path}: static argument type",
                         f"{path}: static argument type {old_kind.__name__} -> {kind.__name__}"))
         elif not _equal(old_value, value):
+            old_text, new_text = _show(old_value), _show(value)
+            change = ("a new object, not equal" if old_text == new_text  # looks the same
+                      else f"{old_text} -> {new_text}")
             out.append((f"{path}: static argument value",
-                        f"{path}: static argument value {_show(old_value)} -> {_show(value)}"))
+                        f"{path}: static argument value {change}"))
     old_leaves = {leaf.path: leaf for leaf in old.leaves}
     for leaf in new.leaves:
         before = old_leaves.get(leaf.path)

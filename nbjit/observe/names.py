@@ -30,8 +30,8 @@ import numpy as np
 
 from nbjit import _jax
 
-__all__ = ["aval_text", "call_site", "definition_site", "function_name", "process_label",
-           "qualified_name"]
+__all__ = ["aval_text", "call_site", "definition_site", "function_name", "name_like",
+           "process_label", "qualified_name"]
 
 
 def qualified_name(fun: Any) -> str:
@@ -89,6 +89,17 @@ def function_name(fun: Any) -> str:
         except TypeError:
             pass
     return name
+
+
+def name_like(fun: Any, like: Any) -> None:
+    """Reports name `fun` as they name `like`: for a function made to run
+    `like`'s calls (nbjit.filter_jit's inner function)."""
+    name = function_name(like)
+    with _lock:
+        try:
+            _assigned[fun] = name
+        except TypeError:
+            pass
 
 
 def process_label() -> str | None:

@@ -4,8 +4,9 @@ Runs a script or module as ``python script.py`` / ``python -m module`` would
 (as ``python -m cProfile`` does): ``__name__ == "__main__"``, ``sys.argv`` the
 script's own, ``sys.path[0]`` the script's directory (the current one for
 ``-m``), exit code and uncaught exceptions as the script would give them, but
-with `jax.jit` routed to `nbjit.jit` (`nbjit.patch_jax()`) from before the
-script's first line until the process exits.
+with `jax.jit` routed to `nbjit.jit` (`nbjit.patch_jax()`), and
+`equinox.filter_jit` to `nbjit.filter_jit` when equinox is installed, from
+before the script's first line until the process exits.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ __all__ = ["run_script"]
 
 
 def run_script(argv: Sequence[str], module: bool = False,
-               on_exit: Callable[[], None] | None = None) -> int:
+               on_exit: Callable[[], None] | None = None, filter_jit: bool = True) -> int:
     """Runs ``argv[0]`` (a path, or a module name with `module`) with ``argv[1:]``.
 
     Returns the exit status the script would have had (0, a `sys.exit` code,
@@ -34,7 +35,8 @@ def run_script(argv: Sequence[str], module: bool = False,
     script's first frame, as Python prints it). A `SystemExit` with a
     non-integer code propagates, so Python reports it as it would for the
     script. `on_exit`, if given, runs after the script (also when it raised
-    or exited): the hook for an end-of-run report.
+    or exited): the hook for an end-of-run report. `filter_jit=False` leaves
+    `equinox.filter_jit` alone (else it is routed to `nbjit.filter_jit`).
     """
     if not argv:
         raise ValueError("run_script needs a script path or module name")
@@ -53,7 +55,7 @@ def run_script(argv: Sequence[str], module: bool = False,
             sys.path[0] = script_dir  # what `python script.py` puts there
         else:
             sys.path.insert(0, script_dir)
-    _patch.patch_jax()
+    _patch.patch_jax(filter_jit=filter_jit)
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)

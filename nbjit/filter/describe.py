@@ -1,0 +1,57 @@
+"""Misses of a `filter_jit` function described by the wrapped call.
+
+nbjit explains a miss by comparing the call's description with the closest
+cached one (`nbjit.observe.explain`). The inner function's own arguments
+(one list of arrays and a `StaticKey`) would say only "the static argument
+changed"; this describes the wrapped function's arguments instead, every
+leaf by its path: array leaves as nbjit.jit describes them, every other leaf
+as a static value (``args[0].layers[1].activation``), so an explained miss
+names the Module field that changed. Runs on misses only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from jax import tree_util
+
+from nbjit.filter.leaves import is_array
+from nbjit.filter.static import rebuild_call
+from nbjit.observe import explain as _explain
+
+__all__ = ["describe_filter_call"]
+
+
+def describe_filter_call(static: tuple, arrays: list,
+                         context: tuple) -> _explain.CallDescription:
+    """The description of one call, from its static key and traced arrays."""
+    fun, args, kwargs = rebuild_call(static, arrays, None)
+    leaves: list[_explain.LeafDescription] = []
+    statics: list[tuple[str, type, Any]] = []
+    structure: list[tuple[str, str]] = []
+    parts = [("fun", fun)] if fun is not None else []  # a plain function: not in the key
+    parts += [(f"args[{i}]", a) for i, a in enumerate(args)] + [
+        (f"kwargs[{name!r}]", kwargs[name]) for name in sorted(kwargs)]
+    for path, value in parts:
+        pairs, treedef_ = tree_util.tree_flatten_with_path(value)
+        treedef: Any = treedef_  # (jax's stubs lack num_nodes and num_leaves)
+        if treedef.num_nodes != 1 or treedef.num_leaves != 1:
+            structure.append((path, str(treedef)))
+        for key_path, leaf in pairs:
+            leaf_path = path + tree_util.keystr(key_path)
+            if is_array(leaf):
+                leaves.append(_explain._describe_leaf(leaf_path, leaf))
+            else:
+                statics.append((leaf_path, type(leaf), leaf))
+    names = tuple(sorted(kwargs))
+    word, flag = _explain._word, _explain._flag
+    row = [len(leaves), word((len(args), tuple(structure))), word(names),
+           word(tuple(statics)), word(context)]
+    for leaf in leaves:
+        row += (word(leaf.path), word(leaf.kind), word(leaf.dtype), flag(leaf.weak_type),
+                flag(leaf.committed), word(leaf.sharding),
+                -1 if leaf.shape is None else len(leaf.shape), word(leaf.shape))
+    return _explain.CallDescription(
+        tuple(leaves), tuple(statics), names, tuple(structure), context, tuple(row),
+        np.array(row, dtype=np.int64), next(_explain._serials), len(args))

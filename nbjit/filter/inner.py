@@ -1,0 +1,153 @@
+"""The jitted function under a `filter_jit` wrapper, and what its key holds.
+
+`filter_jit(fun)` calls one nbjit `PjitFunction` per wrapped function (and
+layout, see below): ``inner(arrays, static)`` with `static` a static
+argument. `arrays` are the call's traced leaves (the function's own first,
+then the arguments'), each a positional argument (`make_inner`'s layouts),
+so nbjit's binder keys them without flattening; `static` is a `static_key` tuple: the argument
+treedef and the non-array leaves, compared as equinox compares its static
+part (``==`` and ``hash``, identity first). Under ``donate="*-except-first"`` the first
+argument's arrays come as a list of their own: ``inner(donated, kept, static)``.
+
+At trace time `inner` rebuilds the function and its arguments, calls it, and
+splits the output: its arrays are the jitted outputs; everything else rides
+in an `OutputRecipe` (a pytree node without children, so JAX keeps it in the
+output treedef and every hit returns the trace-time objects). The recipe also
+says whether the computation holds a host callback (an `eqx.error_if` check):
+then the outputs carry a marker that the caller waits on.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from nbjit import _jax
+from nbjit.core.dispatch import PjitFunction
+from nbjit.filter import describe
+from nbjit.filter.leaves import split_leaves
+from nbjit.filter.static import merge, rebuild_call
+
+__all__ = ["FilterPjitFunction", "OutputRecipe", "make_inner"]
+
+
+class OutputRecipe:
+    """How the outputs rebuild: the output treedef, its non-array leaves and
+    whether a marker output is there to wait on. Compared by identity (each
+    trace makes its own)."""
+
+    __slots__ = ("treedef", "statics", "blocks", "all_arrays")
+
+    def __init__(self, treedef: Any, statics: tuple, blocks: bool) -> None:
+        self.treedef = treedef
+        self.statics = statics
+        self.blocks = blocks
+        self.all_arrays = all(x is None for x in statics)
+
+    def rebuild(self, arrays: list) -> Any:
+        if self.all_arrays:
+            return self.treedef.unflatten(arrays)
+        return self.treedef.unflatten(merge(self.statics, arrays))
+
+
+jax.tree_util.register_pytree_node(
+    OutputRecipe, lambda recipe: ((), recipe), lambda recipe, _: recipe)
+
+
+def split_output(out: Any) -> tuple[list, OutputRecipe]:
+    """Trace time: the output's arrays (and a marker when the computation has a
+    host callback) and the recipe that rebuilds it."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    arrays, statics = split_leaves(leaves)
+    blocks = _jax.traced_callbacks()
+    if blocks:
+        arrays.append(jnp.array(0))  # the marker, as equinox's
+    return arrays, OutputRecipe(treedef, statics, blocks)
+
+
+def make_inner(names: tuple[str, str, str], layout: str, fun: Any) -> Callable:
+    """The function nbjit jits: rebuilds the call from arrays + static key. It
+    holds a plain Python `fun` weakly (its wrappers hold it while they live).
+
+    Layouts: "spread" ``inner(static, *arrays)`` (no donation: each array a
+    positional argument, which nbjit's binder keys without flattening, numpy
+    ones too); "list" ``inner(arrays, static)`` (everything donated);
+    "except_first" ``inner(donated, kept, static)``.
+    """
+    plain = weakref.ref(fun) if type(fun) is types.FunctionType else lambda: None
+    if layout == "spread":
+        def fun_wrapped(static: tuple, *arrays: Any) -> tuple:
+            fun, args, kwargs = rebuild_call(static, list(arrays), plain())
+            return split_output(fun(*args, **kwargs))
+    elif layout == "except_first":
+        def fun_wrapped(donated: list, kept: list, static: tuple) -> tuple:  # type: ignore[misc]
+            fun, args, kwargs = rebuild_call(static, join_arrays(static, donated, kept), plain())
+            return split_output(fun(*args, **kwargs))
+    else:
+        def fun_wrapped(arrays: list, static: tuple) -> tuple:  # type: ignore[misc]
+            fun, args, kwargs = rebuild_call(static, arrays, plain())
+            return split_output(fun(*args, **kwargs))
+    fun_wrapped.__name__, fun_wrapped.__qualname__, fun_wrapped.__module__ = names[:3]
+    return fun_wrapped
+
+
+def join_arrays(static: tuple, donated: list, kept: list) -> list:
+    """The except-first layout's arrays in flattening order: the function's
+    (donated), the first argument's (kept), the rest (donated)."""
+    count = static[0].count
+    return [*donated[:count], *kept, *donated[count:]]
+
+
+def split_inner_args(layout: str, inner_args: tuple) -> tuple[tuple, tuple, list]:
+    """(the arguments without the static key, the static key, the arrays in
+    flattening order) of one inner call."""
+    if layout == "spread":
+        return inner_args[1:], inner_args[0], list(inner_args[1:])
+    static = inner_args[-1]
+    if layout == "except_first":
+        return inner_args[:-1], static, join_arrays(static, *inner_args[:2])
+    return inner_args[:-1], static, list(inner_args[0])
+
+
+class FilterPjitFunction(PjitFunction):
+    """The `PjitFunction` of one wrapped function: nbjit's dispatcher, with
+    (1) XLA's "Some donated buffers were not usable" warning hidden where
+    equinox hides it (donate="all" and "all-except-first"; only compiles
+    warn, so only the compile and JAX's own path are wrapped), and (2) misses
+    described by the wrapped function's arguments, each static leaf by its
+    path (`nbjit.filter.describe`)."""
+
+    def __init__(self, fun: Callable, options: dict[str, Any], filter_warning: bool,
+                 layout: str) -> None:
+        super().__init__(fun, options)
+        self._filter_warning = filter_warning
+        self._layout = layout
+
+    def _compile(self, *args: Any) -> Any:
+        if not self._filter_warning:
+            return super()._compile(*args)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable*")
+            return super()._compile(*args)
+
+    def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        if not self._filter_warning:
+            return super()._slow(args, kwargs, reason)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable*")
+            return super()._slow(args, kwargs, reason)
+
+    def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
+        description, explaining = super()._describe_miss(args, kwargs, context)
+        try:
+            _, static, arrays = split_inner_args(self._layout, args)
+            description = describe.describe_filter_call(static, arrays, context)
+        except Exception:  # describing must never break a call
+            pass
+        return description, explaining
