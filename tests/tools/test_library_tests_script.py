@@ -67,15 +67,16 @@ def test_nbjit_mode_routes_jit_before_imports_and_reports(tmp_path: pathlib.Path
     assert result.returncode == 0, result.stdout + result.stderr
     # double: a miss then a hit; outer: one miss; inner, called while outer
     # traces: a tracer argument, JAX's own path (slow, reason "tracer").
-    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("nbjit: "))
-    expected = "nbjit: 3 live jitted functions; calls 4, hits 1, misses 2, slow 1 {'tracer': 1}"
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("nbjit (nbjit): "))
+    expected = ("nbjit (nbjit): 3 live jitted functions; calls 4, hits 1, misses 2, slow 1 "
+                "{'tracer': 1}")
     assert line == expected, line
 
 
 def test_jax_mode_leaves_jit_alone(tmp_path: pathlib.Path) -> None:
     result = _run_pytest(tmp_path, "jax")
     assert result.returncode == 1, result.stdout + result.stderr  # `jit is nbjit.jit` fails
-    assert "assert" in result.stdout and "nbjit: " not in result.stdout
+    assert "assert" in result.stdout and "nbjit (" not in result.stdout
 
 
 @pytest.mark.skipif(not SCRIPT.exists(), reason="no script")
