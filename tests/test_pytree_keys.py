@@ -293,3 +293,30 @@ def test_outputs_do_not_depend_on_the_reader():
     first = nb(p)
     assert_same_outputs(first, jx(p))
     assert_same_outputs(nb(p), first)
+
+
+def test_keyword_calls_found_by_positional_count_check_their_names():
+    """A keyword call's binder is found by its positional count alone (``~nargs``);
+    the binder checks the names, and a call with other names (or another count of
+    them) runs the binder of its own call shape: each keys as jax.jit does."""
+    def f(x, n, *, y=None, mode="mul", z=None):
+        out = x * n if mode == "mul" else x + n
+        return out if y is None else out + y if z is None else out + y * z
+
+    nb = nbjit.jit(f, static_argnums=1, static_argnames=("mode",))
+    jx = jax.jit(f, static_argnums=1, static_argnames=("mode",))
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    calls = [{"y": y, "mode": "mul"}, {"mode": "mul", "y": y}, {"z": y, "mode": "add"},
+             {"y": y, "z": y}, {"y": y, "mode": "add", "z": 2.0}, {"y": y}, {"mode": "add"}]
+    for _ in range(2):
+        for kwargs in calls:
+            assert_same_call(nb, jx, x, 2, **kwargs)
+            assert nb._cache_size() == jx._cache_size()
+    assert nb._binders[~2] is nb._binders[(2, "y", "mode")]  # the first names seen
+    assert nb.stats().misses == jx._cache_size()
+    for jitted in (nb, jx):  # an unknown keyword: JAX's error (each caches the failed entry)
+        with pytest.raises(TypeError, match="'q'"):
+            jitted(x, 2, y=y, q=1)
+    assert nb._cache_size() == jx._cache_size()
+    assert_same_call(nb, jx, x, 2, y=y, mode="mul")  # and the first names still hit
+    assert nb.stats().misses == 6
