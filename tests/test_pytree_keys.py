@@ -342,8 +342,8 @@ def test_equinox_modules_are_read_by_field_as_equinox_flattens_them():
     def fun(m, x):
         return m.act(m.w * x + m.b) * len(m.name)
 
-    def make(cls=Scale, name="s", act=jnp.tanh):
-        return cls(jnp.ones(2), jnp.zeros(2), name, act)
+    def make(cls=Scale, name="s", act=jnp.tanh):  # w and b differ: leaf order shows
+        return cls(jnp.ones(2), jnp.full(2, 3.0), name, act)
 
     extra = make()
     object.__setattr__(extra, "__doc__", "a wrapper field")  # node data holds wrapper fields
@@ -351,7 +351,7 @@ def test_equinox_modules_are_read_by_field_as_equinox_flattens_them():
     del missing.__dict__["b"]  # equinox flattens it as MISSING
     renamed = make()
     object.__setattr__(renamed, "name", "t")  # behind equinox's back: a new static value
-    x = jnp.ones(2)
+    x = jnp.arange(2.0)
     m = make()
     nb = _check_calls([(m, x), (make(), x), (make(name="t"), x), (renamed, x),
                        (make(act=jnp.sin), x), (extra, x), (make(Sub), x), (m, x),
@@ -365,6 +365,6 @@ def test_equinox_modules_are_read_by_field_as_equinox_flattens_them():
         assert_same_call(nb, jx, arg, x)
     mlp = eqx.nn.MLP(4, 2, 8, 2, key=jax.random.key(0))
     params, static = eqx.partition(mlp, eqx.is_array)
-    nb2 = _check_calls([(params, x[:1].repeat(4))], fun=lambda p, x: eqx.combine(p, static)(x))
+    nb2 = _check_calls([(params, jnp.arange(4.0))], fun=lambda p, x: eqx.combine(p, static)(x))
     source = inspect.getsource(_readers(nb2)[0])
     assert "flatten_one_level" not in source and source.count("__dict__") == 4  # MLP, 3 Linear
