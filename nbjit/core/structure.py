@@ -399,10 +399,10 @@ class Readers:
         if tid in self._unread or len(leaves) > READER_MAX_LEAVES:
             self._unread.add(tid)
             return None
-        kinds = [self.policy.kind(x) for x in leaves]
-        if None in kinds:
+        found = [self.policy.kind(x) for x in leaves]
+        if None in found:
             return None
-        kinds = bytes(kinds)  # one byte a leaf: ids of big structures stay small
+        kinds = bytes(k for k in found if k is not None)  # one byte a leaf: small ids
         reader = self._built.get((tid, kinds))
         if reader is None:
             made = reader_source(self.params, trees, leaves, self.policy, self.prefix, self.extra)
@@ -430,5 +430,5 @@ class Readers:
             tid = treedef_id(treedef)
         except Exception:
             return None
-        reader = self.learn(tid, treedef.children(), leaves)
-        return None if reader is None else reader(*values)
+        learned = self.learn(tid, treedef.children(), leaves)
+        return None if learned is None else learned(*values)
