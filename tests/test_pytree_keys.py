@@ -293,3 +293,78 @@ def test_outputs_do_not_depend_on_the_reader():
     first = nb(p)
     assert_same_outputs(first, jx(p))
     assert_same_outputs(nb(p), first)
+
+
+def test_keyword_calls_found_by_positional_count_check_their_names():
+    """A keyword call's binder is found by its positional count alone (``~nargs``);
+    the binder checks the names, and a call with other names (or another count of
+    them) runs the binder of its own call shape: each keys as jax.jit does."""
+    def f(x, n, *, y=None, mode="mul", z=None):
+        out = x * n if mode == "mul" else x + n
+        return out if y is None else out + y if z is None else out + y * z
+
+    nb = nbjit.jit(f, static_argnums=1, static_argnames=("mode",))
+    jx = jax.jit(f, static_argnums=1, static_argnames=("mode",))
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    calls = [{"y": y, "mode": "mul"}, {"mode": "mul", "y": y}, {"z": y, "mode": "add"},
+             {"y": y, "z": y}, {"y": y, "mode": "add", "z": 2.0}, {"y": y}, {"mode": "add"}]
+    for _ in range(2):
+        for kwargs in calls:
+            assert_same_call(nb, jx, x, 2, **kwargs)
+            assert nb._cache_size() == jx._cache_size()
+    assert nb._binders[~2] is nb._binders[(2, "y", "mode")]  # the first names seen
+    assert nb.stats().misses == jx._cache_size()
+    for jitted in (nb, jx):  # an unknown keyword: JAX's error (each caches the failed entry)
+        with pytest.raises(TypeError, match="'q'"):
+            jitted(x, 2, y=y, q=1)
+    assert nb._cache_size() == jx._cache_size()
+    assert_same_call(nb, jx, x, 2, y=y, mode="mul")  # and the first names still hit
+    assert nb.stats().misses == 6
+
+
+def test_equinox_modules_are_read_by_field_as_equinox_flattens_them():
+    """A Module's fields are read from its ``__dict__`` (no one-level flatten),
+    with guards as strict as equinox's flatten and JAX's treedef equality: a
+    changed static field, an extra ``__dict__`` entry (equinox then puts wrapper
+    fields in the node data), a subclass, a missing field each key as jax.jit
+    keys them."""
+    eqx = pytest.importorskip("equinox")
+
+    class Scale(eqx.Module):
+        w: jax.Array
+        b: jax.Array
+        name: str = eqx.field(static=True)
+        act: object = eqx.field(static=True)
+
+    class Sub(Scale):
+        pass
+
+    def fun(m, x):
+        return m.act(m.w * x + m.b) * len(m.name)
+
+    def make(cls=Scale, name="s", act=jnp.tanh):  # w and b differ: leaf order shows
+        return cls(jnp.ones(2), jnp.full(2, 3.0), name, act)
+
+    extra = make()
+    object.__setattr__(extra, "__doc__", "a wrapper field")  # node data holds wrapper fields
+    missing = make()
+    del missing.__dict__["b"]  # equinox flattens it as MISSING
+    renamed = make()
+    object.__setattr__(renamed, "name", "t")  # behind equinox's back: a new static value
+    x = jnp.arange(2.0)
+    m = make()
+    nb = _check_calls([(m, x), (make(), x), (make(name="t"), x), (renamed, x),
+                       (make(act=jnp.sin), x), (extra, x), (make(Sub), x), (m, x),
+                       (make(name="s"), x)], fun=fun)
+    assert nb._cache_size() == 5  # s/tanh, t/tanh, s/sin, wrapper fields, Sub
+    readers = _readers(nb)
+    assert any("__dict__" in inspect.getsource(r) for r in readers)
+    assert nb.miss_count == 5
+    jx = jax.jit(fun)
+    for arg in (missing, make()):  # JAX's path for a missing field; then the reader again
+        assert_same_call(nb, jx, arg, x)
+    mlp = eqx.nn.MLP(4, 2, 8, 2, key=jax.random.key(0))
+    params, static = eqx.partition(mlp, eqx.is_array)
+    nb2 = _check_calls([(params, jnp.arange(4.0))], fun=lambda p, x: eqx.combine(p, static)(x))
+    source = inspect.getsource(_readers(nb2)[0])
+    assert "flatten_one_level" not in source and source.count("__dict__") == 4  # MLP, 3 Linear

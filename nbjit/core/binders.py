@@ -30,6 +30,8 @@ call and returns ``(leaves, key, shardings)``, running nothing.
 
 `BinderTable` is a function's shape -> binder dict: the dispatcher reads it
 with a plain subscript (a `__missing__` hook would make every lookup slower).
+A keyword call is looked up by its positional count alone, ``~nargs`` (no
+tuple of names built per call); the binder found checks the names first.
 """
 
 from __future__ import annotations
@@ -322,16 +324,33 @@ def _hit_source(flavour: str) -> str:
         finish=_FINISHES[flavour])
 
 
+def _names_guard(split: Split) -> str:
+    """A keyword binder's first lines: the call's keywords are exactly its names.
+
+    `PjitFunction.__call__` finds a keyword call's binder by its positional
+    count alone (``~nargs``: no tuple of names built per call); a call with
+    other names goes to the binder of its full call shape (`_other_keywords`).
+    """
+    if not split.names:
+        return ""
+    present = " or ".join(f"{k!r} not in kwargs" for k in split.names)
+    return (f"    if len(kwargs) != {len(split.names)} or {present}:  # other names\n"
+            "        return other_keywords(self, args, kwargs)\n")
+
+
 def _argument_names(split: Split, unroll: bool) -> tuple[list[str], dict[str, str], str]:
-    """How a binder's source names each argument, and the lines that unpack them."""
+    """How a binder's source names each argument, and the lines that unpack them
+    (after the keyword names' guard)."""
+    guard = _names_guard(split)
     if not unroll:  # many arguments: index the few static ones, loop over the rest
         return ([f"args[{i}]" for i in range(split.nargs)],
-                {k: f"kwargs[{k!r}]" for k in split.names}, "")
+                {k: f"kwargs[{k!r}]" for k in split.names}, guard)
     arg_names = [f"a{i}" for i in range(split.nargs)]  # every argument in a local of its own
     kw_names = {k: f"k{j}" for j, k in enumerate(split.names)}
-    unpack = f"    {tuple_source(arg_names)[1:-1]} = args\n" if arg_names else ""
-    if kw_names:
-        unpack += f"    {tuple_source(list(kw_names.values()))[1:-1]} = kwargs.values()\n"
+    unpack = guard + (f"    {tuple_source(arg_names)[1:-1]} = args\n" if arg_names else "")
+    if kw_names:  # by name: the guard passed, so each is there (in any order)
+        unpack += (f"    {tuple_source(list(kw_names.values()))[1:-1]} = "
+                   f"{tuple_source([f'kwargs[{k!r}]' for k in kw_names])[1:-1]}\n")
     return arg_names, kw_names, unpack
 
 
@@ -500,7 +519,7 @@ class BinderTable(dict):
             "consume": _jax.ExecuteResults.consume_with_handlers,
             "timed_call": _timed_call, "clock": time.perf_counter_ns, "record_hit": _profile.record,
             "phase": _spans.phase, "next_phase": _spans.next_phase,
-            "leave_phase": _spans.leave_phase,
+            "leave_phase": _spans.leave_phase, "other_keywords": _other_keywords,
         }
         self.spanned: dict[Any, Callable[[Any, tuple, dict], Any]] = {}  # the traced flavour's
         self.flavour = "plain"
@@ -524,10 +543,15 @@ class BinderTable(dict):
         self.clear()
 
     def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        """The binder of call shape `shape`; a keyword shape's binder also
+        serves its positional count (``~nargs``, `PjitFunction.__call__`'s
+        lookup) unless another set of names got there first."""
         binder = make_binder(self.split(shape), self.env, self.flavour)
-        if len(self) >= MAX_CALL_SHAPES:
+        if len(self) + 2 > MAX_CALL_SHAPES:  # room for the shape and its positional count
             self.clear()
         self[shape] = binder
+        if type(shape) is tuple:
+            self.setdefault(~shape[0], binder)
         return binder
 
     def traced(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
@@ -550,6 +574,15 @@ class BinderTable(dict):
 
     def source(self, shape: Any, flavour: str | None = None) -> str:
         return _source(self.split(shape), flavour or self.flavour)
+
+
+def _other_keywords(jitted: Any, args: tuple, kwargs: dict) -> Any:
+    """A keyword call whose names are not those of the binder its positional
+    count found: the binder of its full call shape runs it."""
+    shape = call_shape(args, kwargs)
+    binders = jitted._binders
+    binder = binders.get(shape) or binders.build(shape)
+    return binder(jitted, args, kwargs)
 
 
 def binder_source(jitted: Any, /, *args: Any, **kwargs: Any) -> str:

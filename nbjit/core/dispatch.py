@@ -114,11 +114,10 @@ class PjitFunction:
         if _tracing():  # in a profiler trace: jaxlib's spans around the call, nbjit's inside
             return _spans.traced_call(self, args, kwargs)
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
-        shape = (len(args), *kwargs) if kwargs else len(args)
-        try:
-            binder = self._binders[shape]
+        try:  # a keyword call by its positional count: its binder checks the names
+            binder = self._binders[~len(args) if kwargs else len(args)]
         except KeyError:
-            binder = self._binders.build(shape)
+            binder = self._binders.build((len(args), *kwargs) if kwargs else len(args))
         try:  # costs nothing unless something raises (Python >= 3.11)
             return binder(self, args, kwargs)
         except Exception as error:  # a miss, slow path or bad input: jaxlib shows no frames

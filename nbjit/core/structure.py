@@ -30,9 +30,13 @@ Invariants:
     read in the treedef's key order (JAX sorts keys) after an exact type and
     length check, so every key read present means the same key set; lists and
     tuples by exact type and length; ``None`` by identity; every other node
-    (namedtuples, registered classes, dataclasses, equinox Modules) through
-    the registry's own one-level flatten, its node data compared to the one
-    seen (identity, then ``==``: as treedef equality compares it).
+    (namedtuples, registered classes, dataclasses) through the registry's own
+    one-level flatten, its node data compared to the one seen (identity, then
+    ``==``: as treedef equality compares it). An equinox Module is read as
+    equinox's generated flatten reads it: exact type, ``__dict__`` holding
+    exactly the class's fields, the dynamic ones read by name, the static ones
+    compared as node data (`_module_fields`); any other Module (wrapper fields,
+    another equinox layout) by the one-level flatten.
   * Each leaf is guarded by its *kind* (`LeafPolicy`): kinds are mutually
     exclusive, so at most one reader of a call shape accepts a call, and the
     key a call gets depends only on the call. The reader id `RID` names
@@ -57,7 +61,9 @@ the caller's general path decides).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -219,6 +225,8 @@ class _Writer:
         if node_type is list or node_type is tuple:
             self.guards.append(f"type({x}) is {node_type.__name__} and len({x}) == {len(children)}")
             names = self.unpack(x, len(children)) if children else []
+        elif (fields := _module_fields(node_type, aux, len(children))) is not None:
+            names = self.module(x, node_type, aux, *fields)
         else:  # namedtuples, registered nodes, Modules: JAX's one-level flatten
             self.guards.append(f"type({x}) is {self.constant(node_type, 'T')}")
             parts, data_name = self.local("c"), self.local("d")
@@ -228,6 +236,25 @@ class _Writer:
             names = self.unpack(parts, len(children))
         for name, child in zip(names, children, strict=True):
             self.node(name, child, leaves)
+
+    def module(self, x: str, node_type: type, aux: tuple, dynamic: tuple[str, ...],
+               static: tuple[str, ...]) -> list[str]:
+        """An equinox Module read as equinox's generated flatten reads it
+        (`_module_fields`): ``__dict__`` holds exactly the fields; the dynamic
+        ones are the children, in order; the static ones are the node data,
+        compared as treedef equality compares it (identity, then ``==``)."""
+        self.guards.append(f"type({x}) is {self.constant(node_type, 'T')}")
+        fields = self.local("d")
+        self.line(f"{fields} = {x}.__dict__")
+        self.guards.append(f"len({fields}) == {len(dynamic) + len(static)}")
+        for name, value in zip(static, aux[1:], strict=True):
+            expected = self.constant(value, "A")
+            self.guards.append(f"({fields}[{name!r}] is {expected} or "
+                               f"{fields}[{name!r}] == {expected})")
+        names = [self.local("n") for _ in dynamic]
+        for name, field in zip(names, dynamic, strict=True):
+            self.line(f"{name} = {fields}[{field!r}]")
+        return names
 
     def leaf(self, x: str, value: Any) -> None:
         kind = self.policy.kind(value)
@@ -245,6 +272,28 @@ class _Writer:
             self.host = True
         else:
             self.items.append(x)
+
+
+def _module_fields(node_type: Any, aux: Any, n_children: int
+                   ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The (dynamic, static) field names of an equinox Module node that
+    equinox's generated flatten made holding exactly its fields: node data
+    ``(MISSING, *static values)`` and the dynamic values as children, in
+    `dataclasses.fields` order, both read from ``__dict__``. None for any
+    other node (a Module with wrapper fields, equinox absent or of another
+    layout, any other class): JAX's one-level flatten reads those."""
+    flatten = sys.modules.get("equinox._module._flatten")
+    eqx = sys.modules.get("equinox")
+    if (flatten is None or eqx is None or not isinstance(node_type, type)
+            or not issubclass(node_type, eqx.Module) or type(aux) is not tuple or not aux
+            or aux[0] is not getattr(flatten, "MISSING", None)):
+        return None
+    fields = dataclasses.fields(node_type)
+    static = tuple(f.name for f in fields if f.metadata.get("static", False))
+    dynamic = tuple(f.name for f in fields if not f.metadata.get("static", False))
+    if len(aux) != 1 + len(static) or n_children != len(dynamic):
+        return None
+    return dynamic, static
 
 
 def _negated(guard: str) -> str:
@@ -350,10 +399,10 @@ class Readers:
         if tid in self._unread or len(leaves) > READER_MAX_LEAVES:
             self._unread.add(tid)
             return None
-        each = [self.policy.kind(x) for x in leaves]
-        if None in each:
+        found = [self.policy.kind(x) for x in leaves]
+        if None in found:
             return None
-        kinds = bytes(k for k in each if k is not None)  # one byte a leaf: ids stay small
+        kinds = bytes(k for k in found if k is not None)  # one byte a leaf: small ids
         reader = self._built.get((tid, kinds))
         if reader is None:
             made = reader_source(self.params, trees, leaves, self.policy, self.prefix, self.extra)
