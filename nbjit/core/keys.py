@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
+from nbjit._common import PYTHON_SCALARS
 from nbjit.core.codegen import condition, fill, listed, run_source
-from nbjit.core.record import canonical_dtypes, host_dtype
+from nbjit.host.values import canonical_dtypes, host_dtype
 
 __all__ = ["LEAF_TYPES", "LEAVES", "SEQUENCE", "SEQUENCE_KEYERS", "SIGNATURE", "SIGNATURE_SCOPE",
            "UNROLL_MAX", "flat_reads", "leaf_signature", "learn_mixed_keyer", "mixed_keyers",
@@ -47,7 +48,6 @@ __all__ = ["LEAF_TYPES", "LEAVES", "SEQUENCE", "SEQUENCE_KEYERS", "SIGNATURE", "
 ArrayImpl = _jax.ArrayImpl
 LEAVES = object()  # first item of every leaves/flattened key
 SEQUENCE = object()  # first item of the key of one dynamic list or tuple of jax.Arrays
-_PYTHON_SCALARS = frozenset({bool, int, float, complex})  # not JAX's shape-polymorphic dims
 # Types that are pytree leaves themselves: arguments of these types are keyed
 # without flattening.
 LEAF_TYPES = frozenset({
@@ -98,7 +98,7 @@ def leaf_signature(x: Any, canonical: dict) -> Any:
     t = type(x)
     if t is ArrayImpl:
         return (x.aval, x._committed)
-    if t in _PYTHON_SCALARS:
+    if t in PYTHON_SCALARS:
         return t
     if t is np.ndarray and (dtype := canonical.get(x.dtype)) is not None:
         return (dtype, x.shape)  # the common host leaf, its dtype seen before
@@ -129,7 +129,7 @@ SIGNATURE = ("({x}.aval, {x}._committed) if (t := type({x})) is ArrayImpl"
              " if t is ndarray and (dtype := get({x}.dtype)) is not None"
              "\n{pad}else t if t in PYTHON_SCALARS else other_signature({x})")
 SIGNATURE_SCOPE = {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray,
-                    "PYTHON_SCALARS": _PYTHON_SCALARS, "other_signature": _other_signature,
+                    "PYTHON_SCALARS": PYTHON_SCALARS, "other_signature": _other_signature,
                     "NoSignature": _NoSignature, "canonical_dtypes": canonical_dtypes,
                     "x64": _jax.enable_x64}
 
@@ -172,7 +172,7 @@ def _mixed_keyer_source(leaves: list) -> tuple[str, dict] | None:
             checks.append(f"type({name}) is ArrayImpl")
             signatures.append(f"({name}.aval, {name}._committed)")
             shardings.append(f"{name}._sharding")
-        elif t in _PYTHON_SCALARS:
+        elif t in PYTHON_SCALARS:
             checks.append(f"type({name}) is T{i}")
             signatures.append(f"T{i}")
             scope[f"T{i}"] = t

@@ -19,11 +19,7 @@ from nbjit import _jax
 from nbjit.core.codegen import fill, listed, run_source
 from nbjit.host.steps import SHARD_ARGS, FreshCallback, HostInput, _ShardArgs, step_for
 
-# (Re-exported: the keys and the miss path read host values through here.)
-from nbjit.host.values import canonical_dtypes, host_dtype, private_host_copies
-
-__all__ = ["FastPath", "HostInput", "Unsupported", "build_record", "canonical_dtypes",
-           "host_dtype", "private_host_copies"]
+__all__ = ["FastPath", "HostInput", "Unsupported", "build_record"]
 
 ArrayImpl = _jax.ArrayImpl
 _device_put = _jax.batched_device_put
