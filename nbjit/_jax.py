@@ -427,10 +427,21 @@ def traced_jaxpr(jitted, args, kwargs):
 # State with a value (`state(value)`) sets it thread-locally.
 _config_holders = getattr(_config.config, "_value_holders", {})  # none known: all None
 _trace_context_names = _config.trace_context_names
-trace_context_states = [
-    _config_holders.get(name, _config_holders.get("jax_" + name))
-    for name in (_trace_context_names() if callable(_trace_context_names)
-                 else _trace_context_names)]
+
+
+def refresh_trace_context_states() -> list:
+    """Reads `trace_context_states` again: a library imported after nbjit
+    (equinox's dependencies, say) may register config options that enter
+    jit's trace context, which makes `trace_context()` longer."""
+    global trace_context_states
+    trace_context_states = [
+        _config_holders.get(name, _config_holders.get("jax_" + name))
+        for name in (_trace_context_names() if callable(_trace_context_names)
+                     else _trace_context_names)]
+    return trace_context_states
+
+
+trace_context_states: list = refresh_trace_context_states()
 
 
 # Host callbacks in the computation being traced (nbjit.filter: a computation

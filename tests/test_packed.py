@@ -496,6 +496,22 @@ def test_a_context_the_thread_cannot_enter_compiles_on_the_calling_thread(monkey
         assert f(*args).dtype == np.float64
 
 
+def test_config_options_registered_after_import_still_pack_off_thread(monkeypatch):
+    """A library imported after nbjit may register config options that enter
+    jit's trace context (seen with equinox's test suite loaded): the compile
+    thread reads the states again rather than giving the signature up."""
+    from nbjit import _jax
+
+    monkeypatch.setattr(_policy, "RESIDENT", False)
+    monkeypatch.setattr(_jax, "trace_context_states", _jax.trace_context_states[:-1])  # stale
+    f, args = _run_fresh(lambda a, b: a * 3 - b, lambda i: (np.full(3, i, np.float32),
+                                                            np.full(3, -i, np.float32)))
+    assert _is_packed(f, *args) and f.stats().packed_compiles == 1
+    node, _ = f._entry_for(args, {})
+    assert not node.plan.sync  # compiled on its own thread, not handed back
+    assert len(_jax.trace_context_states) == len(_jax.trace_context())
+
+
 def test_cache_clearing_the_lru_and_trace_context(mode):
     f = nbjit.jit(lambda a, b: a * 2 + b)
     g = jax.jit(lambda a, b: a * 2 + b)

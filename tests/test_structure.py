@@ -75,3 +75,18 @@ def test_design_md_names_every_module():
     missing = [str(p.relative_to(ROOT)) for p in MODULES.values()
                if f"`{p.relative_to(ROOT)}`" not in design]
     assert not missing, missing
+
+
+def test_record_replaced_only_by_the_cache_and_the_host_policy():
+    """A node's record is set by the cache's insert and swapped by the host
+    policy's compare-and-swap, nowhere else (docs/design.md)."""
+    allowed = {"nbjit.core.cache", "nbjit.host.policy"}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign)
+                       else [])
+            flat = [t for target in targets for t in ast.walk(target)]
+            if name not in allowed and any(
+                    isinstance(t, ast.Attribute) and t.attr == "record" for t in flat):
+                raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno}: assigns .record")

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbjit import _jax
-from nbjit.core.codegen import run_source
+from nbjit.core.codegen import LINE_LENGTH, condition, fill, listed, run_source
 from nbjit.core.keys import (
     LEAF_TYPES,
     LEAVES,
@@ -58,6 +58,7 @@ from nbjit.core.keys import (
     treedef_id,
     tuple_source,
 )
+from nbjit.core.shapes import Split, call_shape, shape_marker
 from nbjit.core.structure import UNKEYABLE, Readers
 from nbjit.observe import profile as _profile
 from nbjit.observe import spans as _spans
@@ -66,69 +67,6 @@ from nbjit.observe import stats as _stats
 __all__ = ["BinderTable", "Split", "binder_source", "call_shape", "make_binder"]
 
 MAX_CALL_SHAPES = 256  # binders kept per function; the table starts afresh when full
-
-
-# ---------------------------------------------------------------------------
-# Static / dynamic split per call shape
-
-
-class Split:
-    """Which arguments of one call shape are static, worked out once.
-
-    `static_positions` and `dynamic_positions` index the positional
-    arguments; `static_names` and `dynamic_names` (both sorted, the order in
-    which JAX flattens keyword arguments) the keywords. `key_shape` is the
-    shape with sorted names: keyword order never changes a signature.
-    """
-
-    __slots__ = ("shape", "key_shape", "nargs", "names", "static_positions",
-                 "dynamic_positions", "static_names", "dynamic_names", "readers")
-
-    def __init__(self, shape: Any, static_argnums: tuple[int, ...],
-                 static_argnames: frozenset[str]) -> None:
-        nargs, names = (shape, ()) if type(shape) is int else (shape[0], shape[1:])
-        static = sorted({i if i >= 0 else i + nargs for i in static_argnums})
-        self.shape = shape
-        self.key_shape = (nargs, *sorted(names)) if names else nargs
-        self.nargs = nargs
-        self.names = names
-        self.static_positions = tuple(i for i in static if 0 <= i < nargs)
-        self.dynamic_positions = tuple(i for i in range(nargs) if i not in self.static_positions)
-        self.static_names = tuple(sorted(static_argnames.intersection(names)))
-        self.dynamic_names = tuple(sorted(k for k in names if k not in static_argnames))
-        self.readers: Readers | None = None  # built with the first unrolled binder
-
-    def leaves_treedef_id(self) -> int:
-        """The treedef id of this shape's dynamic arguments when each is a leaf."""
-        tree: Any = (0,) * len(self.dynamic_positions)
-        if self.dynamic_names:
-            tree = (tree, dict.fromkeys(self.dynamic_names, 0))
-        return treedef_id(_jax.flatten_for_dispatch(tree)[1])
-
-
-class ShapeMarker:
-    """Heads the keys of one key shape's all-array form: hashed and compared by
-    identity (a tuple would be hashed on every call)."""
-
-    __slots__ = ("key_shape",)
-
-    def __init__(self, key_shape: Any) -> None:
-        self.key_shape = key_shape
-
-    def __repr__(self) -> str:
-        return f"ShapeMarker({self.key_shape!r})"
-
-
-_shape_markers: dict[Any, ShapeMarker] = {}
-
-
-def shape_marker(key_shape: Any) -> ShapeMarker:
-    """The one marker of `key_shape` (every function's binders share it)."""
-    return _shape_markers.setdefault(key_shape, ShapeMarker(key_shape))
-
-
-def call_shape(args: tuple, kwargs: dict) -> Any:
-    return (len(args), *kwargs) if kwargs else len(args)
 
 
 # ---------------------------------------------------------------------------
@@ -147,7 +85,7 @@ _HIT_TEMPLATE = """\
     while node is not None and (node.shardings != shardings or node.context != context):
         node = node.next
     if node is None or (record := node.record) is None or post_hook.value is not None:
-        return {via_miss}args, kwargs, leaves, (key, shardings, context), node)
+        return {miss_call}
     node.shardings = shardings  # equal; keeping the newest makes identity checks hit
 {stamp_lookup}    try:
         mark_recent(node)  # KeyError if another thread evicted it meanwhile
@@ -206,7 +144,7 @@ _READ_UNROLLED = """\
         except NoSignature:
             return {via_unkeyable}args, kwargs, leaves)
         shardings = [x._sharding for x in leaves if type(x) is ArrayImpl]
-        key = (LEAVES, KEY_SHAPE, {static_key}, LEAVES_TREEDEF_ID, signatures)
+        key = {leaves_key}
     else:
         signatures = None
 {sequence_read}{flattened}"""
@@ -225,7 +163,7 @@ _READ_SEQUENCE = """\
                 else:
                     signatures, shardings = (tuple([(x.aval, x._committed) for x in leaves]),
                                              [x._sharding for x in leaves])
-                key = (SEQUENCE, KEY_SHAPE, {static_key}, container, signatures)
+                key = {sequence_key}
             except (AttributeError, ValueError):  # not all jax.Arrays; resized meanwhile
                 pass
 """
@@ -276,7 +214,7 @@ _READ_STRUCTURED = """\
                 read = learn_reader(tid, treedef, leaves)
                 got = None if read is None else read({reader_args})
             if got is UNKEYABLE:
-                return {via_unkeyable}args, kwargs, flatten({tree})[0])
+                return {unkeyable_call}
             if got is not None:
                 key, shardings, leaves = got
             else:
@@ -300,7 +238,7 @@ _KEYED_FROM_LEAVES = """\
                     if keyer is None:
                         learn_mixed_keyer(tid, leaves)
                 signatures, shardings = mixed
-            key = (LEAVES, KEY_SHAPE, {static_key}, tid, signatures)
+            key = {leaves_key}
 """
 
 _KEY_ONLY_FINISH = "    return (leaves, key, shardings)\n"
@@ -315,10 +253,19 @@ def _via(fn: str, flavour: str) -> str:
     return f"timed_call(self, t0, {fn}, " if flavour == "timed" else f"{fn}("
 
 
+def _call(via: str, arguments: str, start: int, indent: int) -> str:
+    """A slow path's call from column `start`, its arguments on a line of
+    their own (at `indent`) if its first line would not fit."""
+    if start + len(via) + len(arguments.split("\n", 1)[0]) <= LINE_LENGTH:
+        return via + arguments
+    return f"{via.rstrip()}\n{' ' * indent}{arguments}"
+
+
 def _hit_source(flavour: str) -> str:
     _, stamp_lookup, stamp_inputs, stamp_execute = _STAMPS.get(flavour, _NO_STAMPS)
     return _HIT_TEMPLATE.format(
-        via_slow=_via("self._slow", flavour), via_miss=_via("self._miss_or_slow", flavour),
+        via_slow=_via("self._slow", flavour), miss_call=_call(_via("self._miss_or_slow", flavour),
+                        "args, kwargs, leaves, (key, shardings, context), node)", 15, 12),
         via_failed=_via("self._execute_failed", flavour),
         stamp_lookup=stamp_lookup, stamp_inputs=stamp_inputs, stamp_execute=stamp_execute,
         finish=_FINISHES[flavour])
@@ -333,9 +280,10 @@ def _names_guard(split: Split) -> str:
     """
     if not split.names:
         return ""
-    present = " or ".join(f"{k!r} not in kwargs" for k in split.names)
-    return (f"    if len(kwargs) != {len(split.names)} or {present}:  # other names\n"
-            "        return other_keywords(self, args, kwargs)\n")
+    other_names = condition([f"len(kwargs) != {len(split.names)}",
+                             *(f"{k!r} not in kwargs" for k in split.names)], " or", 7, " " * 8)
+    return (f"    if {other_names}:\n"
+            "        return other_keywords(self, args, kwargs)  # other names\n")
 
 
 def _argument_names(split: Split, unroll: bool) -> tuple[list[str], dict[str, str], str]:
@@ -347,25 +295,37 @@ def _argument_names(split: Split, unroll: bool) -> tuple[list[str], dict[str, st
                 {k: f"kwargs[{k!r}]" for k in split.names}, guard)
     arg_names = [f"a{i}" for i in range(split.nargs)]  # every argument in a local of its own
     kw_names = {k: f"k{j}" for j, k in enumerate(split.names)}
-    unpack = guard + (f"    {tuple_source(arg_names)[1:-1]} = args\n" if arg_names else "")
+    unpack = guard + (_unpack(arg_names, "args") if arg_names else "")
     if kw_names:  # by name: the guard passed, so each is there (in any order)
-        unpack += (f"    {tuple_source(list(kw_names.values()))[1:-1]} = "
-                   f"{tuple_source([f'kwargs[{k!r}]' for k in kw_names])[1:-1]}\n")
+        reads = listed([f"kwargs[{k!r}]" for k in kw_names], "(", ")", True)
+        targets = tuple_source(list(kw_names.values()))[1:-1]
+        unpack += "    " + fill([f"{targets} = {reads[0]}", *reads[1:]], 4, " " * 8) + "\n"
     return arg_names, kw_names, unpack
+
+
+def _unpack(names: list[str], source: str) -> str:
+    """``    a0, a1 = source``; in parentheses over several lines if too long."""
+    assigned = tuple_source(names)[1:-1]
+    if 4 + len(assigned) + 3 + len(source) > LINE_LENGTH:
+        assigned = fill(listed(names, "(", ")"), 4, " " * 8, reserve=3 + len(source))
+    return f"    {assigned} = {source}\n"
 
 
 def _dynamic_tree(split: Split, unroll: bool, arg_names: list[str],
                   kw_names: dict[str, str]) -> str:
     """The expression of the dynamic arguments as JAX flattens them:
     ``(positional, {name: value})``, or the positional tuple alone."""
-    if unroll:
-        positional = tuple_source([arg_names[i] for i in split.dynamic_positions])
-        named = ", ".join(f"{k!r}: {kw_names[k]}" for k in split.dynamic_names)
-    else:
-        positional = ("tuple([args[i] for i in DYNAMIC_POSITIONS])" if split.static_positions
-                      else "args")
-        named = "k: kwargs[k] for k in DYNAMIC_NAMES"
-    return f"({positional}, {{{named}}})" if split.dynamic_names else positional
+    if unroll:  # filled to fit where the templates use it (flatten(...) from column 42)
+        pieces = listed([arg_names[i] for i in split.dynamic_positions], "(", ")", True)
+        if split.dynamic_names:
+            named = listed([f"{k!r}: {kw_names[k]}" for k in split.dynamic_names], "{", "})")
+            pieces = [*pieces[:-1], pieces[-1] + ",", *named]
+            pieces[0] = "(" + pieces[0]
+        return fill(pieces, 42, " " * 24, reserve=5)
+    positional = ("tuple([args[i] for i in DYNAMIC_POSITIONS])" if split.static_positions
+                  else "args")
+    looped = "k: kwargs[k] for k in DYNAMIC_NAMES"
+    return f"({positional}, {{{looped}}})" if split.dynamic_names else positional
 
 
 def _source(split: Split, flavour: str = "plain") -> str:
@@ -389,40 +349,61 @@ def _source(split: Split, flavour: str = "plain") -> str:
     else:  # built once, from the static split
         leaves = ("[args[i] for i in DYNAMIC_POSITIONS]"
                   + (" + [kwargs[k] for k in DYNAMIC_NAMES]" if split.dynamic_names else ""))
-    static_key = tuple_source([f"({s})" for s in statics])
     via_unkeyable = _via("self._unkeyable", flavour)
     tree = _dynamic_tree(split, unroll, arg_names, kw_names)
-    keyed = _KEYED_FROM_LEAVES.format(static_key=static_key, via_unkeyable=via_unkeyable)
+    keyed = _KEYED_FROM_LEAVES.format(  # indented by 4 below when unrolled
+        leaves_key=_key("LEAVES", statics, "tid", 18, LINE_LENGTH - 4),
+        via_unkeyable=via_unkeyable)
     if unroll:
         readers = _structure_readers(split)
         flattened = _READ_STRUCTURED.format(
-            tree=tree, via_unkeyable=via_unkeyable, reader_args=", ".join(readers.arguments),
+            tree=tree, unkeyable_call=_call(via_unkeyable, f"args, kwargs, flatten({tree})[0])",
+                                            23, 20),
+            reader_args=fill(listed(readers.arguments, "", ""), 53, " " * 24, reserve=14),
             via_slow=_via("self._slow", flavour),
             keyed_from_leaves=textwrap.indent(keyed, "    "))
     else:
         flattened = _READ_FLATTENED.format(tree=tree, keyed_from_leaves=keyed,
                                            via_slow=_via("self._slow", flavour))
     if not dynamic:  # nothing to key but the static arguments
-        read = f"    key = {tuple_source(prefix)}\n    shardings = []\n    leaves = {leaves}\n"
+        key = fill(listed(prefix, "(", ")", True), 14, " " * 15)
+        read = f"    key = {key}\n    shardings = []\n    leaves = {leaves}\n"
     elif unroll:
-        items, shardings = flat_reads(dynamic)
-        sequence_read = "" if len(dynamic) != 1 else _READ_SEQUENCE.format(
-            arg=dynamic[0], static_key=static_key)
-        read = _READ_UNROLLED.format(
-            checks=" and ".join(f"type({d}) is ArrayImpl" for d in dynamic),
-            key=tuple_source(prefix + items), leaves=leaves, shardings=shardings,
-            leaf_checks=" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic),
-            dynamic=", ".join(dynamic), static_key=static_key, via_unkeyable=via_unkeyable,
-            signatures="".join(f"\n                {SIGNATURE.format(x=d, pad=' ' * 16)},"
-                               for d in dynamic),
-            sequence_read=sequence_read, flattened=flattened)
+        read = _unrolled_read(dynamic, prefix, statics, leaves, via_unkeyable, flattened)
     else:
-        read = _READ_LOOP.format(dynamic=leaves, flattened=flattened,
-                                 key=f"({', '.join(prefix)}, *pairs)" if marked else "pairs")
+        key = fill(listed([*prefix, "*pairs"], "(", ")"), 14, " " * 15) if marked else "pairs"
+        read = _READ_LOOP.format(dynamic=leaves, flattened=flattened, key=key)
     tail = _KEY_ONLY_FINISH if flavour == "key_only" else _hit_source(flavour)
     return _BINDER_TEMPLATE.format(
         start=_STARTS.get(flavour, ""), unpack=unpack, read=read.rstrip("\n"),
         stamp_key=_STAMPS.get(flavour, _NO_STAMPS)[0], tail=tail)
+
+
+def _key(kind: str, statics: list[str], last: str, start: int, width: int = LINE_LENGTH
+         ) -> str:
+    """``(kind, KEY_SHAPE, (statics...), last, signatures)``, filled from column `start`."""
+    static_key = listed([f"({s})" for s in statics], "(", "),", True)
+    return fill([f"({kind},", "KEY_SHAPE,", *static_key, f"{last},", "signatures)"],
+                start, " " * (start + 1), width=width)
+
+
+def _unrolled_read(dynamic: list[str], prefix: list[str], statics: list[str], leaves: str,
+                   via_unkeyable: str, flattened: str) -> str:
+    """The key of up to UNROLL_MAX dynamic arguments in locals (`_READ_UNROLLED`)."""
+    items, shardings = flat_reads(dynamic)
+    sequence_read = "" if len(dynamic) != 1 else _READ_SEQUENCE.format(
+        arg=dynamic[0], sequence_key=_key("SEQUENCE", statics, "container", 22))
+    return _READ_UNROLLED.format(
+        checks=condition([f"type({d}) is ArrayImpl" for d in dynamic], " and", 7, " " * 8),
+        key=fill(listed(prefix + items, "(", ")", True), 14, " " * 15),
+        shardings=fill(listed(shardings, "[", "]"), 20, " " * 21), leaves=leaves,
+        leaf_checks=condition([f"type({d}) in LEAF_TYPES" for d in dynamic], " and", 9,
+                              " " * 8),
+        dynamic=", ".join(dynamic), leaves_key=_key("LEAVES", statics, "LEAVES_TREEDEF_ID", 14),
+        via_unkeyable=via_unkeyable,
+        signatures="".join(f"\n                {SIGNATURE.format(x=d, pad=' ' * 16)},"
+                           for d in dynamic),
+        sequence_read=sequence_read, flattened=flattened)
 
 
 def _static_locals(split: Split, arg_names: list[str], kw_names: dict[str, str]) -> list[str]:

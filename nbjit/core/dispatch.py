@@ -44,16 +44,10 @@ from nbjit import _jax
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
 from nbjit.core.keys import leaf_signature
-from nbjit.core.record import (
-    FastPath,
-    Unsupported,
-    build_record,
-    canonical_dtypes,
-    host_dtype,
-    private_host_copies,
-)
+from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.core.view import JitView
 from nbjit.host import policy as _host_policy
+from nbjit.host.values import canonical_dtypes, host_dtype, private_host_copies
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.observe import explain as _explain
 from nbjit.observe import profile as _profile

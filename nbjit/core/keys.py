@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
-from nbjit.core.codegen import run_source
-from nbjit.core.record import canonical_dtypes, host_dtype
+from nbjit._common import PYTHON_SCALARS
+from nbjit.core.codegen import condition, fill, listed, run_source
+from nbjit.host.values import canonical_dtypes, host_dtype
 
 __all__ = ["LEAF_TYPES", "LEAVES", "SEQUENCE", "SEQUENCE_KEYERS", "SIGNATURE", "SIGNATURE_SCOPE",
            "UNROLL_MAX", "flat_reads", "leaf_signature", "learn_mixed_keyer", "mixed_keyers",
@@ -47,7 +48,6 @@ __all__ = ["LEAF_TYPES", "LEAVES", "SEQUENCE", "SEQUENCE_KEYERS", "SIGNATURE", "
 ArrayImpl = _jax.ArrayImpl
 LEAVES = object()  # first item of every leaves/flattened key
 SEQUENCE = object()  # first item of the key of one dynamic list or tuple of jax.Arrays
-_PYTHON_SCALARS = frozenset({bool, int, float, complex})  # not JAX's shape-polymorphic dims
 # Types that are pytree leaves themselves: arguments of these types are keyed
 # without flattening.
 LEAF_TYPES = frozenset({
@@ -98,7 +98,7 @@ def leaf_signature(x: Any, canonical: dict) -> Any:
     t = type(x)
     if t is ArrayImpl:
         return (x.aval, x._committed)
-    if t in _PYTHON_SCALARS:
+    if t in PYTHON_SCALARS:
         return t
     if t is np.ndarray and (dtype := canonical.get(x.dtype)) is not None:
         return (dtype, x.shape)  # the common host leaf, its dtype seen before
@@ -129,7 +129,7 @@ SIGNATURE = ("({x}.aval, {x}._committed) if (t := type({x})) is ArrayImpl"
              " if t is ndarray and (dtype := get({x}.dtype)) is not None"
              "\n{pad}else t if t in PYTHON_SCALARS else other_signature({x})")
 SIGNATURE_SCOPE = {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray,
-                    "PYTHON_SCALARS": _PYTHON_SCALARS, "other_signature": _other_signature,
+                    "PYTHON_SCALARS": PYTHON_SCALARS, "other_signature": _other_signature,
                     "NoSignature": _NoSignature, "canonical_dtypes": canonical_dtypes,
                     "x64": _jax.enable_x64}
 
@@ -139,8 +139,9 @@ def mixed_signatures(leaves):
     values, say), or None if some leaf has no signature (JAX must take it).\"""
     get = canonical_dtypes[x64.value].get
     try:
-        signatures = tuple([{SIGNATURE.format(x="x", pad=" " * 28)}
-                                for x in leaves])
+        signatures = tuple([
+            {SIGNATURE.format(x="x", pad=" " * 12)}
+            for x in leaves])
     except NoSignature:
         return None
     return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]
@@ -171,7 +172,7 @@ def _mixed_keyer_source(leaves: list) -> tuple[str, dict] | None:
             checks.append(f"type({name}) is ArrayImpl")
             signatures.append(f"({name}.aval, {name}._committed)")
             shardings.append(f"{name}._sharding")
-        elif t in _PYTHON_SCALARS:
+        elif t in PYTHON_SCALARS:
             checks.append(f"type({name}) is T{i}")
             signatures.append(f"T{i}")
             scope[f"T{i}"] = t
@@ -186,9 +187,10 @@ def _mixed_keyer_source(leaves: list) -> tuple[str, dict] | None:
             scope[f"D{i}"], scope[f"C{i}"] = dtype, canonical[False]
         else:
             return None
+    returned = fill(signature_and_shardings(signatures, shardings), 15, " " * 12)
     source = (f"def keyer(leaves):\n    {tuple_source(names)[1:-1]} = leaves\n"
-              f"    if {' and '.join(checks)}:\n"
-              f"        return {tuple_source(signatures)}, [{', '.join(shardings)}]\n"
+              f"    if {condition(checks, ' and', 7, ' ' * 8)}:\n"
+              f"        return {returned}\n"
               f"    return None\n")
     return source, {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray, **scope}
 
@@ -216,12 +218,19 @@ mixed_keyers: dict[int, Callable[[list], Any]] = {}  # treedef id -> keyer (ids 
 # Flat reads of jax.Arrays (the binders' all-array form, and sequence keyers)
 
 
-def flat_reads(names: list[str]) -> tuple[list[str], str]:
+def flat_reads(names: list[str]) -> tuple[list[str], list[str]]:
     """The items of the flat signature of jax.Arrays in locals `names`,
     ``["a.aval", "a._committed", "b.aval", ...]`` (no tuple per array), and
-    the source of their shardings list, ``"[a._sharding, b._sharding]"``."""
+    the items of their shardings list, ``["a._sharding", "b._sharding"]``."""
     items = [item for x in names for item in (f"{x}.aval", f"{x}._committed")]
-    return items, "[" + ", ".join(f"{x}._sharding" for x in names) + "]"
+    return items, [f"{x}._sharding" for x in names]
+
+
+def signature_and_shardings(signature: list[str], shardings: list[str]) -> list[str]:
+    """The pieces (`codegen.fill`) of ``(signature...), [shardings...]``: a
+    line breaks only inside the brackets."""
+    head, tail = listed(signature, "(", "),", one_tuple=True), listed(shardings, "[", "]")
+    return [*head[:-1], f"{head[-1]} {tail[0]}", *tail[1:]]
 
 
 def tuple_source(items: list[str]) -> str:
@@ -236,7 +245,8 @@ def _sequence_keyer_source(n: int) -> str:
     names = [f"x{i}" for i in range(n)]
     unpack = f"    {tuple_source(names)[1:-1]} = leaves\n" if names else ""
     items, shardings = flat_reads(names)
-    return f"def keyer(leaves):\n{unpack}    return {tuple_source(items)}, {shardings}\n"
+    returned = fill(signature_and_shardings(items, shardings), 11, " " * 8)
+    return f"def keyer(leaves):\n{unpack}    return {returned}\n"
 
 
 # length -> keyer, for the one-list-or-tuple form; longer sequences loop (pairs).

@@ -16,14 +16,10 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
-from nbjit.core.codegen import run_source
+from nbjit.core.codegen import fill, listed, run_source
 from nbjit.host.steps import SHARD_ARGS, FreshCallback, HostInput, _ShardArgs, step_for
 
-# (Re-exported: the keys and the miss path read host values through here.)
-from nbjit.host.values import canonical_dtypes, host_dtype, private_host_copies
-
-__all__ = ["FastPath", "HostInput", "Unsupported", "build_record", "canonical_dtypes",
-           "host_dtype", "private_host_copies"]
+__all__ = ["FastPath", "HostInput", "Unsupported", "build_record"]
 
 ArrayImpl = _jax.ArrayImpl
 _device_put = _jax.batched_device_put
@@ -89,7 +85,7 @@ PREPARE_UNROLL_MAX = 16
 
 _PREPARE_TEMPLATE = """\
 def prepare(leaves):
-{unpack}{steps}    return [{inputs}]
+{unpack}{steps}    return {inputs}
 """
 
 # A host value while its memo rests (or with no memo): a numpy array is
@@ -129,7 +125,8 @@ def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
         else:
             template = _VALUE_STEP
         body.append(template.format(x=names[i], i=i))
-    return _PREPARE_TEMPLATE.format(unpack=unpack, steps="".join(body), inputs=", ".join(names))
+    return _PREPARE_TEMPLATE.format(unpack=unpack, steps="".join(body),
+                                  inputs=fill(listed(names, "[", "]"), 11, " " * 8))
 
 
 def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,

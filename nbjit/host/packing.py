@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from nbjit import _jax
-from nbjit.core.codegen import run_source
+from nbjit.core.codegen import fill, listed, run_source
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
@@ -175,8 +175,8 @@ def _packed_preparer(layouts: tuple[LeafLayout, ...], n_leaves: int, inner: Fast
                      for j, s in enumerate(layouts, start=1))
     packed_leaves = {s.leaf for s in layouts}
     g_leaves = ["packed", *(names[j] for j in range(n_leaves) if j not in packed_leaves)]
-    finish = (f"[{', '.join(g_leaves)}]" if inner.leaves_are_inputs
-              else f"inner([{', '.join(g_leaves)}])")
+    finish = fill(listed(g_leaves, *(("[", "]") if inner.leaves_are_inputs
+                                     else ("inner([", "])"))), 11, " " * 8)
     source = _PREPARE_TEMPLATE.format(unpack=unpack_leaves, writes=writes, finish=finish)
     scope = {"unguarded": _jax.host_transfers_unguarded,
              "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,
@@ -202,8 +202,13 @@ def run_in_trace_context(context: tuple, run: Callable[[], None]) -> bool:
     equals `context` entry for entry (a mesh, or another context manager
     that is not a State, cannot be entered here).
     """
+    states = _jax.trace_context_states
+    if len(states) != len(context):  # options registered since nbjit was imported
+        states = _jax.refresh_trace_context_states()
+        if len(states) != len(context):
+            return False
     with contextlib.ExitStack() as stack:
-        for state, value in zip(_jax.trace_context_states, context, strict=True):
+        for state, value in zip(states, context, strict=True):
             if state is not None and state.value != value:
                 stack.enter_context(state(value))
         if _jax.trace_context() != context:

@@ -20,6 +20,7 @@ import numpy as np
 from jax import tree_util
 
 from nbjit import _jax
+from nbjit._common import PYTHON_SCALARS
 from nbjit.observe.names import aval_text
 
 __all__ = ["Signature", "describe_signature", "first_difference", "published_entries"]
@@ -87,7 +88,7 @@ def _encode(value: Any) -> str:
         return f"{type(value).__name__}({inner})"
     if isinstance(value, frozenset | set):
         return "{" + ", ".join(sorted(_encode(v) for v in value)) + "}"
-    if value is None or type(value) in (bool, int, float, complex, str, bytes):
+    if value is None or type(value) in PYTHON_SCALARS or type(value) in (str, bytes):
         return repr(value)
     if hasattr(value, "id") and hasattr(value, "platform"):  # a Device
         return f"device {value.id}"
