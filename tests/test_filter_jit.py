@@ -231,6 +231,22 @@ def test_error_if_raises_equinox_runtime_error_at_the_call_site(caplog):
     assert "jax.pure_callback failed" not in caplog.text
 
 
+def test_error_if_with_static_outputs_waits_and_raises():
+    """Both output forms carry the marker: all-array outputs (JAX's unflatten
+    rebuilds them) and outputs with static leaves (rebuilt from a recipe)."""
+    for wrap in (nbjit.filter_jit, eqx.filter_jit):
+        f = wrap(lambda x: (eqx.error_if(x, x > 1, "too big"), "label", 3))
+        out = f(jnp.array(0.5))
+        assert out[1:] == ("label", 3) and float(out[0]) == 0.5
+        assert out[0].is_ready()
+        for bad in (2.0, 3.0):  # the miss, then the hit
+            with pytest.raises(eqx.EquinoxRuntimeError, match="too big"):
+                f(jnp.array(bad))
+    compiled = nbjit.filter_jit(lambda x, n: (x * n, n, "s")).lower(jnp.ones(2), 3).compile()
+    out = compiled(jnp.ones(2), 3)
+    assert out[1:] == (3, "s") and out[0].tolist() == [3.0, 3.0]
+
+
 def test_other_errors_unchanged():
     for wrap in (nbjit.filter_jit, eqx.filter_jit):
         with pytest.raises(TypeError):

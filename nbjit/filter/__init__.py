@@ -4,7 +4,7 @@ equinox is optional (``pip install nbjit[equinox]``): this module imports
 without it, and `filter_jit` imports the implementation (which imports
 equinox) on its first use, raising ImportError with the fix if equinox is
 missing. The modules: `jit` (the wrapper Module and its call),
-`inner` (the jitted function, its static key and output recipe),
+`inner` (the jitted function, its static key and static outputs),
 `leaves` (equinox's is_array), `describe` (explained misses by leaf path).
 """
 

@@ -10,11 +10,13 @@ part (``==`` and ``hash``, identity first). Under ``donate="*-except-first"`` th
 argument's arrays come as a list of their own: ``inner(donated, kept, static)``.
 
 At trace time `inner` rebuilds the function and its arguments, calls it, and
-splits the output: its arrays are the jitted outputs; everything else rides
-in an `OutputRecipe` (a pytree node without children, so JAX keeps it in the
-output treedef and every hit returns the trace-time objects). The recipe also
-says whether the computation holds a host callback (an `eqx.error_if` check):
-then the outputs carry a marker that the caller waits on.
+returns the output as it is when all its leaves are arrays (JAX's own
+unflatten of the outputs rebuilds it; no second one), else its arrays and
+an `OutputRecipe` that holds everything else (a pytree node without
+children, so JAX keeps it in the output treedef and every hit returns the
+trace-time objects). A computation that holds a host callback (an
+`eqx.error_if` check) also outputs a marker that the caller waits on
+(`split_output`, `finish`).
 """
 
 from __future__ import annotations
@@ -34,41 +36,54 @@ from nbjit.filter import describe
 from nbjit.filter.leaves import split_leaves
 from nbjit.filter.static import merge, rebuild_call
 
-__all__ = ["FilterPjitFunction", "OutputRecipe", "make_inner"]
+__all__ = ["FilterPjitFunction", "OutputRecipe", "finish", "make_inner", "split_output"]
 
 
 class OutputRecipe:
-    """How the outputs rebuild: the output treedef, its non-array leaves and
-    whether a marker output is there to wait on. Compared by identity (each
-    trace makes its own)."""
+    """How an output with non-array leaves rebuilds: its treedef and its
+    non-array leaves (None where an array is), and whether a marker output
+    follows the arrays. Compared by identity (each trace makes its own)."""
 
-    __slots__ = ("treedef", "statics", "blocks", "all_arrays")
+    __slots__ = ("treedef", "statics", "blocks")
 
     def __init__(self, treedef: Any, statics: tuple, blocks: bool) -> None:
         self.treedef = treedef
         self.statics = statics
         self.blocks = blocks
-        self.all_arrays = all(x is None for x in statics)
 
     def rebuild(self, arrays: list) -> Any:
-        if self.all_arrays:
-            return self.treedef.unflatten(arrays)
         return self.treedef.unflatten(merge(self.statics, arrays))
 
 
+# A node without children: JAX keeps it in the output treedef, and its
+# outputs still re-flatten to arrays (which JAX's fast-path data requires).
 jax.tree_util.register_pytree_node(
     OutputRecipe, lambda recipe: ((), recipe), lambda recipe, _: recipe)
 
 
-def split_output(out: Any) -> tuple[list, OutputRecipe]:
-    """Trace time: the output's arrays (and a marker when the computation has a
-    host callback) and the recipe that rebuilds it."""
+def split_output(out: Any) -> tuple[Any, Any]:
+    """Trace time: ``(out, marker)`` when every output leaf is an array (JAX's
+    own unflatten of the outputs then rebuilds the output), else ``(arrays,
+    recipe)``; `marker` is an array to wait on when the computation holds a
+    host callback, else None, and with a recipe the marker (if any) is the
+    last of `arrays`."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
     arrays, statics = split_leaves(leaves)
-    blocks = _jax.traced_callbacks()
-    if blocks:
-        arrays.append(jnp.array(0))  # the marker, as equinox's
-    return arrays, OutputRecipe(treedef, statics, blocks)
+    marker = jnp.array(0) if _jax.traced_callbacks() else None  # the marker, as equinox's
+    if len(arrays) == len(leaves):
+        return out, marker
+    if marker is not None:
+        arrays.append(marker)
+    return arrays, OutputRecipe(treedef, statics, marker is not None)
+
+
+def finish(out: Any, second: Any) -> tuple[Any, Any]:
+    """(the wrapped function's output, the marker to wait on or None) from the
+    inner function's two outputs (`split_output`'s forms)."""
+    if type(second) is OutputRecipe:  # never an output leaf: a pytree node
+        marker = out.pop() if second.blocks else None
+        return second.rebuild(out), marker
+    return out, second
 
 
 def make_inner(names: tuple[str, str, str], layout: str, fun: Any) -> Callable:

@@ -33,7 +33,7 @@ from equinox._custom_types import sentinel
 from equinox._deprecate import deprecated_0_10
 
 from nbjit import _jax
-from nbjit.filter.inner import FilterPjitFunction, make_inner, split_inner_args
+from nbjit.filter.inner import FilterPjitFunction, finish, make_inner, split_inner_args
 from nbjit.filter.leaves import array_kinds, is_array, split_leaves
 from nbjit.filter.static import FunStatic, partition_fun, static_key
 from nbjit.observe import names as _names
@@ -176,17 +176,17 @@ def _call(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
     hide = _HideCallbackFailure()
     _callback_logger.addFilter(hide)
     try:
-        arrays, recipe = plan.pjit(*inner_args)
-        if recipe.blocks:  # can raise at run time (eqx.error_if): wait here, as equinox
-            marker = arrays.pop()
-            if not isinstance(marker, _Tracer) and isinstance(marker, jax.Array):
-                marker.block_until_ready()
+        out, marker = finish(*plan.pjit(*inner_args))
+        # a marker: the computation can raise at run time (eqx.error_if); wait, as equinox
+        if marker is not None and not isinstance(marker, _Tracer) and isinstance(
+                marker, jax.Array):
+            marker.block_until_ready()
     except (_jax.JaxRuntimeError, ValueError) as e:
         _reraise_runtime_error(e, __equinox_jit_id__)
         raise
     finally:
         _callback_logger.removeFilter(hide)
-    return recipe.rebuild(arrays)
+    return out
 
 
 def _reraise_runtime_error(error: Exception, jit_id: bytes) -> None:
@@ -229,10 +229,10 @@ class Compiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         plan, inner_args = _prepare(self._wrapper, args, kwargs)
-        arrays, recipe = self.compiled(*split_inner_args(plan.layout, inner_args)[0])
-        if recipe.blocks:
-            arrays.pop().block_until_ready()
-        return recipe.rebuild(arrays)
+        out, marker = finish(*self.compiled(*split_inner_args(plan.layout, inner_args)[0]))
+        if marker is not None:
+            marker.block_until_ready()
+        return out
 
 
 # ---------------------------------------------------------------------------
