@@ -12,6 +12,7 @@ A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``:
   and writes nothing there when it fails);
 - ``costs`` in README.md: what small calls and loops with new host values
   cost in that run, in words, from its rows (so the README says it once);
+- ``filter`` in README.md: what `nbjit.filter_jit`'s rows read in that run;
 - ``compare`` in docs/performance.md: every row of that run;
 - ``slow-reasons`` in README.md: the names of `nbjit.observe.stats.SLOW_REASONS`;
 - ``binder`` in docs/design.md: the binder nbjit generates for
@@ -49,6 +50,7 @@ HEADLINE: list[tuple[str, str]] = [
     ("args_1000", "1000 jax.Arrays"),
     ("dict_100_leaves", "a dict of 100 jax.Arrays"),
     ("static_args_kwargs", "static argument + keywords"),
+    ("params_dict_step_32", "SGD step: a params dict of 32 jax.Arrays + batch"),
     ("numpy_args_2", "2 numpy arrays, same values each call"),
     ("numpy_args_2_new_values", "2 numpy arrays, new values each call"),
     ("python_scalars_2_new_values", "2 Python scalars, new values each call"),
@@ -153,6 +155,27 @@ def costs_block(data: dict[str, Any]) -> str:
         "([docs/host-inputs.md](docs/host-inputs.md))."])
 
 
+FILTER_JIT = ["filter_jit_mlp_step_depth_2", "filter_jit_mlp_step_depth_8",
+              "filter_jit_static_fields_step", "filter_jit_fresh_numpy_batch",
+              "filter_jit_error_if_step"]
+
+
+def filter_block(data: dict[str, Any]) -> str:
+    """The README's sentence on nbjit.filter_jit: its rows time it against the
+    ideal (jax.jit on arrays split out beforehand) and equinox.filter_jit."""
+    rows = [r for r in _rows(data, FILTER_JIT) if r.get("ratio") is not None]
+    if not rows:
+        return "(equinox was not installed for the headline run: no filter_jit rows.)"
+    ideal = [r["ratio"] for r in rows]
+    eqx = [r["other_ratios"]["equinox"] for r in rows if (r.get("other_ratios") or {}).get(
+        "equinox") is not None]
+    text = (f"In the headline run ([how fast](#how-fast)) its {len(rows)} equinox steps took "
+            f"{min(ideal):.2f}-{max(ideal):.2f} times that ideal")
+    if eqx:
+        text += f" and {min(eqx):.2f}-{max(eqx):.2f} times `equinox.filter_jit`'s time"
+    return text + " ([docs/performance.md](docs/performance.md), `filter_jit_*` rows)."
+
+
 def compare_block(data: dict[str, Any]) -> str:
     """docs/performance.md's table: every row of the run."""
     lines = [_run_line(data["meta"]), "",
@@ -201,6 +224,7 @@ def targets(compare_json: pathlib.Path = COMPARE_JSON,
     return [
         (root / "README.md", "headline", lambda: headline_block(data)),
         (root / "README.md", "costs", lambda: costs_block(data)),
+        (root / "README.md", "filter", lambda: filter_block(data)),
         (root / "README.md", "slow-reasons", slow_reasons_block),
         (root / "docs" / "performance.md", "compare", lambda: compare_block(data)),
         (root / "docs" / "design.md", "binder", binder_block),
