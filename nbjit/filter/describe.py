@@ -41,11 +41,11 @@ def describe_filter_call(static: tuple, arrays: list,
         for key_path, leaf in pairs:
             leaf_path = path + tree_util.keystr(key_path)
             if is_array(leaf):
-                leaves.append(_explain._describe_leaf(leaf_path, leaf))
+                leaves.append(_explain.describe_leaf(leaf_path, leaf))
             else:
                 statics.append((leaf_path, type(leaf), leaf))
     names = tuple(sorted(kwargs))
-    word, flag = _explain._word, _explain._flag
+    word, flag = _explain.word_of, _explain.flag_of
     row = [len(leaves), word((len(args), tuple(structure))), word(names),
            word(tuple(statics)), word(context)]
     for leaf in leaves:
@@ -54,4 +54,4 @@ def describe_filter_call(static: tuple, arrays: list,
                 -1 if leaf.shape is None else len(leaf.shape), word(leaf.shape))
     return _explain.CallDescription(
         tuple(leaves), tuple(statics), names, tuple(structure), context, tuple(row),
-        np.array(row, dtype=np.int64), next(_explain._serials), len(args))
+        np.array(row, dtype=np.int64), next(_explain.description_serials), len(args))

@@ -123,7 +123,7 @@ class CallDescription:
     positional: int = 0  # how many positional arguments (statics included)
 
 
-def _word(value: Any) -> int:
+def word_of(value: Any) -> int:
     """One packed word standing for `value`: its hash (-1 if unhashable).
 
     Equal values give equal words; a rare collision only makes the closest
@@ -136,7 +136,7 @@ def _word(value: Any) -> int:
         return -1
 
 
-def _describe_leaf(path: str, x: Any) -> LeafDescription:
+def describe_leaf(path: str, x: Any) -> LeafDescription:
     if isinstance(x, _jax.ArrayImpl) or isinstance(x, _jax.Tracer):
         aval: Any = x.aval
         if isinstance(x, _jax.Tracer):
@@ -157,7 +157,7 @@ def _flatten_argument(path: str, value: Any, leaves: list, structure: list) -> N
     if treedef.num_nodes != 1 or treedef.num_leaves != 1:
         structure.append((path, str(treedef)))
     for key_path, leaf in pairs:
-        leaves.append(_describe_leaf(path + tree_util.keystr(key_path), leaf))
+        leaves.append(describe_leaf(path + tree_util.keystr(key_path), leaf))
 
 
 def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
@@ -181,21 +181,21 @@ def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
         else:
             _flatten_argument(f"kwargs[{name!r}]", kwargs[name], leaves, structure)
     names = tuple(sorted(kwargs))
-    row = [len(leaves), _word((len(args), tuple(structure))), _word(names),
-           _word(tuple(statics)), _word(context)]
+    row = [len(leaves), word_of((len(args), tuple(structure))), word_of(names),
+           word_of(tuple(statics)), word_of(context)]
     for leaf in leaves:
-        row += (_word(leaf.path), _word(leaf.kind), _word(leaf.dtype), _flag(leaf.weak_type),
-                _flag(leaf.committed), _word(leaf.sharding),
-                -1 if leaf.shape is None else len(leaf.shape), _word(leaf.shape))
+        row += (word_of(leaf.path), word_of(leaf.kind), word_of(leaf.dtype),
+                flag_of(leaf.weak_type), flag_of(leaf.committed), word_of(leaf.sharding),
+                -1 if leaf.shape is None else len(leaf.shape), word_of(leaf.shape))
     return CallDescription(tuple(leaves), tuple(statics), names, tuple(structure), context,
-                           tuple(row), np.array(row, dtype=np.int64), next(_serials),
+                           tuple(row), np.array(row, dtype=np.int64), next(description_serials),
                            len(args))
 
 
-_serials = itertools.count(1)  # next() is atomic under the GIL
+description_serials = itertools.count(1)  # next() is atomic under the GIL
 
 
-def _flag(value: bool | None) -> int:
+def flag_of(value: bool | None) -> int:
     return -1 if value is None else int(value)
 
 
