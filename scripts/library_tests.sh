@@ -38,6 +38,10 @@ LIB=${1:?$usage}
 MODE=${2:-both}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${3:-$ROOT/library_tests_out/$LIB}
+case $OUT in  # the suite runs from its own tree: a relative OUTDIR names a folder from here
+  /*) ;;
+  *) OUT=$PWD/$OUT ;;
+esac
 PYTHON=${PYTHON:-}
 if [[ -z $PYTHON ]]; then
   if [[ -x $ROOT/.venv/bin/python ]]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi

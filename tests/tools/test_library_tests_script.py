@@ -1,10 +1,11 @@
-"""scripts/library_tests.sh: the conftest.py it puts above a library's tests.
+"""scripts/library_tests.sh: the conftest.py it puts above a library's tests, and a run of it.
 
-The script itself needs a library and its sources (not in CI); what makes
-its nbjit column mean something is the conftest it writes: `jax.jit` is
-nbjit's before any test module imports, and the end of the run says what
-the nbjit functions did. That conftest is taken from the script as written
-and run under pytest with a small test module.
+What makes its nbjit column mean something is the conftest it writes:
+`jax.jit` is nbjit's before any test module imports, and the end of the run
+says what the nbjit functions did. That conftest is taken from the script as
+written and run under pytest with a small test module. The script itself is
+run once on a one-test tree (pytest standing in for the library), as CI
+calls it: a relative OUTDIR, STRICT=1.
 """
 
 import os
@@ -86,3 +87,24 @@ def test_unknown_library_is_refused() -> None:
                             env=dict(os.environ, PYTHON=sys.executable))
     assert result.returncode == 2
     assert "no-such-library-xyz is not installed" in result.stderr
+
+
+@pytest.mark.skipif(not SCRIPT.exists(), reason="no script")
+def test_relative_outdir_is_from_the_callers_directory(tmp_path: pathlib.Path) -> None:
+    # CI passes a relative OUTDIR; the suite runs from its own tree, so the script must
+    # resolve OUTDIR first (it once wrote its logs relative to the tree and failed).
+    # pytest stands in for the library: it is installed wherever these tests run.
+    src = tmp_path / "src"
+    (src / "tests").mkdir(parents=True)
+    (src / "tests" / "test_tiny.py").write_text(
+        "import jax.numpy as jnp\n\n\ndef test_sum():\n    assert int(jnp.arange(4).sum()) == 6\n")
+    env = dict(os.environ, PYTHON=sys.executable, STRICT="1", SUITE_TIMEOUT="240",
+               LIBRARY_SRC=str(src))
+    result = subprocess.run(["bash", str(SCRIPT), "pytest", "both", "out"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for mode in ("jax", "nbjit"):
+        log = (tmp_path / "out" / mode / "pytest.log").read_text()
+        assert "1 passed" in log, log
+        assert (tmp_path / "out" / mode / "pytest.xml").is_file()
+    assert "nbjit (nbjit): " in (tmp_path / "out" / "nbjit" / "pytest.log").read_text()
