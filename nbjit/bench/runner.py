@@ -172,8 +172,14 @@ def run_scenario(
     settings: measure.Settings,
     floor_jit: Jit | None = None,
     floor_call: Callable[..., Callable[[], Any]] | None = None,
+    *,
+    self_check: bool = False,
 ) -> Row:
-    """Build, check and time one scenario: A = ``jit_a``, B = ``jit_b``, plus the floor."""
+    """Build, check and time one scenario: A = ``jit_a``, B = ``jit_b``, plus the floor.
+
+    A row with contenders of its own (`Case.sides`) times them and ignores the
+    jits; with `self_check` it times its ideal (side b) against itself instead.
+    """
     row = Row(scenario.name, scenario.n_args, scenario.kind, scenario.block, scenario.family,
               scenario.origin)
     if len(jax.devices()) < scenario.min_devices:
@@ -184,7 +190,7 @@ def run_scenario(
         return row
     case = scenario.build()
     if case.sides:
-        if jit_a is jit_b:  # the self-check: the row's B side (the ideal) against itself
+        if self_check:  # the row's B side (the ideal) against itself
             _, fun, pool = case.sides[1]
             case = replace(case, sides=(("a", fun, pool), ("b", fun, pool)))
         return _run_sides(row, case, scenario.block, settings)
@@ -308,7 +314,8 @@ def run(
     for i, scenario in enumerate(matrix):
         if bar:
             bar.update(i, scenario.name)
-        rows.append(run_scenario(scenario, jit_a, jax_jit, settings, nbjit.jit, floor_call))
+        rows.append(run_scenario(scenario, jit_a, jax_jit, settings, nbjit.jit, floor_call,
+                                 self_check=self_check))
     if bar:
         bar.update(len(matrix), "done")
         bar.close()

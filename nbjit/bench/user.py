@@ -129,7 +129,7 @@ def compare(fun: Callable[..., Any], *args: Any, jit_kwargs: dict[str, Any] | No
     assert row.ratio_p10 is not None and row.ratio_p90 is not None
     check = None
     if self_check:
-        own = run_scenario(scenario, jax_jit, jax_jit, USER_SETTINGS)
+        own = run_scenario(scenario, jax_jit, jax_jit, USER_SETTINGS, self_check=True)
         check = (own.ratio, own.ratio_p10, own.ratio_p90)
     return CompareResult(name, row.ratio, row.ratio * row.b_us, row.b_us, row.floor_us,
                          row.ratio_p10, row.ratio_p90, row.rounds, row.calls_per_batch, check)

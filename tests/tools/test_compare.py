@@ -13,6 +13,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -468,3 +469,31 @@ def test_compare_into_docs_needs_a_passing_self_check(tmp_path, capsys, monkeypa
     else:
         assert rc == 1 and "not writing into docs/" in err and "tiny_dispatch (1.30)" in err
         assert list(docs.iterdir()) == []
+
+
+def _sides_scenario() -> bench.Scenario:
+    """A row with contenders of its own (as filter_jit's): a, the ideal b, and a third."""
+    x = jax.device_put(np.arange(4.0))
+    pool = ((x,),)
+
+    def build() -> bench.Case:
+        return bench.Case(jnp.sin, (x,), sides=(("a", jax.jit(jnp.sin), pool),
+                                                ("b", jax.jit(jnp.sin), pool),
+                                                ("third", jax.jit(jnp.sin), pool)))
+
+    return bench.Scenario("tiny_sides", 1, "jax.Array", build, block=False)
+
+
+@pytest.mark.parametrize("jits", ["none", "given"])
+def test_sides_row_times_its_own_contenders(jits):
+    # asv's filter_jit track passes no jits (None, None); it once read that as the
+    # self-check and timed the ideal against itself, with no third contender.
+    jit_a, jit_b = (None, None) if jits == "none" else (jax.jit, jax.jit)
+    row = bench.run_scenario(_sides_scenario(), jit_a, jit_b, TINY)
+    assert row.ratio is not None and set(row.other_ratios or {}) == {"third"}
+    assert "third " in row.note and "a/third" in row.note
+
+
+def test_sides_row_self_check_times_the_ideal_against_itself():
+    row = bench.run_scenario(_sides_scenario(), jax.jit, jax.jit, TINY, self_check=True)
+    assert row.ratio is not None and row.other_ratios == {}
