@@ -14,6 +14,7 @@ The API is small and stable (other test modules import it):
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -101,7 +102,8 @@ def assert_same_call(fn_nb: Callable, fn_jax: Callable, /, *args: Any,
         assert type(nb) is type(jx), (
             f"nbjit raised {type(nb).__name__}: {nb}\njax.jit raised {type(jx).__name__}: {jx}")
     else:
-        assert nb_ok, f"nbjit raised {type(nb).__name__}: {nb}; jax.jit returned"
+        assert nb_ok, (f"nbjit raised {type(nb).__name__}: {nb}; jax.jit returned\n"
+                       + "".join(traceback.format_exception(nb)))
         assert_same_outputs(nb, jx)
     return nb, jx
 

@@ -204,3 +204,37 @@ def test_lru_eviction_bounds_a_private_cache():
     assert fa.miss_count == misses
     cache.clear()
     assert cache.size() == 0 and fa._cache_size() == 0 and fb._cache_size() == 0
+
+
+def test_a_function_dying_while_its_cache_is_listed():
+    """A collection inside `namespaces_of` (the first miss's explanation lists a
+    function's namespaces) runs a dead function's `_forget`, which the cache's
+    RLock lets in: the listing must not see its dict change size."""
+    from nbjit.core.cache import PjitFunctionCache
+
+    cache = PjitFunctionCache(16)
+
+    def kept(x):
+        return x
+
+    def dying(x):
+        return x
+
+    for i in range(4):
+        cache.namespace_for(kept, ("kept", i))
+    doomed = cache.namespace_for(dying, "dying")
+    listed = cache.namespaces_of(kept)
+    assert len(listed) == 4
+    namespace = listed[0][1]
+    real_ref = namespace.fun_ref
+
+    def collect_meanwhile():  # what a weakref callback does during a collection
+        cache._forget((id(dying), "dying"), doomed)
+        return real_ref()
+
+    namespace.fun_ref = collect_meanwhile
+    try:
+        assert [key for key, _ in cache.namespaces_of(kept)] == [("kept", i) for i in range(4)]
+    finally:
+        namespace.fun_ref = real_ref
+    assert cache.namespaces_of(dying) == []

@@ -326,9 +326,9 @@ class PjitFunctionCache:
 
     def namespaces_of(self, fun: Callable) -> list[tuple[Any, Namespace]]:
         """(global key, namespace) of every live namespace of `fun` (all its jit options)."""
-        with self._lock:
+        with self._lock:  # over a copy: a collection in the loop may run `_forget` (an RLock)
             return [(global_key, namespace)
-                    for (fun_id, global_key), namespace in self._namespaces.items()
+                    for (fun_id, global_key), namespace in self._namespaces.copy().items()
                     if fun_id == id(fun) and namespace.fun_ref() is fun]
 
     def _forget(self, key: tuple[int, Any], namespace: Namespace, _ref: Any = None) -> None:
