@@ -36,7 +36,8 @@ from nbjit.filter import describe
 from nbjit.filter.leaves import split_leaves
 from nbjit.filter.static import merge, rebuild_call
 
-__all__ = ["FilterPjitFunction", "OutputRecipe", "finish", "make_inner", "split_output"]
+__all__ = ["DeferredArgs", "FilterPjitFunction", "OutputRecipe", "finish", "make_inner",
+           "split_output"]
 
 
 class OutputRecipe:
@@ -130,6 +131,26 @@ def split_inner_args(layout: str, inner_args: tuple) -> tuple[tuple, tuple, list
     return inner_args[:-1], static, list(inner_args[0])
 
 
+class DeferredArgs:
+    """The inner call's arguments of a call keyed by a reader (`nbjit.filter.jit`),
+    which skips working them out: only a slow path, a miss or a failed execution
+    needs them, and `FilterPjitFunction` asks for them there."""
+
+    __slots__ = ("prepare", "wrapper", "args")
+
+    def __init__(self, prepare: Callable[..., tuple], wrapper: Any, args: tuple) -> None:
+        self.prepare = prepare
+        self.wrapper = wrapper
+        self.args = args
+
+    def inner(self) -> tuple:
+        return self.prepare(self.wrapper, self.args, {})[1]
+
+
+def _real(args: Any) -> tuple:
+    return args.inner() if type(args) is DeferredArgs else args
+
+
 class FilterPjitFunction(PjitFunction):
     """The `PjitFunction` of one wrapped function: nbjit's dispatcher, with
     (1) XLA's "Some donated buffers were not usable" warning hidden where
@@ -151,7 +172,16 @@ class FilterPjitFunction(PjitFunction):
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable*")
             return super()._compile(*args)
 
+    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
+                      node: Any) -> Any:
+        return super()._miss_or_slow(_real(args), kwargs, leaves, signature, node)
+
+    def _execute_failed(self, error: Exception, args: tuple, kwargs: dict,
+                        inputs: Any) -> Any:
+        return super()._execute_failed(error, _real(args), kwargs, inputs)
+
     def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        args = _real(args)
         if not self._filter_warning:
             return super()._slow(args, kwargs, reason)
         with warnings.catch_warnings():

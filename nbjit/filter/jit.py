@@ -33,7 +33,14 @@ from equinox._custom_types import sentinel
 from equinox._deprecate import deprecated_0_10
 
 from nbjit import _jax
-from nbjit.filter.inner import FilterPjitFunction, finish, make_inner, split_inner_args
+from nbjit.core.structure import PARTITION, UNKEYABLE, Readers
+from nbjit.filter.inner import (
+    DeferredArgs,
+    FilterPjitFunction,
+    finish,
+    make_inner,
+    split_inner_args,
+)
 from nbjit.filter.leaves import array_kinds, is_array, split_leaves
 from nbjit.filter.static import FunStatic, partition_fun, static_key
 from nbjit.observe import names as _names
@@ -44,6 +51,9 @@ _flatten = jax.tree_util.tree_flatten
 _call_ids = itertools.count(1)  # next() is atomic under the GIL
 _Tracer = _jax.Tracer
 _callback_logger = logging.getLogger("jax._src.callback")
+_tracing = _jax.traceme_enabled
+_collect_garbage = _jax.collect_garbage
+MAX_KEYED = 1024  # reader keys remembered per wrapped function; the table starts afresh when full
 
 
 class _HideCallbackFailure:
@@ -65,9 +75,14 @@ _DONATE = {  # donate= -> (filter_warning, donate_first, donate_rest), as equino
 
 class CallPlan:
     """What a call of one wrapped function needs, worked out once: its
-    `FilterPjitFunction`, the argument layout, and when binding can be skipped."""
+    `FilterPjitFunction`, the argument layout, and when binding can be skipped.
 
-    __slots__ = ("pjit", "signature", "min_args", "max_args", "layout", "__weakref__")
+    Keyed calls (`_keyed`): `readers` per positional count read a call in one
+    pass (`nbjit.core.structure`, equinox's partition); `keys` maps a reader's
+    key to the key nbjit's binder gave the same call (`learn`)."""
+
+    __slots__ = ("pjit", "signature", "min_args", "max_args", "layout", "readers", "keys",
+                 "_key_only", "__weakref__")
 
     def __init__(self, pjit: FilterPjitFunction, signature: inspect.Signature,
                  layout: str) -> None:
@@ -75,6 +90,32 @@ class CallPlan:
         self.signature = signature
         self.layout = layout  # nbjit.filter.inner.make_inner's
         self.min_args, self.max_args = _positional_range(signature)
+        self.readers: dict[int, Readers] = {}
+        self.keys: dict[Any, Any] = {}
+        self._key_only: dict[int, Callable] = {}
+
+    def readers_for(self, nargs: int) -> Readers:
+        """The readers of calls with `nargs` positional arguments: they read the
+        function's arrays, its static part, then the arguments."""
+        readers = self.readers.get(nargs)
+        if readers is None:
+            params = ["fun_arrays", "fun_static", *(f"a{i}" for i in range(nargs))]
+            readers = self.readers[nargs] = Readers(params, ("filter_jit", nargs),
+                                                    policy=PARTITION)
+        return readers
+
+    def learn(self, key: Any, inner_args: tuple) -> None:
+        """Remembers which binder key a reader's key stands for (after the call ran)."""
+        key_only = self._key_only.get(len(inner_args))
+        if key_only is None:
+            key_only = self._key_only[len(inner_args)] = self.pjit._binders.key_only(
+                len(inner_args))
+        keyed = key_only(self.pjit, inner_args, {})
+        if type(keyed) is str:  # nothing keys it: the general path, always
+            return
+        if len(self.keys) >= MAX_KEYED:
+            self.keys.clear()
+        self.keys[key] = keyed[1]
 
 
 def _positional_range(signature: inspect.Signature) -> tuple[int, int]:
@@ -167,16 +208,55 @@ def _except_first_args(fun_arrays: tuple, fun_static: FunStatic, args: tuple,
             static_key(fun_static.key, treedef, statics, count))
 
 
+def _keyed(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
+    """The inner function's outputs for one call.
+
+    A positional call under the default layout is read in one pass by the
+    reader of its structure (no flatten, no lists of leaves, no static key
+    built), and a reader key seen before runs the binder's hit path with the
+    binder key it stands for: the same node, hits and misses as the general
+    path, which everything else takes (keywords, donation, a profile or a
+    profiler trace, a tracer among the leaves, a static leaf that cannot be
+    hashed or compared).
+    """
+    state = object.__getattribute__(wrapper, "__dict__")  # Module.__getattribute__ is slow
+    plan = state["_cached"]
+    pjit = plan.pjit
+    binders = pjit._binders
+    if (kwargs or plan.layout != "spread" or not plan.min_args <= len(args) <= plan.max_args
+            or binders.flavour != "plain" or _tracing()):
+        return pjit(*_prepare(wrapper, args, kwargs)[1])
+    readers = plan.readers.get(len(args)) or plan.readers_for(len(args))
+    got = readers.read(state["_dynamic_fun"], state["_static_fun"].key, *args)
+    if got is None or got is UNKEYABLE:
+        return pjit(*_prepare(wrapper, args, kwargs)[1])
+    key, shardings, leaves = got
+    try:  # a static leaf's __hash__ or __eq__ may raise: the general path reports it
+        binder_key = plan.keys.get(key)
+    except Exception:
+        binder_key = None
+    if binder_key is None:
+        inner_args = _prepare(wrapper, args, kwargs)[1]
+        out = pjit(*inner_args)
+        try:
+            plan.learn(key, inner_args)
+        except Exception:  # the call ran; learning is best effort
+            pass
+        return out
+    _collect_garbage()  # as PjitFunction.__call__ does
+    return binders.hit(pjit, DeferredArgs(_prepare, wrapper, args), {}, leaves, binder_key,
+                       shardings, 0, 0)
+
+
 def _call(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True
     # eqx.error_if records this frame's id when it traces; bytes unique per call
     # (equinox draws os.urandom(16); a counter is unique in the process and cheaper)
     __equinox_jit_id__ = next(_call_ids).to_bytes(16, "little")
-    plan, inner_args = _prepare(wrapper, args, kwargs)
     hide = _HideCallbackFailure()
     _callback_logger.addFilter(hide)
     try:
-        out, marker = finish(*plan.pjit(*inner_args))
+        out, marker = finish(*_keyed(wrapper, args, kwargs))
         # a marker: the computation can raise at run time (eqx.error_if); wait, as equinox
         if marker is not None and not isinstance(marker, _Tracer) and isinstance(
                 marker, jax.Array):
