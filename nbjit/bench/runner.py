@@ -176,10 +176,8 @@ def run_scenario(
     self_check: bool = False,
 ) -> Row:
     """Build, check and time one scenario: A = ``jit_a``, B = ``jit_b``, plus the floor.
-
-    A row with contenders of its own (`Case.sides`) times them and ignores the
-    jits; with `self_check` it times its ideal (side b) against itself instead.
-    """
+    A row with contenders of its own (`Case.sides`) times those (its ideal, side b,
+    against itself with `self_check`)."""
     row = Row(scenario.name, scenario.n_args, scenario.kind, scenario.block, scenario.family,
               scenario.origin)
     if len(jax.devices()) < scenario.min_devices:
