@@ -223,6 +223,7 @@ def _keyed(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
     plan = state["_cached"]
     pjit = plan.pjit
     binders = pjit._binders
+    hit = binders.hit  # read before the flavour: a profile starting meanwhile is seen below
     if (kwargs or plan.layout != "spread" or not plan.min_args <= len(args) <= plan.max_args
             or binders.flavour != "plain" or _tracing()):
         return pjit(*_prepare(wrapper, args, kwargs)[1])
@@ -244,8 +245,8 @@ def _keyed(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
             pass
         return out
     _collect_garbage()  # as PjitFunction.__call__ does
-    return binders.hit(pjit, DeferredArgs(_prepare, wrapper, args), {}, leaves, binder_key,
-                       shardings, 0, 0)
+    return hit(pjit, DeferredArgs(_prepare, wrapper, args), {}, leaves, binder_key, shardings,
+               0, 0)
 
 
 def _call(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
