@@ -14,6 +14,7 @@ The API is small and stable (other test modules import it):
 
 from __future__ import annotations
 
+import functools
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -116,3 +117,16 @@ def steps_of(jitted: Any, /, *args: Any, **kwargs: Any) -> dict[str, list]:
     for step in node.record.step_objects():
         steps[type(step).__name__].append(step)
     return steps
+
+
+def counted(fn: Callable) -> tuple[Callable, list]:
+    """(fn wrapped to count its traces, the counter list): a list that grows by
+    one each time the function runs in Python (once per trace under a jit)."""
+    traces: list = []
+
+    @functools.wraps(fn)
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        traces.append(1)
+        return fn(*args, **kwargs)
+
+    return counting, traces

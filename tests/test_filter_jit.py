@@ -8,7 +8,6 @@ is skipped with its reason.
 
 from __future__ import annotations
 
-import functools
 import gc
 import threading
 import warnings
@@ -21,25 +20,13 @@ import pytest
 
 eqx = pytest.importorskip("equinox", reason="nbjit.filter_jit needs equinox (nbjit[equinox])")
 
-from _diff import assert_same_outputs  # noqa: E402
+from _diff import assert_same_outputs, counted  # noqa: E402
 
 import nbjit  # noqa: E402
 from nbjit.filter import jit as filter_impl  # noqa: E402
 
 BOTH = pytest.mark.parametrize("wrap", [nbjit.filter_jit, eqx.filter_jit],
                                ids=["nbjit", "equinox"])
-
-
-def _counted(fn):
-    """(fn wrapped to count its traces, the counter list)."""
-    traces = []
-
-    @functools.wraps(fn)
-    def counted(*args, **kwargs):
-        traces.append(1)
-        return fn(*args, **kwargs)
-
-    return counted, traces
 
 
 def _mlp(depth=2, key=0, activation=jax.nn.relu):
@@ -61,7 +48,7 @@ def test_hundred_fresh_batch_steps_bit_for_bit_and_same_traces():
                 rng.normal(size=(8, 2)).astype(np.float32)) for _ in range(100)]
     runs = {}
     for wrap in (nbjit.filter_jit, eqx.filter_jit):
-        fn, traces = _counted(_sgd_step)
+        fn, traces = counted(_sgd_step)
         step = wrap(fn)
         model, outs = _mlp(), []
         for x, y in batches:
@@ -79,7 +66,7 @@ def test_hundred_fresh_batch_steps_bit_for_bit_and_same_traces():
 
 @BOTH
 def test_python_scalars_share_a_trace_and_outputs_are_trace_time_objects(wrap):
-    fn, traces = _counted(lambda x: x)
+    fn, traces = counted(lambda x: x)
     f = wrap(fn)
     assert f(True) is True
     assert f(1) is True  # 1 == True: the trace of True answers, with its object
@@ -138,7 +125,7 @@ def test_function_arrays_are_traced(kind):
 
 def test_static_fields_and_module_changes_retrace_as_equinox():
     for wrap in (nbjit.filter_jit, eqx.filter_jit):
-        fn, traces = _counted(lambda m, x: m(x))
+        fn, traces = counted(lambda m, x: m(x))
         f = wrap(fn)
         x = jnp.ones(3)
         f(_mlp(), x)
@@ -150,7 +137,7 @@ def test_static_fields_and_module_changes_retrace_as_equinox():
 
 def test_clone_shares_the_trace_count():
     for wrap in (nbjit.filter_jit, eqx.filter_jit):
-        fn, traces = _counted(lambda x: x + 1)
+        fn, traces = counted(lambda x: x + 1)
         f = wrap(fn)
         clone = jtu.tree_unflatten(*reversed(jtu.tree_flatten(f)))
         f(jnp.ones(2))
@@ -391,7 +378,7 @@ def test_module_mutated_behind_equinox_back_never_stale():
 
 
 def test_threads_compile_once():
-    fn, traces = _counted(lambda x, n: jnp.sin(x) * n)
+    fn, traces = counted(lambda x, n: jnp.sin(x) * n)
     f = nbjit.filter_jit(fn)
     barrier = threading.Barrier(8)
     results = []
@@ -475,7 +462,7 @@ def test_repeated_calls_are_nbjit_hits(returns):
 def test_donation_modes_trace_as_equinox():
     counts = []
     for wrap in (nbjit.filter_jit, eqx.filter_jit):
-        fn, traces = _counted(lambda x: x * 2)
+        fn, traces = counted(lambda x: x * 2)
         wrap(fn)(jnp.ones(2))
         wrap(fn, donate="all")(jnp.ones(2))
         wrap(fn, donate="all-except-first")(jnp.ones(2))

@@ -8,7 +8,6 @@ the keyed calls skipped the general path (`_prepare`) where they should.
 
 from __future__ import annotations
 
-import functools
 import random
 
 import jax
@@ -18,23 +17,12 @@ import pytest
 
 eqx = pytest.importorskip("equinox", reason="nbjit.filter_jit needs equinox (nbjit[equinox])")
 
-from _diff import assert_same_outputs  # noqa: E402
+from _diff import assert_same_outputs, counted  # noqa: E402
 
 import nbjit  # noqa: E402
 from nbjit.filter import jit as filter_impl  # noqa: E402
 
 WRAPS = (nbjit.filter_jit, eqx.filter_jit)
-
-
-def _counted(fn):
-    traces = []
-
-    @functools.wraps(fn)
-    def counted(*args, **kwargs):
-        traces.append(1)
-        return fn(*args, **kwargs)
-
-    return counted, traces
 
 
 @pytest.fixture
@@ -95,7 +83,7 @@ def test_randomised_calls_match_equinox_outputs_and_traces():
         calls.append((rng.choice(blocks), x, rng.choice(statics)))
     results, traces_of = [], []
     for wrap in WRAPS:
-        fn, traces = _counted(lambda m, x, s: (jax.vmap(m)(jnp.atleast_2d(x).astype(jnp.float32)),
+        fn, traces = counted(lambda m, x, s: (jax.vmap(m)(jnp.atleast_2d(x).astype(jnp.float32)),
                                                s, m.scale))
         f = wrap(fn)
         outs = []
@@ -109,7 +97,7 @@ def test_randomised_calls_match_equinox_outputs_and_traces():
 
 
 def test_after_the_cache_is_cleared_a_keyed_call_compiles_again():
-    fn, traces = _counted(lambda x, n: x * n)
+    fn, traces = counted(lambda x, n: x * n)
     f = nbjit.filter_jit(fn)
     x = jnp.arange(3.0)
     f(x, 2)
