@@ -201,3 +201,36 @@ def test_keywords_and_a_profile_take_the_general_path(prepares):
     with nbjit.profile():
         f(x, 3)
     assert prepares == [1] and f._cached.pjit.stats().hits == hits + 1
+
+
+def test_a_node_only_equinox_flattens_is_never_keyed_by_its_eq(prepares):
+    """A pytree node registered in JAX's default registry alone (the one
+    equinox partitions with) is a leaf to jit's registry, which the readers
+    use; with a loose ``__eq__`` a reader key would ignore its arrays. Such a
+    call keeps the general path, and its outputs follow its arrays."""
+    from jax._src import tree_util as jax_tree_util
+
+    class Box:
+        def __init__(self, a, tag):
+            self.a, self.tag = a, tag
+
+        def __eq__(self, other):
+            return type(other) is Box
+
+        def __hash__(self):
+            return 1
+
+    jax_tree_util.default_registry.register_node(
+        Box, lambda b: ((b.a,), b.tag), lambda tag, children: Box(children[0], tag))
+    outs = []
+    for wrap in WRAPS:
+        f = wrap(lambda b, n: b.a * n)
+        outs.append([f(Box(jnp.ones(2), "x"), 2), f(Box(jnp.arange(2.0), "y"), 2),
+                     f(Box(jnp.full(2, 5.0), "x"), 2)])
+    assert_same_outputs(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0][2], [10.0, 10.0])
+    f = nbjit.filter_jit(lambda b: b.a + 1)
+    f(Box(jnp.ones(2), "x"))
+    prepares.clear()
+    f(Box(jnp.ones(2), "x"))
+    assert prepares == [1] and not f._cached.keys

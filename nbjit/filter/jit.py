@@ -104,8 +104,17 @@ class CallPlan:
                                                     policy=PARTITION)
         return readers
 
-    def learn(self, key: Any, inner_args: tuple) -> None:
-        """Remembers which binder key a reader's key stands for (after the call ran)."""
+    def learn(self, key: Any, values: tuple, inner_args: tuple) -> None:
+        """Remembers which binder key a reader's key stands for (after the call ran).
+
+        Only where the reader's registry (jit's) and equinox's (the default one,
+        which `_prepare` flattens with) see the same leaves in `values`: a node
+        registered in one of them alone would be a leaf to the reader, keyed by
+        its ``==``, and its arrays would never reach the key."""
+        ours, theirs = _jax.flatten_for_dispatch(values)[0], _flatten(values)[0]
+        if len(ours) != len(theirs) or any(a is not b for a, b in zip(ours, theirs,
+                                                                          strict=True)):
+            return
         key_only = self._key_only.get(len(inner_args))
         if key_only is None:
             key_only = self._key_only[len(inner_args)] = self.pjit._binders.key_only(
@@ -228,7 +237,8 @@ def _keyed(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
             or binders.flavour != "plain" or _tracing()):
         return pjit(*_prepare(wrapper, args, kwargs)[1])
     readers = plan.readers.get(len(args)) or plan.readers_for(len(args))
-    got = readers.read(state["_dynamic_fun"], state["_static_fun"].key, *args)
+    values = (state["_dynamic_fun"], state["_static_fun"].key, *args)
+    got = readers.read(*values)
     if got is None or got is UNKEYABLE:
         return pjit(*_prepare(wrapper, args, kwargs)[1])
     key, shardings, leaves = got
@@ -240,7 +250,7 @@ def _keyed(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
         inner_args = _prepare(wrapper, args, kwargs)[1]
         out = pjit(*inner_args)
         try:
-            plan.learn(key, inner_args)
+            plan.learn(key, values, inner_args)
         except Exception:  # the call ran; learning is best effort
             pass
         return out
