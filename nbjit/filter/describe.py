@@ -30,14 +30,13 @@ def describe_filter_call(static: tuple, arrays: list,
     leaves: list[_explain.LeafDescription] = []
     statics: list[tuple[str, type, Any]] = []
     structure: list[tuple[str, str]] = []
+    treedefs: list[tuple[str, Any]] = []
     parts = [("fun", fun)] if fun is not None else []  # a plain function: not in the key
     parts += [(f"args[{i}]", a) for i, a in enumerate(args)] + [
         (f"kwargs[{name!r}]", kwargs[name]) for name in sorted(kwargs)]
     for path, value in parts:
-        pairs, treedef_ = tree_util.tree_flatten_with_path(value)
-        treedef: Any = treedef_  # (jax's stubs lack num_nodes and num_leaves)
-        if treedef.num_nodes != 1 or treedef.num_leaves != 1:
-            structure.append((path, str(treedef)))
+        pairs, treedef = tree_util.tree_flatten_with_path(value)
+        _explain.add_structure(path, treedef, structure, treedefs)
         for key_path, leaf in pairs:
             leaf_path = path + tree_util.keystr(key_path)
             if is_array(leaf):
@@ -54,4 +53,5 @@ def describe_filter_call(static: tuple, arrays: list,
                 -1 if leaf.shape is None else len(leaf.shape), word(leaf.shape))
     return _explain.CallDescription(
         tuple(leaves), tuple(statics), names, tuple(structure), context, tuple(row),
-        np.array(row, dtype=np.int64), next(_explain.description_serials), len(args))
+        np.array(row, dtype=np.int64), next(_explain.description_serials), len(args),
+        tuple(treedefs))

@@ -1,0 +1,189 @@
+"""A miss of a changed pytree structure is explained by the path of the node
+that changed, in one statement of at most 120 characters, never a treedef
+dump: in the log (`nbjit.explain_misses`) and in `nbjit.ranked_misses()`,
+under `nbjit.jit` and `nbjit.filter_jit` alike."""
+
+import collections
+import dataclasses
+import logging
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import tree_util
+
+import nbjit
+from nbjit.observe import explain as _explain
+
+eqx = pytest.importorskip("equinox")
+
+P = collections.namedtuple("P", "a b")
+Q = collections.namedtuple("Q", "a b")
+
+
+class Net(eqx.Module):
+    w: jax.Array
+    scale: float = eqx.field(static=True)
+
+
+class Block(eqx.Module):
+    w: jax.Array
+    activation: str = eqx.field(static=True)
+
+
+class Stack(eqx.Module):
+    blocks: list
+
+
+@dataclasses.dataclass
+class Struct:  # what flax.struct.dataclass registers: a dataclass, meta fields in the aux data
+    w: jax.Array
+    features: int
+
+
+tree_util.register_dataclass(Struct, data_fields=["w"], meta_fields=["features"])
+
+
+@dataclasses.dataclass
+class Marked:  # flax's own marking: struct.field(pytree_node=False)
+    w: jax.Array
+    features: int = dataclasses.field(metadata={"pytree_node": False})
+
+
+tree_util.register_dataclass(Marked, data_fields=["w"], meta_fields=["features"])
+
+
+class Custom:
+    def __init__(self, x, aux):
+        self.x, self.aux = x, aux
+
+
+tree_util.register_pytree_node(Custom, lambda c: ((c.x,), c.aux),
+                               lambda aux, ch: Custom(ch[0], aux))
+
+x = jnp.ones(2)
+
+
+def _stack(activation):
+    return Stack([Block(x, "relu"), Block(x, "relu"), Block(x, activation)])
+
+
+# (name, first call's argument, second call's argument, the statement expected)
+CASES = [
+    ("equinox static field", Net(x, 1.0), Net(x, 2.0), "args[0].scale (static field): 1.0 -> 2.0"),
+    ("nested static field", _stack("tanh"), _stack("gelu"),
+     "args[0].blocks[2].activation (static field): 'tanh' -> 'gelu'"),
+    ("flax-style struct field", Struct(x, 4), Struct(x, 8),
+     "args[0].features (static field): 4 -> 8"),
+    ("pytree_node=False field", Marked(x, 4), Marked(x, 8),
+     "args[0].features (static field): 4 -> 8"),
+    ("namedtuple type", P(x, x), Q(x, x), "args[0]: P -> Q (namedtuple)"),
+    ("dict key added", {"a": x}, {"a": x, "b": x}, "args[0]['b']: added"),
+    ("dict key removed", {"a": x, "b": x}, {"a": x}, "args[0]['b']: removed"),
+    ("list length", [x, x], [x, x, x], "args[0]: list of 2 -> 3"),
+    ("None for an array", {"m": x}, {"m": None}, "args[0]['m']: float32[2] -> None"),
+    ("array for None", {"m": None}, {"m": x}, "args[0]['m']: None -> float32[2]"),
+    ("custom aux data", Custom(x, {"k": 3, "j": 1}), Custom(x, {"k": 4, "j": 1}),
+     "args[0] (Custom aux data['k']): 3 -> 4"),
+    ("list for tuple", [x, x], (x, x), "args[0]: list of 2 -> tuple of 2"),
+]
+
+
+@pytest.fixture
+def records(caplog):
+    caplog.set_level(logging.WARNING, logger="nbjit")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "nbjit"]
+
+
+@pytest.mark.parametrize("jit", [nbjit.jit, nbjit.filter_jit], ids=["jit", "filter_jit"])
+@pytest.mark.parametrize("name, first, second, expected", CASES, ids=[c[0] for c in CASES])
+def test_structure_change_named_by_its_path(records, jit, name, first, second, expected):
+    f = jit(lambda tree, y: y * 2)
+    f(first, x)
+    before = len(records())
+    with nbjit.explain_misses():
+        f(second, x)
+    logged = records()[before:]
+    assert len(logged) == 1
+    message = logged[0]
+    assert f": {expected}; JAX" in message, message
+    assert "PyTreeDef" not in message and len(expected) <= _explain.STATEMENT_MAX
+    field = expected.split(": ")[0] if "->" in expected else expected
+    function, site = _named(message)
+    rows = [r for r in nbjit.ranked_misses() if (r.function, r.site) == (function, site)
+            and r.fields != ("first call",)]
+    assert len(rows) == 1 and rows[0].count == 1, rows
+    assert rows[0].fields[0].startswith(field.split(" (")[0]), rows[0].fields
+    assert all("PyTreeDef" not in f and len(f) <= _explain.STATEMENT_MAX for f in rows[0].fields)
+    assert expected in rows[0].example
+
+
+def _named(message: str) -> tuple[str, str]:
+    """(function, call site) that a logged miss names."""
+    head = message.split(": ", 1)[0].removeprefix("nbjit cache miss of ")
+    function, site = head.rsplit(" at ", 1)
+    return function, site
+
+
+def test_ranked_misses_group_by_the_path():
+    """Two misses on one field of one call site, another on another field:
+    two groups, each by its path."""
+    f = nbjit.jit(lambda tree: tree.w * 2)
+    calls = []
+    for scale in (1.0, 2.0, 3.0):
+        calls.append(f(Net(x, scale)))
+    g = nbjit.jit(lambda tree: tree["a"])
+    for tree in ({"a": x}, {"a": x, "b": x}, {"a": x, "c": x}):
+        g(tree)
+    ranked = collections.Counter()
+    for r in nbjit.ranked_misses():
+        if "test_ranked_misses_group_by_the_path" in r.function:
+            ranked[r.fields] += r.count
+    assert ranked == {("first call",): 2, ("args[0].scale (static field)",): 2,
+                      ("args[0]['b']: added",): 1, ("args[0]['c']: added",): 1}
+
+
+def test_ties_name_each_entry_briefly(records):
+    f = nbjit.jit(lambda tree: tree.w)
+    f(Net(x, 1.0))
+    f(Net(x, 3.0))
+    before = len(records())
+    with nbjit.explain_misses():
+        f(Net(x, 2.0))
+    (message,) = records()[before:]
+    assert "2 of 2 cached signatures are equally close" in message
+    assert "(args[0].scale (static field): 3.0 -> 2.0); or " \
+           "(args[0].scale (static field): 1.0 -> 2.0)" in message
+    assert len(message) < 400
+
+
+def test_long_values_are_cut_to_the_statement_limit():
+    old = tree_util.tree_structure(Custom(x, "a" * 500))
+    new = tree_util.tree_structure(Custom(x, "b" * 500))
+    field, text = _explain.structure_difference("args[0]", old, new, str, str)
+    assert field == "args[0] (Custom aux data)"
+    assert len(text) <= _explain.STATEMENT_MAX and "aaa" in text and "bbb" in text
+
+
+def test_a_wide_module_is_still_one_short_statement():
+    """The issue's 2,544-character dump of a wider MLP: now its path."""
+    mlp = eqx.nn.MLP(16, 16, 64, 4, key=jax.random.key(0))
+    old, new = (tree_util.tree_structure({"mlp": mlp, "head": Net(x, s)}) for s in (1.0, 2.0))
+    assert len(str(old)) > 300
+    field, text = _explain.structure_difference("args[0]", old, new, str, str)
+    assert text == "args[0]['head'].scale (static field): 1.0 -> 2.0"
+
+
+def test_a_static_function_is_named_without_its_address():
+    class Act(eqx.Module):
+        w: jax.Array
+        fn: object = eqx.field(static=True)
+
+    old, new = (tree_util.tree_structure(Act(x, fn)) for fn in (jax.nn.relu, jnp.tanh))
+    field, text = _explain.structure_difference("args[0]", old, new, str, str)
+    assert field == "args[0].fn (static field)" and "0x" not in text, text
+
+
+def test_nothing_differs_gives_none():
+    tree = tree_util.tree_structure({"a": [x, Net(x, 1.0)]})
+    assert _explain.structure_difference("args[0]", tree, tree, str, str) is None
