@@ -131,3 +131,23 @@ def test_hits_pay_nothing_for_filtering():
         assert len(calls) == 1
     finally:
         nbjit._jax.filter_dispatch_frames = real
+
+
+CONSTRUCTION_ERRORS = {
+    "static_argnums out of range": {"static_argnums": 2},
+    "static_argnums not an int": {"static_argnums": "x"},
+}
+
+
+@pytest.mark.parametrize("options", CONSTRUCTION_ERRORS.values(), ids=CONSTRUCTION_ERRORS)
+def test_construction_errors_show_no_nbjit_frames(mode, options):
+    """`nbjit.jit(f, static_argnums=2)` raises as jax.jit does, from the caller's
+    line, with no frame of nbjit's (`jit`, `PjitFunction.__init__`), also as
+    a decorator factory (where jax.jit shows frames of its own)."""
+    got = {name: _summary(_catch(jit, first, **options), mode)
+           for name, jit in (("jax", jax.jit), ("nbjit", nbjit.jit))}
+    assert got["nbjit"] == got["jax"]
+    assert got["nbjit"][2] == [("_catch", "test_tracebacks.py")]
+    factory = _summary(_catch(lambda: nbjit.jit(**options)(first)), mode)
+    assert factory[0] is got["jax"][0] and factory[1] == got["jax"][1]
+    assert not any(file == "dispatch.py" for _, file in factory[2]), factory[2]

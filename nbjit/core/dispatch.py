@@ -524,8 +524,16 @@ def jit(
             options[name] = value
     if fun is None:
         return functools.partial(_jit_with, options)
-    return PjitFunction(fun, options)
+    try:
+        return PjitFunction(fun, options)
+    except Exception as error:  # bad options: as calls, no nbjit frame (jax.jit shows none)
+        _jax.filter_dispatch_frames(error)
+        raise
 
 
 def _jit_with(options: dict[str, Any], fun: Callable) -> PjitFunction:
-    return PjitFunction(fun, options)
+    try:
+        return PjitFunction(fun, options)
+    except Exception as error:  # as `jit`
+        _jax.filter_dispatch_frames(error)
+        raise
