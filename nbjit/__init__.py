@@ -9,16 +9,26 @@
 Tracing, lowering and compiling are JAX's own; nbjit owns the cache-hit path.
 """
 
-from nbjit import _jax  # noqa: F401  (checks the jax version at import)
-from nbjit.core.binders import binder_source
-from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit
-from nbjit.filter import filter_jit
-from nbjit.host.plan import device_put
-from nbjit.multiprocess.agreement import AgreementError, AgreementWarning
-from nbjit.observe.explain import RankedMisses, assert_max_misses, explain_misses, ranked_misses
-from nbjit.observe.profile import Profile, profile
-from nbjit.observe.stats import DispatchStats, stats
-from nbjit.routing.patch import patch_jax, patched_jax, unpatch_jax
+import importlib
+import sys
+
+from nbjit.routing import run as _run  # imports no jax
+
+# `python -m nbjit run` imports this package before the script runs, which must
+# import jax itself (nbjit/routing/run.py): the names below are then loaded on
+# first use (`__getattr__`), else right here.
+_deferred = _run.launching() and "_deferred" not in globals()  # (not on reload)
+if not _deferred:
+    from nbjit import _jax  # noqa: F401  (checks the jax version at import)
+    from nbjit.core.binders import binder_source
+    from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit
+    from nbjit.filter import filter_jit
+    from nbjit.host.plan import device_put
+    from nbjit.multiprocess.agreement import AgreementError, AgreementWarning
+    from nbjit.observe.explain import RankedMisses, assert_max_misses, explain_misses, ranked_misses
+    from nbjit.observe.profile import Profile, profile
+    from nbjit.observe.stats import DispatchStats, stats
+    from nbjit.routing.patch import patch_jax, patched_jax, unpatch_jax
 
 __all__ = [
     "AgreementError", "AgreementWarning", "CompareResult", "DispatchStats", "PjitFunction",
@@ -30,6 +40,11 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
+    global _deferred
+    if _deferred and name in __all__:  # the imports above, deferred: run them now
+        _deferred = False
+        importlib.reload(sys.modules[__name__])
+        return getattr(sys.modules[__name__], name)
     # `compare` and `CompareResult` live in the benchmark lab (nbjit.bench),
     # imported on first use so that `import nbjit` does not load it.
     if name in ("compare", "CompareResult"):

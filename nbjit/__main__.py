@@ -1,14 +1,15 @@
-"""Command line: ``python -m nbjit compare|run|report``.
+"""Command line: ``python -m nbjit compare|run|report`` (or ``nbjit ...``).
 
 ``compare [--quick] [--only PAT] [--plot F.png] [--json F]`` times nbjit.jit
 against jax.jit; ``run script.py`` runs a script with jax.jit routed to
 nbjit.jit and reports its dispatch; ``report F.0 F.1 ...`` merges the
-per-process reports of a multi-controller ``run``.
+per-process reports of a multi-controller ``run``. The console script
+``nbjit`` (``nbjit-compare``, its old name, too) is this command line.
 
-``python -m nbjit`` imports ``nbjit`` (and so jax) before this module runs, but
-JAX reads ``XLA_FLAGS`` only when its CPU backend starts, at the first use of a
-device. So asking for 8 host devices here, before anything touches a device,
-is in time; `main` checks that it was.
+Nothing here imports jax at import: ``run`` leaves that to the script
+(nbjit/routing/run.py), and ``compare`` asks for 8 host devices before it
+imports jax (JAX reads ``XLA_FLAGS`` when its CPU backend starts, at the first
+use of a device); `compare` checks that it was in time.
 """
 
 from __future__ import annotations
@@ -21,19 +22,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import jax
-
-# None of these touches a device (so XLA_FLAGS, set below, is still in time).
-from nbjit import bench
-from nbjit.multiprocess import agreement as _agreement
-from nbjit.observe import explain as _explain
-from nbjit.observe import profile as _profile
-from nbjit.observe import report as _report
 from nbjit.routing import run as _run
 from nbjit.routing.devices import HOST_DEVICES, request_host_devices
-
-_XLA_FLAGS_AT_START = os.environ.get("XLA_FLAGS")  # `run` gives the script these
-request_host_devices()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def compare(args: argparse.Namespace) -> int:
+    request_host_devices()
+    import jax
+
+    from nbjit import bench
+
     matrix = bench.select(bench.scenarios(), args.only)
     if args.list:
         for s in matrix:
@@ -110,15 +105,18 @@ def compare(args: argparse.Namespace) -> int:
             return 1
     if args.json:
         bench.write_json(args.json, rows, meta)
+        _wrote(args.json, "rows and metadata (JSON)")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"# nbjit compare ({meta['date']})\n\n```\n{table}\n```\n")
+        _wrote(args.markdown, "the table (Markdown)")
     if args.plot:
         try:
             bench.plot(args.plot, rows, meta)
         except ImportError:
             print("--plot needs matplotlib: pip install matplotlib", file=sys.stderr)
             return 1
+        _wrote(args.plot, "the plot")
     print(f"({meta['seconds']:.0f} s)", file=sys.stderr)
     if args.self_check:
         bad = bench.self_check_failures(rows)
@@ -129,6 +127,10 @@ def compare(args: argparse.Namespace) -> int:
             return 1
         print(f"self-check passed: every ratio within {lo}-{hi}")
     return 0
+
+
+def _wrote(path: str, what: str) -> None:
+    print(f"wrote {what} to {os.path.abspath(path)}", file=sys.stderr)
 
 
 def _self_check_for_docs(matrix: Sequence[Any], settings: Any, meta: dict[str, Any],
@@ -154,35 +156,56 @@ def _self_check_for_docs(matrix: Sequence[Any], settings: Any, meta: dict[str, A
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the script with jax.jit routed to nbjit.jit; prints the dispatch report at exit."""
-    if args.check_agreement:
-        _agreement.configure(check_host_values=True)
+    """Runs the script with jax.jit routed to nbjit.jit; prints the dispatch report at exit.
 
-    if _XLA_FLAGS_AT_START is None:  # the script gets the environment it was given
-        os.environ.pop("XLA_FLAGS", None)
-    else:
-        os.environ["XLA_FLAGS"] = _XLA_FLAGS_AT_START
-    profile = None if args.no_profile else _profile.Profile()
-    with contextlib.ExitStack() as stack:
+    Imports nothing of jax's until the script imports jax (`_run.run_script`):
+    the run's observers start then (`on_jax`).
+    """
+    stack = contextlib.ExitStack()
+    started: list[Any] = []  # [the profile or None] once jax was imported
+
+    def on_jax() -> None:  # jax has just been imported (by the script) and patched
+        from nbjit.multiprocess import agreement
+        from nbjit.observe import explain, stats
+        from nbjit.observe import profile as _profile
+
+        stats.keep_retired()  # the report names functions gone by exit too
+        if args.check_agreement:
+            agreement.configure(check_host_values=True)
         if args.explain:
-            stack.enter_context(_explain.explain_misses())
-        if profile is not None:
-            stack.enter_context(profile)
-        try:
-            return _run.run_script([args.target, *args.args], module=args.module,
-                                   filter_jit=not args.no_filter_jit)
-        finally:
-            stack.close()
-            report = _report.build(profile)
-            if not args.no_report:
-                print(_report.format_text(report), file=sys.stderr)
-            if args.json:  # one file per process in a multi-controller run
-                label = report["process"]
-                _report.write_json(args.json + (f".{label.split()[1]}" if label else ""), report)
+            stack.enter_context(explain.explain_misses())
+        profile = None if args.no_profile else stack.enter_context(_profile.Profile())
+        started.append(profile)
+
+    try:
+        return _run.run_script([args.target, *args.args], module=args.module,
+                               filter_jit=not args.no_filter_jit, on_jax=on_jax)
+    finally:
+        stack.close()
+        _run_report(args, started)
+
+
+def _run_report(args: argparse.Namespace, started: list[Any]) -> None:
+    """The end-of-run report (stderr, and --json), of a run whose script imported jax."""
+    if not started:  # the script never imported jax: nothing of nbjit's ran
+        if not args.no_report:
+            print("nbjit run: no nbjit function was called (the script never imported jax)",
+                  file=sys.stderr)
+        return
+    from nbjit.observe import report as _report
+
+    report = _report.build(started[0])
+    if not args.no_report:
+        print(_report.format_text(report), file=sys.stderr)
+    if args.json:  # one file per process in a multi-controller run
+        label = report["process"]
+        _report.write_json(args.json + (f".{label.split()[1]}" if label else ""), report)
 
 
 def merge_reports(args: argparse.Namespace) -> int:
     """Prints (and with --json writes) one report from per-process JSON reports."""
+    from nbjit.observe import report as _report
+
     merged = _report.merge([_report.read_json(path) for path in args.reports])
     print(_report.format_text(merged))
     if args.json:
@@ -196,7 +219,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     if args.command == "report":
         return merge_reports(args)
-    request_host_devices()
     if args.command == "compare":
         return compare(args)
     return 2

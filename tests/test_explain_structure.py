@@ -13,7 +13,7 @@ import pytest
 from jax import tree_util
 
 import nbjit
-from nbjit.observe import explain as _explain
+from nbjit.observe import names as _names
 
 eqx = pytest.importorskip("equinox")
 
@@ -107,14 +107,14 @@ def test_structure_change_named_by_its_path(records, jit, name, first, second, e
     assert len(logged) == 1
     message = logged[0]
     assert f": {expected}; JAX" in message, message
-    assert "PyTreeDef" not in message and len(expected) <= _explain.STATEMENT_MAX
+    assert "PyTreeDef" not in message and len(expected) <= _names.STATEMENT_MAX
     field = expected.split(": ")[0] if "->" in expected else expected
     function, site = _named(message)
     rows = [r for r in nbjit.ranked_misses() if (r.function, r.site) == (function, site)
             and r.fields != ("first call",)]
     assert len(rows) == 1 and rows[0].count == 1, rows
     assert rows[0].fields[0].startswith(field.split(" (")[0]), rows[0].fields
-    assert all("PyTreeDef" not in f and len(f) <= _explain.STATEMENT_MAX for f in rows[0].fields)
+    assert all("PyTreeDef" not in f and len(f) <= _names.STATEMENT_MAX for f in rows[0].fields)
     assert expected in rows[0].example
 
 
@@ -160,9 +160,9 @@ def test_ties_name_each_entry_briefly(records):
 def test_long_values_are_cut_to_the_statement_limit():
     old = tree_util.tree_structure(Custom(x, "a" * 500))
     new = tree_util.tree_structure(Custom(x, "b" * 500))
-    field, text = _explain.structure_difference("args[0]", old, new, str, str)
+    field, text = _names.structure_difference("args[0]", old, new, str, str)
     assert field == "args[0] (Custom aux data)"
-    assert len(text) <= _explain.STATEMENT_MAX and "aaa" in text and "bbb" in text
+    assert len(text) <= _names.STATEMENT_MAX and "aaa" in text and "bbb" in text
 
 
 def test_a_wide_module_is_still_one_short_statement():
@@ -170,7 +170,7 @@ def test_a_wide_module_is_still_one_short_statement():
     mlp = eqx.nn.MLP(16, 16, 64, 4, key=jax.random.key(0))
     old, new = (tree_util.tree_structure({"mlp": mlp, "head": Net(x, s)}) for s in (1.0, 2.0))
     assert len(str(old)) > 300
-    field, text = _explain.structure_difference("args[0]", old, new, str, str)
+    field, text = _names.structure_difference("args[0]", old, new, str, str)
     assert text == "args[0]['head'].scale (static field): 1.0 -> 2.0"
 
 
@@ -180,10 +180,10 @@ def test_a_static_function_is_named_without_its_address():
         fn: object = eqx.field(static=True)
 
     old, new = (tree_util.tree_structure(Act(x, fn)) for fn in (jax.nn.relu, jnp.tanh))
-    field, text = _explain.structure_difference("args[0]", old, new, str, str)
+    field, text = _names.structure_difference("args[0]", old, new, str, str)
     assert field == "args[0].fn (static field)" and "0x" not in text, text
 
 
 def test_nothing_differs_gives_none():
     tree = tree_util.tree_structure({"a": [x, Net(x, 1.0)]})
-    assert _explain.structure_difference("args[0]", tree, tree, str, str) is None
+    assert _names.structure_difference("args[0]", tree, tree, str, str) is None

@@ -265,3 +265,109 @@ def test_report_merges_the_reports_of_every_process(tmp_path, capsys):
     assert [m["function"] for m in merged["ranked_misses"]] == [
         "step (train.py:3) [p1]", "step (train.py:3) [p0]"]  # the dearer miss first
     assert [f["process"] for f in merged["functions"]] == ["process 0 of 2", "process 1 of 2"]
+
+
+IMPORTS_SCRIPT = textwrap.dedent("""\
+    import os, sys
+    print("before", sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "nbjit")))
+    import numpy as np
+    np.random.seed(0)
+    os.environ["JAX_ENABLE_X64"] = "1"  # read when jax is imported
+    from jax import jit  # bound at import: nbjit's under run
+    import jax
+    print("draws", np.random.rand(3).tolist())
+    print("x64", jax.config.jax_enable_x64)
+    print("jit", type(jit(lambda x: x)).__module__.split(".")[0])
+    """)
+
+
+def _plain(script: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, script], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+
+
+def test_run_leaves_the_scripts_imports_alone(tmp_path):
+    """jax is imported when the script imports it (no module of jax's or
+    nbjit's before its first line) and patched right then: numpy's global
+    draws (importing jax draws 5 of them), the JAX_* environment the script
+    sets before importing jax, and a `from jax import jit` are as under plain
+    python, the jit nbjit's."""
+    (tmp_path / "imports.py").write_text(IMPORTS_SCRIPT)
+    plain, run = _plain("imports.py", tmp_path), _nbjit_run("imports.py", cwd=tmp_path)
+    assert plain.returncode == run.returncode == 0, run.stderr
+    plain_out, run_out = plain.stdout.splitlines(), run.stdout.splitlines()
+    assert run_out[0] == "before []"
+    assert run_out[1:3] == plain_out[1:3] and run_out[2] == "x64 True"
+    assert (plain_out[3], run_out[3]) == ("jit jaxlib", "jit nbjit")
+
+
+EQUINOX_SCRIPT = textwrap.dedent("""\
+    import numpy as np
+    np.random.seed(1)
+    import equinox as eqx  # imports jax
+    import jax, nbjit
+    print("draw", np.random.rand())
+    print("routed", jax.jit is nbjit.jit, eqx.filter_jit is nbjit.filter_jit)
+    f = eqx.filter_jit(lambda x, n: x * n)
+    print("value", f(jax.numpy.ones(2), 3).tolist())
+    """)
+
+
+def test_run_routes_equinox_when_the_script_imports_it(tmp_path):
+    pytest.importorskip("equinox")
+    (tmp_path / "eq.py").write_text(EQUINOX_SCRIPT)
+    plain, run = _plain("eq.py", tmp_path), _nbjit_run("eq.py", cwd=tmp_path)
+    assert plain.returncode == run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0] == plain.stdout.splitlines()[0]  # the same draw
+    assert run.stdout.splitlines()[1:] == ["routed True True", "value [3.0, 3.0]"]
+    assert "<lambda> (eq.py:7)" in run.stderr  # in the report
+
+
+def test_run_of_a_script_that_never_imports_jax(tmp_path):
+    (tmp_path / "nojax.py").write_text("import sys\nprint('jax' in sys.modules)\n")
+    run = _nbjit_run("nojax.py", cwd=tmp_path)
+    assert run.returncode == 0 and run.stdout == "False\n"
+    assert "no nbjit function was called (the script never imported jax)" in run.stderr
+
+
+GONE_SCRIPT = textwrap.dedent("""\
+    import gc, jax, jax.numpy as jnp
+
+    def main():
+        @jax.jit
+        def step(x):
+            return x * 2
+
+        for _ in range(3):
+            step(jnp.ones(2))
+
+    main()
+    gc.collect()  # step is gone before exit
+    """)
+
+
+@pytest.mark.parametrize("profile", [[], ["--no-profile"]], ids=["profiled", "no_profile"])
+def test_report_names_functions_gone_by_exit(tmp_path, profile):
+    import json
+
+    (tmp_path / "gone.py").write_text(GONE_SCRIPT)
+    out = _nbjit_run(*profile, "--json", "report.json", "gone.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads((tmp_path / "report.json").read_text())["functions"]}
+    step = rows["main.<locals>.step (gone.py:4)"]
+    assert (step["calls"], step["hits"], step["misses"]) == (3, 2, 1)
+    assert "main.<locals>.step (gone.py:4)" in out.stderr
+    assert "no nbjit function was called" not in out.stderr
+
+
+def test_run_of_a_script_that_imports_nbjit_first(tmp_path):
+    """`import nbjit` imports jax (inside nbjit's own import): the same draws
+    as plain python, and jax.jit patched once nbjit's import is whole."""
+    (tmp_path / "first.py").write_text(
+        "import numpy as np\nnp.random.seed(0)\nimport nbjit, jax\n"
+        "print(np.random.rand(2).tolist())\nprint(jax.jit is nbjit.jit)\n")
+    plain, run = _plain("first.py", tmp_path), _nbjit_run("first.py", cwd=tmp_path)
+    assert plain.returncode == run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [plain.stdout.splitlines()[0], "True"]

@@ -1,4 +1,5 @@
-"""How every report names things: functions, processes, call sites, avals.
+"""How every report names things: functions, processes, call sites, avals,
+and the node where two pytree structures part (`structure_difference`).
 
 The module below every other report (stats, explain, profile, the run
 report, multi-controller agreement): each names things through it, and it
@@ -18,6 +19,7 @@ one function) share it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -27,11 +29,13 @@ import weakref
 from typing import Any
 
 import numpy as np
+from jax import tree_util
 
 from nbjit import _jax
 
-__all__ = ["aval_text", "call_site", "definition_site", "function_name", "name_like",
-           "process_label", "qualified_name"]
+__all__ = ["STATEMENT_MAX", "aval_text", "call_site", "definition_site", "fit_statement",
+           "function_name", "name_like", "process_label", "qualified_name",
+           "structure_difference", "structure_differences", "value_text"]
 
 
 def qualified_name(fun: Any) -> str:
@@ -144,3 +148,237 @@ def aval_text(leaf: Any, *, kind: bool = False, weak: bool = False) -> str:
     if kind and leaf.kind != "jax.Array":
         text = f"{leaf.kind} {text}"
     return text + (" weak" if weak and leaf.weak_type else "")
+
+
+# ---------------------------------------------------------------------------
+# Pytree structures: the first node where two treedefs part, by its path
+
+STATEMENT_MAX = 120  # characters of one structural difference: never a treedef dump
+
+
+_LEAF_TREEDEF = tree_util.tree_structure(0)
+
+
+def structure_differences(old: Any, new: Any) -> list[tuple[str, str]]:
+    """(field, statement) of each pytree argument whose structure differs
+    between two call descriptions (`nbjit.observe.explain.CallDescription`):
+    the first node (in tree order) where the two treedefs part, by its path."""
+    old_text, new_text = dict(old.structure), dict(new.structure)
+    old_defs, new_defs = dict(old.treedefs), dict(new.treedefs)
+    out = []
+    for path in dict.fromkeys([*old_text, *new_text]):
+        if old_text.get(path) == new_text.get(path) or not (
+                _has_argument(old, path) and _has_argument(new, path)):
+            continue  # the same, or the argument count or keyword names differ (named there)
+        a = old_defs.get(path, _LEAF_TREEDEF if path not in old_text else None)
+        b = new_defs.get(path, _LEAF_TREEDEF if path not in new_text else None)
+        found = None
+        if a is not None and b is not None:
+            try:
+                found = structure_difference(path, a, b, _LeafNames(old), _LeafNames(new))
+            except Exception:  # an odd node (its data raised on ==): the coarse statement
+                found = None
+        where = f"{path}: pytree structure"
+        out.append(found or (where, fit_statement(where, old_text.get(path, "(a leaf)"),
+                                                  new_text.get(path, "(a leaf)"))))
+    return out
+
+
+def _has_argument(description: Any, path: str) -> bool:
+    """Whether the call of `description` passed the argument at `path`
+    (``args[i]`` or ``kwargs['name']``)."""
+    if path.startswith("args["):
+        return int(path[5:path.index("]")]) < description.positional
+    return any(path == f"kwargs[{name!r}]" for name in description.keyword_names)
+
+
+class _LeafNames:
+    """What a call's leaf at a path was, for a statement (``float32[2]``)."""
+
+    def __init__(self, description: Any) -> None:
+        self._description = description
+
+    def __call__(self, path: str) -> str:
+        for leaf in self._description.leaves:
+            if leaf.path == path:
+                return aval_text(leaf)
+        for static_path, _, value in self._description.statics:  # filter_jit: non-arrays
+            if static_path == path:
+                return value_text(value)
+        return "a leaf"
+
+
+def structure_difference(path: str, old: Any, new: Any, old_leaf: Any, new_leaf: Any
+                         ) -> tuple[str, str] | None:
+    """(field, statement) of the first node where treedefs `old` and `new` differ,
+    walking both node by node (None: they do not). `old_leaf(path)` and
+    `new_leaf(path)` name a leaf of each call (its aval)."""
+    old_data, new_data = old.node_data(), new.node_data()
+    if old_data is None and new_data is None:
+        return None  # two leaves: their avals are the leaves' fields
+    if old_data is None or new_data is None or old_data[0] is not new_data[0]:
+        old_type = None if old_data is None else old_data[0]
+        new_type = None if new_data is None else new_data[0]
+        if _is_namedtuple(old_type) and _is_namedtuple(new_type):
+            return (f"{path}: namedtuple type", fit_statement(f"{path}", _type_name(old_type),
+                                                     _type_name(new_type), " (namedtuple)"))
+        return (f"{path}: structure", fit_statement(
+            path, old_leaf(path) if old_data is None else _node_text(old),
+            new_leaf(path) if new_data is None else _node_text(new)))
+    kind, old_aux = old_data
+    new_aux = new_data[1]
+    old_children, new_children = old.children(), new.children()
+    if kind is dict and old_aux != new_aux:
+        added = [k for k in new_aux if k not in old_aux]
+        removed = [k for k in old_aux if k not in new_aux]
+        key, what = (added[0], "added") if added else (removed[0], "removed")
+        more = len(added) + len(removed) - 1
+        return (f"{path}[{key!r}]: {what}", _cap(
+            f"{path}[{key!r}]: {what}" + (f" (and {more} more keys changed)" if more else "")))
+    if kind in (list, tuple) and len(old_children) != len(new_children):
+        return (f"{path}: {kind.__name__} length",
+                f"{path}: {kind.__name__} of {len(old_children)} -> {len(new_children)}")
+    if kind not in (dict, list, tuple, type(None)) and not _is_namedtuple(kind):
+        if not _equal(old_aux, new_aux):
+            return _aux_difference(path, kind, old_aux, new_aux, new)
+        if len(old_children) != len(new_children):
+            return (f"{path}: children", f"{path}: {_type_name(kind)} with "
+                    f"{len(old_children)} -> {len(new_children)} children")
+    keys = _child_keys(new, kind, new_aux, len(new_children))
+    for key, a, b in zip(keys, old_children, new_children, strict=True):
+        found = structure_difference(path + key, a, b, old_leaf, new_leaf)
+        if found is not None:
+            return found
+    return None
+
+
+def _is_namedtuple(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "_fields")
+
+
+def _type_name(kind: Any) -> str:
+    return getattr(kind, "__qualname__", None) or getattr(kind, "__name__", None) or repr(kind)
+
+
+def _node_text(treedef: Any) -> str:
+    """``None``, ``list of 3``, ``dict of 2``, ``P (namedtuple)``, ``Net``."""
+    kind = treedef.node_data()[0]
+    if kind is type(None):
+        return "None"
+    if kind in (list, tuple, dict):
+        return f"{kind.__name__} of {len(treedef.children())}"
+    if _is_namedtuple(kind):
+        return f"{_type_name(kind)} (namedtuple)"
+    return _type_name(kind)
+
+
+def _child_keys(treedef: Any, kind: Any, aux: Any, n: int) -> list[str]:
+    """The path suffix of each child of the node heading `treedef`: ``['k']``,
+    ``[0]``, ``.field``; a custom node's from its own flatten-with-keys (the
+    node rebuilt from placeholder leaves), else ``.<child i>``."""
+    if kind is dict:
+        return [f"[{key!r}]" for key in aux]
+    if _is_namedtuple(kind):
+        return [f".{name}" for name in kind._fields]
+    if kind in (list, tuple):
+        return [f"[{i}]" for i in range(n)]
+    try:
+        node = tree_util.tree_unflatten(treedef, [0] * treedef.num_leaves)
+        pairs, _ = tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+        keys = [tree_util.keystr(key_path) for key_path, _ in pairs]
+        if len(keys) == n:
+            return keys
+    except Exception:  # the node's unflatten wants real leaves: positions instead
+        pass
+    return [f".<child {i}>" for i in range(n)]
+
+
+def _static_field_names(treedef: Any, kind: Any, aux: Any) -> tuple[list[str], int] | None:
+    """(names, offset): the dataclass fields that `aux[offset:]` holds, in order
+    (equinox Modules, flax structs, `jax.tree_util.register_dataclass`), or
+    None when `kind` is no dataclass or its aux data is not their values.
+
+    equinox marks them ``static``, flax ``pytree_node=False``; otherwise they
+    are the fields that are not children. equinox's aux data starts with one
+    slot of its own (a wrapped function's attributes): offset 1.
+    """
+    if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)
+            and isinstance(aux, tuple)):
+        return None
+    equinox = sys.modules.get("equinox")
+    offset = int(equinox is not None and issubclass(kind, equinox.Module))
+    fields = dataclasses.fields(kind)
+    names = [f.name for f in fields
+             if f.metadata.get("static") or f.metadata.get("pytree_node", True) is False]
+    if len(names) + offset != len(aux):  # no marks (register_dataclass): not children
+        children = {key[1:] for key in _child_keys(treedef, kind, aux, len(treedef.children()))}
+        names = [f.name for f in fields if f.name not in children]
+    return (names, offset) if len(names) + offset == len(aux) else None
+
+
+def _aux_difference(path: str, kind: Any, old: Any, new: Any, treedef: Any
+                    ) -> tuple[str, str]:
+    """A custom node whose aux data differs: the static field that changed
+    (dataclass-like nodes), else the shortest part of the aux data that did."""
+    fields = _static_field_names(treedef, kind, new)
+    if fields is not None and isinstance(old, tuple) and len(old) == len(new):
+        names, offset = fields
+        changed = [i for i in range(len(new)) if not _equal(old[i], new[i])]
+        if changed:
+            i = changed[0]
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            if i < offset:
+                where = f"{path} ({_type_name(kind)}'s wrapped-function fields)"
+            else:
+                where = f"{path}.{names[i - offset]} (static field)"
+            return where, fit_statement(where, value_text(old[i]), value_text(new[i]), more)
+    where = f"{path} ({_type_name(kind)} aux data"
+    if isinstance(old, dict) and isinstance(new, dict) and old.keys() == new.keys():
+        key = next(k for k in new if not _equal(old[k], new[k]))
+        where += f"[{key!r}]"
+        old, new = old[key], new[key]
+    elif isinstance(old, tuple | list) and type(old) is type(new) and len(old) == len(new):
+        i = next(i for i in range(len(new)) if not _equal(old[i], new[i]))
+        where += f"[{i}]"
+        old, new = old[i], new[i]
+    where += ")"
+    return where, fit_statement(where, value_text(old), value_text(new))
+
+
+def value_text(value: Any) -> str:
+    """A static value in a statement: functions and classes by name (no address)."""
+    if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")
+                                   and not hasattr(type(value), "__dataclass_fields__")):
+        kind = "class" if isinstance(value, type) else "function"
+        return f"<{kind} {value.__qualname__}>"
+    return repr(value)
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= STATEMENT_MAX else text[:STATEMENT_MAX - 3] + "..."
+
+
+def fit_statement(where: str, old: str, new: str, tail: str = "") -> str:
+    """``where: old -> new`` + `tail` in at most `STATEMENT_MAX` characters: the
+    values cut in the middle when the whole would be longer."""
+    if len(where) > 70:  # a deep path: its head and its end
+        where = where[:30] + "..." + where[-37:]
+    room = STATEMENT_MAX - len(where) - len(tail) - len(": ") - len(" -> ")
+    if len(old) + len(new) > room:
+        half = max(room // 2, 9)
+        old, new = (_middle(old, half), _middle(new, room - min(len(_middle(old, half)), half)))
+    return _cap(f"{where}: {old} -> {new}{tail}")
+
+
+def _middle(text: str, width: int) -> str:
+    if len(text) <= width:
+        return text
+    keep = max(width - 3, 2)
+    return text[:keep - keep // 3] + "..." + text[len(text) - keep // 3:]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # an odd value's == raised: not the same
+        return False

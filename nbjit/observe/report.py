@@ -1,6 +1,7 @@
 """The end-of-run report of ``python -m nbjit run``: per function, what dispatch did.
 
-Per live nbjit function (the script's, routed from `jax.jit`): calls, hits,
+Per nbjit function that ran (the script's, routed from `jax.jit`; also one
+collected before exit, `nbjit.observe.stats.retired`): calls, hits,
 misses, slow calls with their reasons (`nbjit.stats()`), and, when the run
 was profiled (the default), where the time of its calls went: in nbjit's
 dispatch (keying, lookup, inputs, outputs of hits), in `execute_sharded`,
@@ -41,7 +42,9 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
             for kind, ns in whole:
                 times[f"{kind}_ms"] += ns / 1e6
     functions = []
-    for name, s in _stats.stats().items():  # the names profile.by_name() gives (function_label)
+    # The live functions and those gone by exit (a step made inside main()):
+    # the names profile.by_name() gives (function_label)
+    for name, s in [*_stats.stats().items(), *_stats.retired().items()]:
         row: dict[str, Any] = {"name": name, "calls": s.calls, "hits": s.hits, "misses": s.misses,
                "slow": s.slow, "slow_reasons": dict(s.slow_reasons),
                "evictions": s.evictions, "miss_seconds": s.miss_seconds,
@@ -60,7 +63,7 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
 def format_text(report: dict[str, Any]) -> str:
     rows = report["functions"]
     if not rows:
-        return "nbjit run: no nbjit function was called (is jax.jit bound before the patch?)"
+        return "nbjit run: no nbjit function was called"
     timed = report["profiled"]
     header = ["function", "calls", "hits", "misses", "slow"]
     if timed:

@@ -193,10 +193,53 @@ _live_lock = threading.Lock()
 _registered = itertools.count()
 
 
+# While `keep_retired()` is on (a ``python -m nbjit run``), the counters of every
+# function collected since, by their identity: (name, counters, its namespace,
+# weakly). The run report names every function that ran, also one gone by exit.
+_retired: dict[int, tuple[str, Any, Any]] | None = None
+
+
 def register(jitted: JitView) -> None:
     """Called once per jitted function, at construction."""
     with _live_lock:
         _live[jitted] = next(_registered)
+        keeping = _retired is not None
+    if keeping:
+        weakref.finalize(jitted, _retire, function_label(jitted), jitted._counters,
+                         weakref.ref(jitted._namespace))
+
+
+def _retire(name: str, counters: Any, namespace: Any) -> None:
+    with _live_lock:
+        if _retired is not None:
+            _retired.setdefault(id(counters), (name, counters, namespace))
+
+
+def keep_retired() -> None:
+    """From now on, `retired()` keeps the counts of functions that are collected."""
+    global _retired
+    with _live_lock:
+        if _retired is None:
+            _retired = {}
+
+
+def retired() -> StatsTable:
+    """The `DispatchStats` of the functions that ran and were collected since
+    `keep_retired()`, unless a live function shares their counters (a twin:
+    `stats()` has them)."""
+    with _live_lock:
+        gone = list((_retired or {}).values())
+    live = {id(jitted._counters) for jitted in live_functions()}
+    rows: dict[str, DispatchStats] = {}
+    for name, counters, namespace_ref in gone:
+        if id(counters) in live:
+            continue
+        namespace = namespace_ref()  # its function may live on (and its entries with it)
+        entries, live_hits = namespace.usage() if namespace is not None else (0, 0)
+        s = snapshot(counters, name, entries, live_hits)
+        if s.calls:
+            rows[name] = s
+    return StatsTable(rows)
 
 
 def live_functions() -> list[JitView]:

@@ -5,13 +5,32 @@ Runs a script or module as ``python script.py`` / ``python -m module`` would
 script's own, ``sys.path[0]`` the script's directory (the current one for
 ``-m``), exit code and uncaught exceptions as the script would give them, but
 with `jax.jit` routed to `nbjit.jit` (`nbjit.patch_jax()`), and
-`equinox.filter_jit` to `nbjit.filter_jit` when equinox is installed, from
-before the script's first line until the process exits.
+`equinox.filter_jit` to `nbjit.filter_jit` when equinox is installed, until
+the process exits.
+
+The script's imports are its own: jax is imported when the script imports
+it, and patched right then, by a post-import hook (`_AfterImport`, a
+``sys.meta_path`` finder whose loader runs the patch once jax's ``__init__``
+has run). So whatever importing jax does happens where it does under plain
+python: it reads the ``JAX_*`` environment the script may set first, and it
+draws 5 numbers from numpy's global generator (jax/_src/clusters), so a
+script that seeds numpy and then imports jax gets the same numbers.
+equinox alike: `equinox.filter_jit` is routed when the script imports
+equinox, and equinox's own import sees JAX's `jax.jit` (as it does under
+`patch_jax()`, which imports equinox before patching).
+
+``python -m nbjit`` imports the `nbjit` package before its ``__main__``:
+while the process is launching ``run`` (`launching`), the package defers its
+imports (of jax, ...), and `run_script` drops the launcher's modules from
+``sys.modules`` before the script runs, so that a script's ``import nbjit``
+is a real one, at the point where the script makes it. This module imports
+nothing of jax or nbjit's at import.
 """
 
 from __future__ import annotations
 
 import builtins
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import io
@@ -20,14 +39,28 @@ import runpy
 import sys
 import types
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from nbjit.routing import patch as _patch
+__all__ = ["launching", "run_script"]
 
-__all__ = ["run_script"]
+
+def launching() -> bool:
+    """Whether this process is starting ``python -m nbjit run`` (or the console
+    script's ``nbjit run``) and has not yet handed over to the script: what
+    `nbjit/__init__.py` asks before importing jax."""
+    argv = sys.argv
+    if len(argv) < 2 or argv[1] != "run":
+        return False
+    if argv[0] == "-m":  # python -m X: the package X is imported while argv[0] is "-m"
+        orig = list(getattr(sys, "orig_argv", []))
+        return "-mnbjit" in orig or any(
+            a == "-m" and b == "nbjit" for a, b in zip(orig, orig[1:], strict=False))
+    return os.path.basename(argv[0]).startswith("nbjit")
 
 
 def run_script(argv: Sequence[str], module: bool = False,
-               on_exit: Callable[[], None] | None = None, filter_jit: bool = True) -> int:
+               on_exit: Callable[[], None] | None = None, filter_jit: bool = True,
+               on_jax: Callable[[], None] | None = None) -> int:
     """Runs ``argv[0]`` (a path, or a module name with `module`) with ``argv[1:]``.
 
     Returns the exit status the script would have had (0, a `sys.exit` code,
@@ -55,7 +88,7 @@ def run_script(argv: Sequence[str], module: bool = False,
             sys.path[0] = script_dir  # what `python script.py` puts there
         else:
             sys.path.insert(0, script_dir)
-    _patch.patch_jax(filter_jit=filter_jit)
+    hook = _route_on_import(filter_jit, on_jax)
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -74,8 +107,136 @@ def run_script(argv: Sequence[str], module: bool = False,
         _print_from_script(error)
         return 1
     finally:
+        if hook in sys.meta_path:  # the script is over: later imports are no longer its
+            sys.meta_path.remove(hook)
         if on_exit is not None:
             on_exit()
+
+
+def _route_on_import(filter_jit: bool, on_jax: Callable[[], None] | None) -> _AfterImport:
+    """Patches jax now if it is imported, else when the script imports it; routes
+    equinox.filter_jit when equinox is imported (now, or when the script does)."""
+    if "jax" not in sys.modules:
+        _forget_launcher_modules()
+    hook = _AfterImport(filter_jit, on_jax)
+    hook.settle()
+    if hook.waiting:
+        sys.meta_path.insert(0, hook)
+    return hook
+
+
+def _forget_launcher_modules() -> None:
+    """Drops nbjit's modules (the launcher's, jax-free: `launching`) from
+    ``sys.modules``: the script's own ``import nbjit`` then imports nbjit, and
+    jax with it, where plain python would. The launcher keeps running on the
+    module objects it holds."""
+    for name in [n for n in sys.modules if n == "nbjit" or n.startswith("nbjit.")]:
+        del sys.modules[name]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """The post-import hook of a run: patches jax.jit once jax has been
+    imported, routes equinox.filter_jit once equinox has.
+
+    A ``sys.meta_path`` finder that answers only for the modules it watches:
+    it finds their spec with the finders after it and wraps the loader
+    (`_ThenLoader`), so that it hears when the module's own code starts and
+    ends. The patch waits for the outermost watched import to end: jax
+    imported by nbjit's own import (the script imports nbjit first) is
+    patched once nbjit is whole, and while equinox's own code runs jax.jit is
+    JAX's (equinox binds it at import, in helpers of its own), as under
+    `patch_jax()`, which imports equinox before patching.
+    """
+
+    def __init__(self, filter_jit: bool, on_jax: Callable[[], None] | None) -> None:
+        self._watched = {"jax", "nbjit", "equinox"} if filter_jit else {"jax", "nbjit"}
+        self._imported: set[str] = {name for name in ("jax", "equinox") if name in sys.modules}
+        self._done: set[str] = set()
+        self._running: list[str] = []  # watched imports under way, outermost first
+        self._settling = False
+        self._on_jax = on_jax
+        self._filter_jit = filter_jit
+        self._finding: set[str] = set()
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._watched & {"jax", "equinox"})
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self._watched or name in self._finding:
+            return None
+        self._finding.add(name)
+        try:
+            spec = importlib.util.find_spec(name)  # the finders after this one
+        finally:
+            self._finding.discard(name)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _ThenLoader(spec.loader, self, name)
+        return spec
+
+    def before(self, name: str) -> None:
+        self._running.append(name)
+        if name == "equinox" and "jax" in self._done:
+            from nbjit.routing import patch
+
+            patch.unpatch_jax()  # equinox's own import sees JAX's jax.jit
+
+    def after(self, name: str, imported: bool) -> None:
+        self._running.remove(name)
+        if imported and name != "nbjit":  # nbjit only delays the patch
+            self._imported.add(name)
+        self.settle()
+
+    def settle(self) -> None:
+        """Patches what has been imported, once no watched import is under way."""
+        if self._running or self._settling:
+            return
+        todo = self._imported - self._done
+        if not todo:
+            return
+        self._settling = True
+        self._watched.discard("nbjit")  # imported now, by the patch: nothing to wait for
+        try:
+            from nbjit.routing import patch
+
+            first = "jax" not in self._done
+            self._done.update(todo)
+            self._watched -= self._done
+            # (jax.jit again too, after equinox's import: `before`)
+            patch.patch_jax(filter_jit=self._filter_jit and "equinox" in self._done)
+            if first and self._on_jax is not None:
+                self._on_jax()
+        finally:
+            self._settling = False
+        if not self.waiting and self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """`loader`, with the hook's `before` and `after` around the module's code.
+    The module keeps its own loader (``__loader__``, ``__spec__.loader``)."""
+
+    def __init__(self, loader: Any, hook: _AfterImport, name: str) -> None:
+        self._loader, self._hook, self._name = loader, hook, name
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._hook.before(self._name)
+        imported = False
+        try:
+            self._loader.exec_module(module)
+            imported = True
+        finally:
+            self._hook.after(self._name, imported)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the loader's interface
+        return getattr(self._loader, name)
 
 
 def _module_problem(name: str) -> str | None:
