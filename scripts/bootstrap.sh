@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Creates (or reuses) a Python 3.12 or 3.13 virtual environment with nbjit installed.
+# Creates (or reuses) a Python 3.12 or 3.13 virtual environment with nbjit installed,
+# with its test, bench and equinox extras (so every test and every compare row runs:
+# nbjit.filter_jit's need equinox).
 #   bash scripts/bootstrap.sh [VENV_DIR] [EXTRA PIP REQUIREMENTS...]
 # VENV_DIR defaults to .venv; extras, e.g. "jax==0.11.2" "jaxlib==0.11.2",
 # are installed on top (used by CI to test the oldest supported jax).
@@ -70,7 +72,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 else
   rm -f "$stamp"  # a failed install below leaves no stamp, so the next run retries
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -e ".[test,bench]" "$@"
+  "$venv/bin/python" -m pip install -q -e ".[test,bench,equinox]" "$@"
   echo "$want" > "$stamp"
 fi
-"$venv/bin/python" -c "import sys, jax, numba, nbjit; print('bootstrap: Python', sys.version.split()[0], 'jax', jax.__version__, 'numba', numba.__version__, 'nbjit', nbjit.__version__)" >&2
+"$venv/bin/python" -c "import sys, jax, numba, equinox, nbjit; print('bootstrap: Python', sys.version.split()[0], 'jax', jax.__version__, 'numba', numba.__version__, 'equinox', equinox.__version__, 'nbjit', nbjit.__version__)" >&2

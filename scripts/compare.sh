@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a venv (.venv, Python 3.12; see bootstrap.sh) with nbjit and compares nbjit.jit with
-# jax.jit side by side in one process: a table on stdout, a PNG plot.
+# jax.jit side by side in one process: a table on stdout, a PNG plot and the JSON
+# (it says on stderr where it wrote them).
 #   bash scripts/compare.sh [compare args...]  (default: --plot compare.png --json compare.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up a venv (.venv, Python 3.12) with nbjit and runs the test suite.
+# Sets up a venv (.venv, Python 3.12) with nbjit and its test, bench and equinox
+# extras (see bootstrap.sh), and runs the test suite: no test skips for want of equinox.
 # NBJIT_PYTHON=3.13 (with e.g. NBJIT_VENV=.venv-py313) tests on Python 3.13.
 #   bash scripts/test.sh [pytest args...]      (default: -m "not slow")
 # NBJIT_VENV and NBJIT_EXTRA_REQS (space-separated pip requirements) select
@@ -13,4 +14,4 @@ bash scripts/bootstrap.sh "$venv" ${NBJIT_EXTRA_REQS:-}
 if [ "$#" -eq 0 ]; then
   set -- -m "not slow"
 fi
-"$venv/bin/python" -m pytest "$@"
+NBJIT_REQUIRE_EQUINOX=1 "$venv/bin/python" -m pytest "$@"  # tests/conftest.py

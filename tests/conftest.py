@@ -34,6 +34,14 @@ class _x64_ctx:
 
 
 def pytest_configure(config):
+    # scripts/test.sh (the README's command) installs the equinox extra: there, a
+    # missing equinox is an error, never a quiet skip of filter_jit's tests.
+    if os.environ.get("NBJIT_REQUIRE_EQUINOX") == "1":
+        import importlib.util
+
+        if importlib.util.find_spec("equinox") is None:
+            raise pytest.UsageError("NBJIT_REQUIRE_EQUINOX=1 but equinox is not installed "
+                                    '(pip install -e ".[equinox]"; scripts/bootstrap.sh does)')
     config.addinivalue_line(
         "markers",
         "cpu_devices: assumes the 8 host CPU devices set up here (devices()[1..7], meshes of "

@@ -77,3 +77,23 @@ def test_a_failed_install_is_retried(tmp_path):
     assert not (venv / ".nbjit-bootstrap-hash").exists()
     python.write_text(working)
     assert "not reinstalling" not in _bootstrap(venv)  # even with the old inputs: installs
+
+
+@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="needs coreutils' sha256sum")
+def test_bootstrap_installs_the_equinox_extra(tmp_path):
+    """The README's two commands run every test and compare row: filter_jit's
+    need equinox, so the setup installs it (and scripts/test.sh makes its
+    absence an error, tests/conftest.py)."""
+    venv, log = _fake_venv(tmp_path)
+    _bootstrap(venv)
+    (install,) = _installs(log)
+    extras = install.split('.[', 1)[1].split("]", 1)[0].split(",")
+    assert set(extras) >= {"test", "bench", "equinox"}
+    assert "NBJIT_REQUIRE_EQUINOX=1" in (ROOT / "scripts" / "test.sh").read_text()
+
+
+def test_the_console_script_is_the_whole_command_line():
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["nbjit"] == scripts["nbjit-compare"] == "nbjit.__main__:main"
