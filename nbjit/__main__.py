@@ -108,7 +108,7 @@ def compare(args: argparse.Namespace) -> int:
         _wrote(args.json, "rows and metadata (JSON)")
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(f"# nbjit compare ({meta['date']})\n\n```\n{table}\n```\n")
+            f.write(bench.format_markdown(rows, meta))
         _wrote(args.markdown, "the table (Markdown)")
     if args.plot:
         try:

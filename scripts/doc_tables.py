@@ -13,16 +13,24 @@ A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``:
 - ``costs`` in README.md: what small calls and loops with new host values
   cost in that run, in words, from its rows (so the README says it once);
 - ``filter`` in README.md: what `nbjit.filter_jit`'s rows read in that run;
-- ``compare`` in docs/performance.md: every row of that run;
+- ``compare`` in docs/performance.md: every row of that run, and ``summary``
+  there: its geomean and verdicts in one sentence;
 - ``slow-reasons`` in README.md: the names of `nbjit.observe.stats.SLOW_REASONS`;
 - ``binder`` in docs/design.md: the binder nbjit generates for
   ``f(x, y)`` with two jax.Arrays.
 
-The last two import nbjit (and so jax) from this checkout.
+Whole files, from the same JSON: docs/compare.md (the table as ``compare``
+prints it) and docs/compare.png (the plot; its PNG metadata names the run,
+and it is redrawn only when that differs).
 
-After a new compare run: copy its JSON to docs/compare.json (and its plot to
-docs/compare.png), then run this script. tests/test_docs.py checks that every
-block equals what this script writes.
+The last two blocks and the whole files import nbjit (and so jax) from this
+checkout.
+
+After a new compare run (``python -m nbjit compare --json docs/compare.json``,
+which runs its self-check before writing into docs/), run this script: every
+figure the docs quote then comes from that one run. tests/test_docs.py checks
+that every block and file equals what this script writes, and that all of
+them name one run (commit, rows, geomean).
 """
 
 from __future__ import annotations
@@ -176,6 +184,17 @@ def filter_block(data: dict[str, Any]) -> str:
     return text + " ([docs/performance.md](docs/performance.md), `filter_jit_*` rows)."
 
 
+def summary_block(data: dict[str, Any]) -> str:
+    """docs/performance.md's sentence on the whole run: geomean and verdicts."""
+    s, meta = data["summary"], data["meta"]
+    commit = meta["versions"].get("nbjit_commit") or "?"
+    return (f"The same run as the command prints it: [compare.md](compare.md) (nbjit {commit}, "
+            f"{meta['date']}). Geometric mean of its {s['rows']} ratios: "
+            f"**{s['geomean']:.3f}**, with nbjit faster in {s['faster']} rows (p90 < 1), "
+            f"slower in {s['slower']} (p10 > 1) and within noise in {s['within_noise']}. "
+            + self_check_line(meta))
+
+
 def compare_block(data: dict[str, Any]) -> str:
     """docs/performance.md's table: every row of the run."""
     lines = [_run_line(data["meta"]), "",
@@ -227,6 +246,7 @@ def targets(compare_json: pathlib.Path = COMPARE_JSON,
         (root / "README.md", "filter", lambda: filter_block(data)),
         (root / "README.md", "slow-reasons", slow_reasons_block),
         (root / "docs" / "performance.md", "compare", lambda: compare_block(data)),
+        (root / "docs" / "performance.md", "summary", lambda: summary_block(data)),
         (root / "docs" / "design.md", "binder", binder_block),
     ]
 
@@ -245,6 +265,65 @@ def stale(blocks: Sequence[tuple[pathlib.Path, str, Callable[[], str]]]) -> list
     return out
 
 
+def compare_md(compare_json: pathlib.Path = COMPARE_JSON) -> str:
+    """docs/compare.md: the run's table, as ``compare --markdown`` writes it."""
+    from nbjit import bench
+
+    return bench.format_markdown(*bench.read_json(str(compare_json)))
+
+
+def png_text(path: pathlib.Path) -> dict[str, str]:
+    """The tEXt entries of a PNG file (matplotlib writes its metadata there)."""
+    import struct
+    import zlib
+
+    data, out, at = path.read_bytes(), {}, 8
+    while at + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + length]
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        elif kind == b"zTXt":
+            key, _, rest = body.partition(b"\0")
+            out[key.decode("latin-1")] = zlib.decompress(rest[1:]).decode("latin-1")
+        at += 12 + length
+    return out
+
+
+def compare_png_stale(compare_json: pathlib.Path = COMPARE_JSON,
+                      png: pathlib.Path = ROOT / "docs" / "compare.png") -> bool:
+    """Whether docs/compare.png was drawn from another run than the JSON's."""
+    from nbjit import bench
+
+    want = bench.run_description(*bench.read_json(str(compare_json)))
+    return not png.exists() or png_text(png).get("Description") != want
+
+
+def stale_files(compare_json: pathlib.Path = COMPARE_JSON, root: pathlib.Path = ROOT
+                ) -> list[pathlib.Path]:
+    """The generated whole files (compare.md, compare.png) that differ from the JSON's run."""
+    out = []
+    md = root / "docs" / "compare.md"
+    if not md.exists() or md.read_text() != compare_md(compare_json):
+        out.append(md)
+    if compare_png_stale(compare_json, root / "docs" / "compare.png"):
+        out.append(root / "docs" / "compare.png")
+    return out
+
+
+def write_files(compare_json: pathlib.Path = COMPARE_JSON, root: pathlib.Path = ROOT) -> None:
+    """Writes the whole files that `stale_files` names."""
+    from nbjit import bench
+
+    for path in stale_files(compare_json, root):
+        if path.suffix == ".md":
+            path.write_text(compare_md(compare_json))
+        else:
+            bench.plot(str(path), *bench.read_json(str(compare_json)))
+        print(f"wrote {_shown(path)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report stale blocks")
@@ -253,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     blocks = targets(args.json)
     if args.check:
-        found = stale(blocks)
+        found = stale(blocks) + [f"{_shown(p)} (the whole file)" for p in stale_files(args.json)]
         for item in found:
             print(f"stale: {item} (run python scripts/doc_tables.py)")
         return 1 if found else 0
@@ -263,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if new != text:
             path.write_text(new)
             print(f"wrote {_shown(path)}: {name}")
+    write_files(args.json)
     return 0
 
 

@@ -184,6 +184,55 @@ def test_relative_links_resolve(path):
 def test_generated_blocks_are_current():
     tables = _doc_tables()
     assert tables.stale(tables.targets()) == [], "run: python scripts/doc_tables.py"
+    assert tables.stale_files() == [], "run: python scripts/doc_tables.py"
+
+
+def _run_named(text: str) -> tuple[str, ...]:
+    """(commit, rows, geomean) that a text names, as far as it names them."""
+    found = [re.search(pattern, text) for pattern in (
+        r"nbjit ([0-9a-f]{7,})\b", r"(\d+) (?:rows|ratios)", r"geomean ratio (\d\.\d{3})|"
+        r"\*\*(\d\.\d{3})\*\*")]
+    return tuple(next(g for g in m.groups() if g) if m else None for m in found)
+
+
+def test_every_published_figure_comes_from_one_run():
+    """docs/compare.json, docs/compare.md, docs/compare.png, performance.md's
+    table and summary and the README's headline name one run: the same
+    commit, row count and geomean (scripts/doc_tables.py writes them all)."""
+    tables = _doc_tables()
+    data = json.loads((ROOT / "docs" / "compare.json").read_text())
+    want = (data["meta"]["versions"]["nbjit_commit"], str(data["summary"]["rows"]),
+            f"{data['summary']['geomean']:.3f}")
+    performance = (ROOT / "docs" / "performance.md").read_text()
+    block = {name: re.search(rf"<!-- {name}:begin -->\n(.*?)<!-- {name}:end -->", text,
+                             re.S).group(1)
+             for name, text in (("compare", performance), ("summary", performance),
+                                ("headline", (ROOT / "README.md").read_text()))}
+    md = (ROOT / "docs" / "compare.md").read_text()
+    png = tables.png_text(ROOT / "docs" / "compare.png").get("Description", "")
+    assert _run_named(md) == want, md[:400]
+    assert _run_named(png) == want, png
+    assert _run_named(block["summary"]) == want, block["summary"]
+    assert _run_named(block["compare"])[0] == want[0]
+    assert block["compare"].count("\n| `") == data["summary"]["rows"]
+    assert _run_named(block["headline"])[0] == want[0]
+    assert "39 rows" not in performance
+
+
+def test_a_compare_md_or_png_from_another_run_is_stale(tmp_path):
+    tables = _doc_tables()
+    (tmp_path / "docs").mkdir()
+    for name in ("compare.md", "compare.png", "compare.json"):
+        (tmp_path / "docs" / name).write_bytes((ROOT / "docs" / name).read_bytes())
+    assert tables.stale_files(tmp_path / "docs" / "compare.json", tmp_path) == []
+    data = json.loads((ROOT / "docs" / "compare.json").read_text())
+    data["meta"]["versions"]["nbjit_commit"] = "0000000"
+    (tmp_path / "docs" / "compare.json").write_text(json.dumps(data))
+    assert tables.stale_files(tmp_path / "docs" / "compare.json", tmp_path) == [
+        tmp_path / "docs" / "compare.md", tmp_path / "docs" / "compare.png"]
+    tables.write_files(tmp_path / "docs" / "compare.json", tmp_path)
+    assert tables.stale_files(tmp_path / "docs" / "compare.json", tmp_path) == []
+    assert "nbjit 0000000" in (tmp_path / "docs" / "compare.md").read_text()
 
 
 def test_readme_is_short_with_install_and_numbers_up_front():
@@ -299,3 +348,77 @@ def test_the_readme_states_costs_and_the_self_check_from_the_numbers():
     meta["self_check_after"] = {"passed": False, "band": [0.9, 1.1], "rows": 40,
                                 "outside": [["args_1", 1.15]]}
     assert "failed** (`args_1` 1.15 outside 0.9-1.1)" in tables.self_check_line(meta)
+
+
+# Dotted names the docs quote from another checkout, on purpose.
+HISTORICAL_NAMES = {"nbjit._agreement"}  # docs/multi-controller.md: the exchange at 742c2e5
+
+
+def _resolve(dotted: str) -> object:
+    """The object a dotted name stands for: its longest importable module, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attribute in parts[i:]:
+            found = getattr(found, attribute)
+        return found
+    raise ImportError(dotted)
+
+
+def test_every_dotted_nbjit_name_in_the_docs_exists():
+    """README.md and docs/ (pages and notebooks) name only what is there."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "docs").glob("*.ipynb"))]
+    names: dict[str, str] = {}
+    for page in pages:
+        for name in re.findall(r"\bnbjit(?:\.[A-Za-z_]\w*)+", page.read_text()):
+            names.setdefault(name, page.name)
+    assert len(names) > 20
+    missing = []
+    for name, page in sorted(names.items()):
+        if name in HISTORICAL_NAMES:
+            continue
+        try:
+            _resolve(name)
+        except (ImportError, AttributeError) as error:
+            missing.append(f"{page}: {name} ({error!r})")
+    assert missing == []
+
+
+def test_the_asv_history_command_finds_python_past_pyenv_shims(tmp_path):
+    """docs/benchmarks.md's history commands run asv, which creates its
+    virtualenvs with the first `python3.12` on the PATH. A pyenv shim there
+    fails when pyenv's selected version is another one (as on the machines
+    these docs were written on): the documented PATH line puts the real
+    interpreter first. Checked with a shim that always fails, and asv's own
+    lookup (`asv.util.which`)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("asv")
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    (line,) = [line for line in text.splitlines() if line.startswith("export PATH=")]
+    assert "../.venv/bin/python" in line
+    line = line.replace("../.venv/bin/python", sys.executable)
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    shim = shims / f"python{version}"
+    shim.write_text(f"#!/bin/sh\necho 'pyenv: python{version}: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    lookup = f"from asv import util; print(util.which('python{version}'))"
+    script = f'export PATH="{shims}:$PATH"\n{line}\n"{sys.executable}" -c "{lookup}"'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT / "benchmarks")
+    assert done.returncode == 0, done.stderr
+    found = done.stdout.strip()
+    assert found != str(shim)
+    check = subprocess.run([found, "-c", "import sys; print(sys.version_info[:2])"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.stdout.strip() == str(sys.version_info[:2])
+    assert "~/.asv-machine.json" in text  # what asv writes outside the repository, said

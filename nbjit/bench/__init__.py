@@ -25,7 +25,8 @@ What it holds, by module:
   `output_difference`, `fresh_copy`; `writes_into_docs` and
   `self_check_record`: published numbers come with a passing self-check.
 - `nbjit.bench.report`: `format_table` (ending in the `Summary` line),
-  `write_json`/`read_json`, `plot`, `self_check_failures`.
+  `format_markdown`, `write_json`/`read_json`, `plot` (its PNG names the run:
+  `run_description`), `self_check_failures`.
 - `nbjit.bench.user`: `compare` and `CompareResult`, public as
   `nbjit.compare`.
 """
@@ -36,9 +37,11 @@ from nbjit.bench.measure import Interleaved, Ratio, Settings, interleave, time_b
 from nbjit.bench.report import (
     SELF_CHECK_BAND,
     Summary,
+    format_markdown,
     format_table,
     plot,
     read_json,
+    run_description,
     self_check_failures,
     verdict,
     write_json,
@@ -58,8 +61,9 @@ from nbjit.bench.user import CompareResult, OutputsDiffer, compare
 __all__ = [
     "HOST_OFFSET", "POOL", "SELF_CHECK_BAND", "Case", "CompareResult",
     "Interleaved", "OutputsDiffer", "Ratio", "Row", "Scenario", "Settings", "Summary",
-    "compare", "first_difference", "floor_call", "fresh_copy", "format_table", "interleave",
-    "output_difference", "plot", "read_json", "run", "run_scenario", "scenario", "scenarios",
+    "compare", "first_difference", "floor_call", "fresh_copy", "format_markdown",
+    "format_table", "interleave", "output_difference", "plot", "read_json", "run",
+    "run_description", "run_scenario", "scenario", "scenarios",
     "select", "self_check_failures", "self_check_record", "time_batch", "verdict",
     "write_json", "writes_into_docs",
 ]

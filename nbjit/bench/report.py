@@ -117,6 +117,22 @@ def read_json(path: str) -> tuple[list[Row], dict[str, Any]]:
     return [Row(**r) for r in data["rows"]], data["meta"]
 
 
+def run_description(rows: Sequence[Row], meta: dict[str, Any]) -> str:
+    """One line naming a run: its commit, date, rows and geomean. The plot
+    carries it as PNG metadata (``Description``), so that docs/compare.png can
+    be checked against the JSON it was drawn from (tests/test_docs.py)."""
+    summary = Summary.of(rows)
+    geomean = "-" if summary.geomean is None else f"{summary.geomean:.3f}"
+    commit = meta.get("versions", {}).get("nbjit_commit") or "?"
+    return (f"nbjit compare: nbjit {commit}, {meta.get('date', '')}, {summary.rows} rows, "
+            f"geomean ratio {geomean}")
+
+
+def format_markdown(rows: Sequence[Row], meta: dict[str, Any]) -> str:
+    """The table as ``compare --markdown`` writes it (docs/compare.md)."""
+    return f"# nbjit compare ({meta.get('date', '')})\n\n```\n{format_table(rows, meta)}\n```\n"
+
+
 def plot(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
     """Two panels: the ratio per scenario, and time against number of arguments."""
     import matplotlib
@@ -133,13 +149,14 @@ def plot(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
     _plot_families(ax1, timed, a)
     v = meta.get("versions", {})
     fig.suptitle(
-        f"{a} vs jax.jit, {meta.get('date', '')}; jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, "
+        f"{a} {v.get('nbjit_commit') or ''} vs jax.jit, {meta.get('date', '')}; "
+        f"jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, "
         f"numba {v.get('numba')}, Python {v.get('python')}; "
         f"{meta.get('machine', {}).get('cpus')} CPUs (shared)",
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Description": run_description(rows, meta)})
     plt.close(fig)
 
 
