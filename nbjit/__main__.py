@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "run", help="run a script or module with jax.jit routed to nbjit.jit",
         description="Run a script (or -m module) as python would, with nbjit.patch_jax() "
-        "applied before its first line.")
+        "applied when the script imports jax (equinox.filter_jit routed when it imports "
+        "equinox); the report at exit names every nbjit function that ran.")
     r.add_argument("-m", dest="module", action="store_true", help="run a module, as python -m")
     r.add_argument("--json", metavar="FILE", help="also write the end-of-run report as JSON")
     r.add_argument("--explain", action="store_true",
