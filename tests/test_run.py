@@ -371,3 +371,21 @@ def test_run_of_a_script_that_imports_nbjit_first(tmp_path):
     plain, run = _plain("first.py", tmp_path), _nbjit_run("first.py", cwd=tmp_path)
     assert plain.returncode == run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [plain.stdout.splitlines()[0], "True"]
+
+
+def test_the_console_script_runs_as_python_m_nbjit(tmp_path):
+    """`nbjit run x.py` (pyproject's [project.scripts], as pip writes its entry
+    script) leaves the script's imports alone too."""
+    (tmp_path / "imports.py").write_text(IMPORTS_SCRIPT)
+    (tmp_path / "bin").mkdir()
+    entry = tmp_path / "bin" / "nbjit"
+    entry.write_text("import sys\nfrom nbjit.__main__ import main\nsys.exit(main())\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    run = subprocess.run([sys.executable, str(entry), "run", "imports.py"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    plain = _plain("imports.py", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0] == "before []"
+    assert run.stdout.splitlines()[1:] == [*plain.stdout.splitlines()[1:3], "jit nbjit"]
+    assert run.stderr.startswith("nbjit run: ")  # the report (no function was called)
