@@ -389,3 +389,16 @@ def test_the_console_script_runs_as_python_m_nbjit(tmp_path):
     assert run.stdout.splitlines()[0] == "before []"
     assert run.stdout.splitlines()[1:] == [*plain.stdout.splitlines()[1:3], "jit nbjit"]
     assert run.stderr.startswith("nbjit run: ")  # the report (no function was called)
+
+
+def test_a_deferred_package_loads_its_names_on_first_use():
+    """While launching `run`, `import nbjit` imports no jax; a public name asked
+    for then (not by the launcher) loads the package as `import nbjit` would."""
+    code = ("import sys; sys.argv = ['nbjit', 'run']\n"
+            "import nbjit; print('jax' in sys.modules)\n"
+            "from nbjit import jit; print('jax' in sys.modules, jit is nbjit.jit,"
+            " callable(nbjit.stats))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False", "True True True"]
