@@ -340,6 +340,43 @@ def test_caller_overwrites_big_arrays_in_flight():
     assert max(made) > 1, made
 
 
+def test_an_unchanged_big_array_is_compared_not_written():
+    """From COMPARE_MIN_BYTES a slot already holding the leaf's bytes is not
+    written again; one byte changed anywhere (the last one here), another
+    dtype converted into the same signature, or another layout, is written."""
+    def fn(x):
+        return jnp.sum(x, axis=0), x[-1, -1] * 1
+
+    n = _resident.COMPARE_MIN_BYTES // 4 // 128 * 2
+    x = np.ones((n, 128), np.float32)
+    f, args = _run_fresh(fn, lambda i: (x,), calls=4)
+    pool = _pool(f, x)
+    assert _is_resident(f, x) and pool.made == 1
+    staging = pool.free[0][-1]
+    writes = []
+    original = _resident._unchanged
+
+    def counting(address, value, nbytes, dtype):
+        same = original(address, value, nbytes, dtype)
+        writes.append(not same)
+        return same
+
+    prepare = _node(f, x).record.prepare
+    prepare.__globals__["same"] = counting
+    try:
+        for value in (x, x, x.copy()):
+            assert_same_outputs(f(value), jax.jit(fn)(value))
+        assert writes == [False, False, False]
+        x[-1, -1] = 7.0  # the last byte the compare reads
+        assert_same_outputs(f(x), jax.jit(fn)(x))
+        assert staging.view(np.float32)[n * 128 - 1] == 7.0
+        for value in (x.astype(np.float64), np.asfortranarray(x), x[::-1].copy()[::-1]):
+            assert_same_outputs(f(value), jax.jit(fn)(value))
+        assert writes[3:] == [True, True, True, True]
+    finally:
+        prepare.__globals__["same"] = original
+
+
 def test_big_arrays_from_threads():
     def fn(a, s):
         return jnp.sum(a * s, axis=0)
