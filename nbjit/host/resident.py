@@ -347,10 +347,10 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
 # written, and not written when equal. A compare costs about what a copy
 # does, but leaves the slot's cache lines clean: a copy leaves them dirty in
 # this core's cache, and the computation, on another thread, then reads them
-# from there (measured: copy + run 1 MiB ~85 us over the run alone, compare +
-# run ~55 us). A new value usually differs in its first bytes, where the
-# compare stops: it then costs the copy and almost nothing more.
-COMPARE_MIN_BYTES = 64 << 10
+# from there. Below this size the copy measured cheaper, above it the
+# compare (docs/host-inputs.md). A new value usually differs in its first
+# bytes, where the compare stops: it then costs the copy and little more.
+COMPARE_MIN_BYTES = 256 << 10
 
 
 def _libc_memcmp() -> Callable[[int, int, int], int] | None:
