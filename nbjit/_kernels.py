@@ -14,7 +14,10 @@ beside it:
   (explained misses); the Python twin is `nbjit.observe.distance`.
 - index domains: the [start, stop) per dimension of every device's shard of
   a global array, from a mesh description; `group_replicas` numbers the
-  distinct domains.
+  distinct domains. Their twins, `nbjit.host.domains`, are what plans use
+  (a few devices' domains cost microseconds in numpy, numba's import
+  hundreds of milliseconds); the kernels stay for many-device meshes and
+  as the twins' reference in the tests.
 - strided gather: one pass that copies every distinct shard of a
   (possibly non-contiguous, negative-stride) array into one contiguous
   staging buffer.
@@ -31,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from nbjit.host import domains as _domains
 from nbjit.observe.distance import closest_python, description_distance_python  # noqa: F401
 
 # ---------------------------------------------------------------------------
@@ -376,10 +380,10 @@ def group_replicas(domains):
 # Strided gather
 # ---------------------------------------------------------------------------
 
-GATHER_RANK = 4
-"""Rank the gather kernel works in; lower ranks are padded with leading 1s."""
-
-_UINT_OF_ITEMSIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+# The gather's rank and view dtypes live with the plain twins (no numba), so
+# that a plan is built without importing numba.
+GATHER_RANK = _domains.GATHER_RANK
+gather_view_dtype = _domains.gather_view_dtype
 
 
 # Compiled lazily, one specialisation per item size (and source layout) that is
@@ -419,11 +423,6 @@ def _gather_dense_shards(src, strides, starts, stops, offsets, out):
                     pos += n3
 
 
-def gather_view_dtype(dtype: np.dtype) -> type | None:
-    """The unsigned integer type the gather works on for `dtype`, or None."""
-    return _UINT_OF_ITEMSIZE.get(np.dtype(dtype).itemsize)
-
-
 def gather_strided(src: np.ndarray, starts: np.ndarray, stops: np.ndarray,
                    offsets: np.ndarray, out: np.ndarray) -> None:
     """Copies shards `src[starts[s]:stops[s]]` into `out`, row-major, at `offsets[s]`.
@@ -435,7 +434,7 @@ def gather_strided(src: np.ndarray, starts: np.ndarray, stops: np.ndarray,
     out: 1-D contiguous, same itemsize as src.
     """
     itemsize = src.dtype.itemsize
-    view = _UINT_OF_ITEMSIZE[itemsize]
+    view = _domains.UINT_OF_ITEMSIZE[itemsize]
     pad = GATHER_RANK - src.ndim
     flags = src.flags
     if flags.c_contiguous or flags.f_contiguous:

@@ -1,6 +1,7 @@
 """nbjit._kernels: signature keys, index domains, replicas, strided gather."""
 
 import itertools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from nbjit import _jax, _kernels
+from nbjit.host import domains as _domains
 from nbjit.host.plan import addressable_index_domains
 
 needs_8_devices = pytest.mark.skipif(
@@ -27,9 +29,11 @@ def test_kernels_module_does_not_import_jax(tmp_path):
     # may compiling and running its kernels.
     package = tmp_path / "nbjit"
     (package / "observe").mkdir(parents=True)
+    (package / "host").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "observe" / "__init__.py").write_text("")
-    for module in ("_kernels.py", "observe/distance.py"):
+    (package / "host" / "__init__.py").write_text("")
+    for module in ("_kernels.py", "observe/distance.py", "host/domains.py"):
         (package / module).write_text((Path(_kernels.__file__).parent / module).read_text())
     code = (
         "import sys\n"
@@ -202,6 +206,70 @@ def test_group_replicas_matches_distinct_domains(spec):
         same = domains[i].tolist() == domains[j].tolist()
         assert (group[i] == group[j]) == same
     assert [group[f] for f in first] == list(range(len(first)))
+
+
+@st.composite
+def _mesh_descriptions(draw):
+    n_axes = draw(st.integers(min_value=1, max_value=3))
+    mesh_shape = [draw(st.integers(min_value=1, max_value=3)) for _ in range(n_axes)]
+    ndim = draw(st.integers(min_value=0, max_value=3))
+    width = draw(st.integers(min_value=1, max_value=2))
+    axes = list(range(n_axes))
+    dim_axes = np.full((ndim, width), -1, np.int64)
+    for d in range(ndim):
+        chosen = draw(st.lists(st.sampled_from(axes), max_size=width, unique=True)) if axes else []
+        axes = [a for a in axes if a not in chosen]
+        dim_axes[d, :len(chosen)] = chosen
+    shape = [int(np.prod([mesh_shape[a] for a in dim_axes[d] if a >= 0], dtype=np.int64))
+             * draw(st.integers(min_value=0, max_value=3)) for d in range(ndim)]
+    coords = np.stack(np.unravel_index(np.arange(int(np.prod(mesh_shape))), mesh_shape),
+                      axis=1).astype(np.int64)
+    if draw(st.booleans()):
+        coords = coords[::-1].copy()
+    return (np.array(shape, np.int64), np.array(mesh_shape, np.int64), dim_axes, coords)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_mesh_descriptions())
+def test_the_plain_twins_equal_the_kernels(description):
+    """Plans use `nbjit.host.domains` (no numba): the same as the kernels."""
+    domains = _domains.index_domains(*description)
+    assert domains.dtype == np.int64
+    assert domains.tolist() == _kernels.index_domains(*description).tolist()
+    group, first = _domains.group_replicas(domains)
+    k_group, k_first = _kernels.group_replicas(domains)
+    assert group.tolist() == k_group.tolist() and first.tolist() == k_first.tolist()
+
+
+def test_a_first_sharded_put_loads_no_numba():
+    """A fresh process builds plans and puts row-major arrays without numba;
+    a column-major source loads it on a thread and is copied by numpy meanwhile."""
+    code = (
+        "import sys, numpy as np, jax\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "import nbjit\n"
+        "mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ('x', 'y'))\n"
+        "s = NamedSharding(mesh, P('x', 'y'))\n"
+        "x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)\n"
+        "f = nbjit.jit(lambda a: a * 2, in_shardings=s)\n"
+        "assert np.array_equal(np.asarray(f(x)), x * 2)\n"
+        "assert np.array_equal(np.asarray(nbjit.device_put(x, s)), x)\n"
+        "assert 'numba' not in sys.modules, 'numba loaded'\n"
+        "y = np.asfortranarray(x)\n"
+        "assert np.array_equal(np.asarray(nbjit.device_put(y, s)), x)\n"
+        "import time\n"
+        "from nbjit.host.staging import kernels_or_background\n"
+        "deadline = time.monotonic() + 120\n"
+        "while kernels_or_background() is None and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "assert np.array_equal(np.asarray(nbjit.device_put(y, s)), x)\n"
+        "print('numba' in sys.modules)\n")
+    env = {**os.environ,
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
 
 
 # --- strided gather --------------------------------------------------------

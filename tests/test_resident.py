@@ -15,7 +15,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from _diff import assert_same_outputs
+from _threads import run_threads
 
 import nbjit
 from nbjit import _jax
@@ -100,15 +102,11 @@ def test_no_second_compile_and_no_compile_log(caplog):
     assert _jax.jax_cache_misses()[1] - before[1] <= 1
 
 
-def test_donation_big_outputs_and_switch_off_stay_per_leaf():
+def test_donation_no_outputs_and_switch_off_stay_per_leaf():
     f = nbjit.jit(lambda a, b, c: (a + b, c * 2), donate_argnums=2)
     for i in range(CALLS):
         f(*_fresh_pair(i), jnp.ones(3))
     assert f.stats().resident == 0
-    big = _resident.FENCE_MAX_BYTES // 4 + 1  # every output too big to keep as a fence
-    f, args = _run_fresh(lambda a: jnp.broadcast_to(a[0], (big,)),
-                         lambda i: (np.full(3, i, np.float32),))
-    assert f.stats().resident == 0 and not _is_resident(f, *args)
     f, args = _run_fresh(lambda a: (), lambda i: (np.full(3, i, np.float32),))  # no outputs
     assert f.stats().resident == 0
     _policy.set_enabled(False)
@@ -248,21 +246,18 @@ def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatc
     assert "new host values" not in str(h.stats())
 
 
-def test_the_same_big_arrays_every_call_are_not_fresh():
-    """Leaves too big for the memo (no memo miss says a value is new): the same
-    values every call get no slots and nothing in the report; new values, in
-    new arrays or written into the same one, do."""
+def test_the_same_big_arrays_every_call_get_slots():
+    """Leaves too big for the memo put a copy of themselves on every call, a
+    new value or not: slots cost less (one copy into host memory the device
+    reads), so such a signature gets them at its first hit, whether its
+    values are new, the same, or written into the same array."""
     from nbjit.core.record import HostInput
-    from nbjit.observe import report as _report
 
     n = HostInput.MEMO_MAX_BYTES // 4 * 2  # float32: twice the memo's limit
     same = (np.ones(n, np.float32), np.full(n, 2, np.float32))
-    f, args = _run_fresh(lambda a, b: a @ b, lambda i: same)
-    assert not _is_resident(f, *args) and f.stats().resident == 0
-    assert "new host values" not in str(f.stats())
-    report = _report.format_text(_report.build(None)).splitlines()
-    assert not [line for line in report
-                if line.startswith("new host values") and f.stats().name in line]
+    f, args = _run_fresh(lambda a, b: a @ b, lambda i: same, calls=2)
+    assert _is_resident(f, *args) and f.stats().resident == 1
+    assert _node(f, *args).plan.stage is Stage.RESIDENT
     g, args = _run_fresh(lambda a, b: a @ b - 1,
                          lambda i: (np.full(n, i, np.float32), np.ones(n, np.float32)))
     assert _is_resident(g, *args) and g.stats().resident == 1
@@ -274,6 +269,177 @@ def test_the_same_big_arrays_every_call_are_not_fresh():
 
     h, args = _run_fresh(lambda a, b: a @ b + 1, written_in_place)
     assert _is_resident(h, *args) and h.stats().resident == 1
+
+
+def test_small_same_values_keep_the_memo():
+    """Leaves within the memo's limit: the same values reuse their device copy
+    (no copy at all), so they get no slots; new values do (tests above)."""
+    same = (np.ones(8, np.float32), np.full(8, 2, np.float32))
+    f, args = _run_fresh(lambda a, b: a @ b, lambda i: same)
+    assert not _is_resident(f, *args) and f.stats().resident == 0
+
+
+@pytest.mark.parametrize("nbytes", [64 << 10, 1 << 20, 4 << 20], ids=["64K", "1M", "4M"])
+@pytest.mark.parametrize("aligned", [False, True], ids=["unaligned", "aligned"])
+def test_big_arrays_any_alignment_and_layout_as_jax(nbytes, aligned):
+    """Big host arrays, the same or new, C order, Fortran order, strided, another
+    dtype (converted as jaxlib converts): resident, results as jax.jit's."""
+    rows = nbytes // (4 * 256)
+
+    def fn(p, x):
+        return jnp.sum(x * p, axis=1), x[:2] + 1
+
+    p = jnp.linspace(0, 1, 256)
+    raw = np.zeros(nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + (0 if aligned else 16)
+    x = raw[start:start + nbytes].view(np.float32).reshape(rows, 256)
+    x[...] = np.random.default_rng(0).standard_normal((rows, 256))
+    f, args = _run_fresh(fn, lambda i: (p, x), calls=4)
+    assert _is_resident(f, *args) and f.stats().misses == 1
+    f, args = _run_fresh(fn, lambda i: (p, x * i), calls=4)
+    assert _is_resident(f, *args)
+    fortran = np.asfortranarray(x)
+    strided = np.repeat(x, 2, axis=1)[:, ::2]
+    wide = x.astype(np.float64)  # x64 off: converted to float32, as jaxlib does
+    for y in (fortran, strided, wide):
+        assert_same_outputs(f(p, y), jax.jit(fn)(p, y))
+    assert f.stats().misses == 1
+
+
+def test_caller_overwrites_big_arrays_in_flight():
+    """The same big arrays (256 KiB, 1 MiB) every call, overwritten right after
+    each call while slow computations are in flight: 0 wrong of 400, and
+    several slots made (calls really were in flight)."""
+    wrong, made = 0, []
+    for n in (1 << 16, 1 << 18):
+        def fn(a, b):
+            x = a
+            for _ in range(3):
+                x = jnp.sin(x) * 1.0001 + b
+            return x.reshape(-1, 256).sum(0), jnp.sum(b)
+
+        f, g = nbjit.jit(fn), jax.jit(fn)
+        raw = np.zeros(2 * 4 * n + 256, np.uint8)
+        start = (-raw.ctypes.data) % 64
+        a = raw[start:start + 4 * n].view(np.float32)  # 64-byte aligned: jax.jit aliases
+        b = np.zeros(n, np.float32)
+        results, expected = [], []
+        for i in range(200):
+            a[:] = i
+            b[:] = -i / 7
+            expected.append(g(a.copy(), b.copy()))
+            results.append(f(a, b))
+            a[:] = 12345.0
+            b[:] = -99.0
+        assert _is_resident(f, a, b)
+        made.append(_pool(f, a, b).made)
+        wrong += sum(not np.array_equal(np.asarray(r[0]), np.asarray(e[0]))
+                     or not np.array_equal(np.asarray(r[1]), np.asarray(e[1]))
+                     for r, e in zip(results, expected, strict=True))
+    assert wrong == 0
+    assert max(made) > 1, made
+
+
+def test_an_unchanged_big_array_is_compared_not_written():
+    """From COMPARE_MIN_BYTES a slot already holding the leaf's bytes is not
+    written again; one byte changed anywhere (the last one here), another
+    dtype converted into the same signature, or another layout, is written."""
+    def fn(x):
+        return jnp.sum(x, axis=0), x[-1, -1] * 1
+
+    n = _resident.COMPARE_MIN_BYTES // 4 // 128 * 2
+    x = np.ones((n, 128), np.float32)
+    f, args = _run_fresh(fn, lambda i: (x,), calls=4)
+    pool = _pool(f, x)
+    assert _is_resident(f, x) and pool.made == 1
+    staging = pool.free[0][-1]
+    writes = []
+    original = _resident._unchanged
+
+    def counting(address, value, nbytes, dtype):
+        same = original(address, value, nbytes, dtype)
+        writes.append(not same)
+        return same
+
+    prepare = _node(f, x).record.prepare
+    prepare.__globals__["same"] = counting
+    try:
+        for value in (x, x, x.copy()):
+            assert_same_outputs(f(value), jax.jit(fn)(value))
+        assert writes == [False, False, False]
+        x[-1, -1] = 7.0  # the last byte the compare reads
+        assert_same_outputs(f(x), jax.jit(fn)(x))
+        assert staging.view(np.float32)[n * 128 - 1] == 7.0
+        for value in (x.astype(np.float64), np.asfortranarray(x), x[::-1].copy()[::-1]):
+            assert_same_outputs(f(value), jax.jit(fn)(value))
+        assert writes[3:] == [True, True, True, True]
+    finally:
+        prepare.__globals__["same"] = original
+
+
+def test_big_arrays_from_threads():
+    def fn(a, s):
+        return jnp.sum(a * s, axis=0)
+
+    f, g = nbjit.jit(fn), jax.jit(fn)
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        a = np.empty((256, 256), np.float32)  # 256 KiB, the same array each call
+        for i in range(60):
+            a[...] = rng.standard_normal((256, 256))
+            s = jnp.float32(i)
+            expected = g(a.copy(), s)
+            out = f(a, s)
+            a[...] = 0  # the caller reuses its buffer at once
+            assert_same_outputs(out, expected)
+
+    errors = run_threads(worker, 4)
+    assert not errors, errors[0]
+    a = np.zeros((256, 256), np.float32)
+    assert _is_resident(f, a, jnp.float32(0)) and f.stats().resident == 1
+
+
+def test_slot_memory_is_bounded(monkeypatch):
+    """Per signature: slots and fences within SIGNATURE_MAX_BYTES (one slot at
+    least); per process: PROCESS_MAX_BYTES, beyond which calls take the puts;
+    a function's slots are given back when it dies."""
+    import gc
+
+    def fn(a):
+        return a * 2  # the fence is the only output: as big as the input
+
+    n = 1 << 18  # 1 MiB
+    f, args = _run_fresh(fn, lambda i: (np.full(n, i, np.float32),), calls=3)
+    pool = _pool(f, *args)
+    assert pool.slot_bytes >= 2 * 4 * n
+    assert pool.cap == min(_resident.RESIDENT_CAP, _resident.SIGNATURE_MAX_BYTES // pool.slot_bytes)
+    held = _resident.resident_bytes()
+    assert held >= pool.made * pool.slot_bytes
+    f.clear_cache()
+    del f, pool
+    gc.collect()
+    assert _resident.resident_bytes() <= held - 2 * 4 * n
+    monkeypatch.setattr(_resident, "PROCESS_MAX_BYTES", 0)  # (others may free theirs meanwhile)
+    def fn2(a):
+        return a * 3
+
+    g, args = _run_fresh(fn2, lambda i: (np.full(n, -i, np.float32),), calls=6)
+    assert not _is_resident(g, *args) and g.stats().resident == 0  # no room: puts
+    assert_same_outputs(g(*args), jax.jit(fn2)(*args))
+
+
+def test_a_device_whose_puts_copy_keeps_puts_for_big_leaves(monkeypatch):
+    """Where a zero-copy put does not alias host memory (a GPU), a big leaf
+    keeps its own put (a copy to the device in any case): no slots, nothing
+    packed, the same results."""
+    monkeypatch.setattr(_jax, "ZERO_COPY", _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
+    n = 1 << 16
+    f, args = _run_fresh(lambda a, b: a * b[0], lambda i: (
+        np.full(n, i, np.float32), np.full(4, -i, np.float32)))
+    assert _packing.wait(120)
+    assert not _is_resident(f, *args) and f.stats().resident == 0
+    assert f.stats().packed_compiles == 0
 
 
 # ---------------------------------------------------------------------------

@@ -249,6 +249,24 @@ class Workloads(_Timed):
         (self.run or self.start(workload, impl)).dispatch()
 
 
+class HostArrays(_Timed):
+    """`f(params, x)`, x a float32 numpy array of 8 KiB to 1 MiB: the same array
+    every call (off or on a 64-byte boundary) or one of four in turn, timed to
+    the result (compare's ``host_array_*`` rows), and an MNIST-sized training
+    loop with a new 392 KiB batch (``workload_mnist_train_step``)."""
+
+    params = [["same_8k", "same_64k", "same_1m", "same_8k_aligned", "same_64k_aligned",
+               "same_1m_aligned", "fresh_64k", "fresh_1m", "mnist_train_step"], IMPLS]
+    param_names = ["row", "impl"]
+    number = 40  # ~15-300 us a call
+
+    def scenario(self, row, impl):
+        return "workload_mnist_train_step" if row == "mnist_train_step" else f"host_array_{row}"
+
+    def time_call(self, row, impl):
+        (self.run or self.start(row, impl)).call()
+
+
 class CacheMiss:
     """A new function on every call: trace, lower, compile, run."""
 

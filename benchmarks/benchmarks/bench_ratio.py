@@ -34,6 +34,9 @@ SCENARIOS = [
     "numpy_sharded_8_devices",
     "numpy_args_2_new_values",
     "workload_env_step",
+    "host_array_same_64k",
+    "host_array_same_1m_aligned",
+    "host_array_fresh_1m",
 ]
 # Not here: workload_train_step. Its calls queue real work (matmuls) that runs
 # while the next calls dispatch, and its ratio moved +-11% between processes

@@ -394,6 +394,79 @@ def _params_dict_case(leaves: int) -> Callable[[], Case]:
     return build
 
 
+# Host arrays past the small leaves: `f(params, x)` with a float32 x of 8 KiB,
+# 64 KiB or 1 MiB (rows of 256 features), the same array every call or one
+# of four in turn, off or on a 64-byte boundary (jax.jit uses an aligned
+# array in place, no copy; nbjit never aliases the caller's array).
+
+HOST_SIZES = {"8k": 8 << 10, "64k": 64 << 10, "1m": 1 << 20}
+
+
+def _aligned(x: np.ndarray) -> np.ndarray:
+    """A copy of `x` whose data starts on a 64-byte boundary."""
+    buf = np.empty(x.nbytes + 64, np.uint8)
+    start = (-buf.ctypes.data) % 64
+    out = buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    out[...] = x
+    return out
+
+
+def _linear_rows(params, x):
+    return jnp.sum(x * params["w"], axis=1) + params["b"]
+
+
+def _host_array_case(size: str, fresh: bool, aligned: bool) -> Callable[[], Case]:
+    def build() -> Case:
+        rng = np.random.default_rng(7)
+        params = {"w": jax.device_put(rng.standard_normal(256).astype(np.float32)),
+                  "b": jnp.zeros((), jnp.float32)}
+        place = _aligned if aligned else _host
+        rows = HOST_SIZES[size] // (256 * 4)
+        xs = [place(rng.standard_normal((rows, 256)).astype(np.float32))
+              for _ in range(4 if fresh else 1)]
+        return Case.new_values(_linear_rows, [(params, x) for x in xs])
+
+    return build
+
+
+def _mnist_step(params, batch, labels):
+    def loss(p):
+        h = jax.nn.relu(batch @ p["w1"] + p["b1"])
+        logp = jax.nn.log_softmax(h @ p["w2"] + p["b2"])
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
+
+
+def _mnist_case() -> Case:
+    """An MNIST-sized training loop: a new float32[128,784] batch (392 KiB) and labels."""
+    rng = np.random.default_rng(8)
+    params = {"w1": jax.device_put(rng.standard_normal((784, 32)).astype(np.float32) / 28),
+              "b1": jnp.zeros(32), "w2": jax.device_put(rng.standard_normal((32, 10))
+                                                         .astype(np.float32) / 6),
+              "b2": jnp.zeros(10)}
+    pool = [(params, _host(rng.random((128, 784)).astype(np.float32)),
+             _host(rng.integers(0, 10, 128).astype(np.int32))) for _ in range(8)]
+    return Case.new_values(_mnist_step, pool)
+
+
+def _host_array_rows() -> list[Scenario]:
+    rows = []
+    for fresh, aligned, sizes in ((False, False, HOST_SIZES), (False, True, HOST_SIZES),
+                                  (True, False, ("64k", "1m"))):
+        for size in sizes:
+            name = (f"host_array_{'fresh' if fresh else 'same'}_{size}"
+                    + ("_aligned" if aligned else ""))
+            kind = (f"params + numpy {size.upper()}iB, "
+                    + ("one of 4 in turn" if fresh else "same array")
+                    + (", 64-byte aligned" if aligned else ""))
+            rows.append(Scenario(name, 3, kind, _host_array_case(size, fresh, aligned), True))
+    rows.append(Scenario("workload_mnist_train_step", 6, "4 params + new 392 KiB batch",
+                         _mnist_case, False))
+    return rows
+
+
 def _upstream_pair(
     name: str, n: int, kind: str, build: Callable[[], Case], family: str | None = None
 ) -> list[Scenario]:
@@ -451,6 +524,7 @@ def scenarios() -> list[Scenario]:
         Scenario("workload_data_parallel_8_devices", 4, "new numpy batch -> 8 devices",
                  _data_parallel_case, False, min_devices=8),
     ]
+    out += _host_array_rows()
     for n in (2, 32, 256):  # pytree calls: where flat arguments already are (issue 30)
         out.append(Scenario(f"params_dict_step_{n}", n + 1, "params dict + jax.Array batch",
                             _params_dict_case(n), False, "params dict step"))

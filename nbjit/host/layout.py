@@ -63,17 +63,21 @@ class LeafLayout:
 class Watched:
     """What the host-input policy knows of one signature when it arms it
     (fixed from then on): JAX's fast-path data, the traced jaxpr (None with
-    one leaf: nothing to pack), the leaves' layouts, the one device's
-    sharding, and the options, name and counters of the jitted function."""
+    fewer than two leaves to pack), the packed and the resident leaves'
+    layouts, the one device's sharding, and the options, name and counters
+    of the jitted function."""
 
     fastpath: Any
     jaxpr: Any
-    layouts: tuple[LeafLayout, ...]
+    layouts: tuple[LeafLayout, ...]  # what packing packs (small leaves)
     n_leaves: int
     sharding: Any
     options: dict
     name: str
     counters: Any
+    # What resident slots hold (any host leaf up to `RESIDENT_MAX_BYTES` in all;
+    # empty where the device's puts copy): packing's leaves and bigger ones.
+    resident_layouts: tuple[LeafLayout, ...] = ()
 
 
 def lay_out(layouts: Sequence[LeafLayout]) -> list[LeafLayout]:

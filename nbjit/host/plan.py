@@ -3,11 +3,13 @@
 Per (sharding, shape, dtype, weak_type) a `ShardingPlan` is built once and
 cached: each addressable device's index domain, the devices grouped by
 distinct domain (replicas), and where each distinct shard sits in one
-64-byte-aligned staging buffer. Per call a plan only allocates that buffer,
-gathers every distinct shard into it once (the Numba kernel for column-major
-sources, numpy's memcpy-speed copy otherwise: whichever measured faster), and
-makes one batched transfer (`batched_device_put`), handing every replica of
-a domain the same staging view.
+64-byte-aligned staging buffer (built with numpy, `nbjit.host.domains`: no
+numba). Per call a plan only allocates that buffer, gathers every distinct
+shard into it once (the Numba kernel for column-major sources once numba is
+loaded, on a thread of its own after the first such put; numpy's
+memcpy-speed copy otherwise: whichever measured faster), and makes one
+batched transfer (`batched_device_put`), handing every replica of a domain
+the same staging view.
 
 Dispatcher contract: `plan_for(sharding, shape, dtype)` once per cache entry
 (None: use JAX's own shard_args for that argument), then per call
@@ -38,9 +40,11 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
+from nbjit.host import domains as _domains
 from nbjit.host.staging import (
     clear_staging_pool,
     copy_parts,
+    kernels_or_background,
     load_kernels,
     parallel_copy,
     staging_buffer,
@@ -64,14 +68,21 @@ docs/performance.md#measured-constants-behind-the-code."""
 def warm_kernels() -> None:
     """Imports numba and loads (or, cold, compiles) the plan kernels now.
 
-    The first plan otherwise pays this on first use: numba's import and
-    target initialisation (warm), plus compilation (cold, much longer);
+    Plans are built without them (`nbjit.host.domains`); only a
+    column-major source's gather uses them, and the first such put starts
+    their load on a thread and copies with numpy meanwhile. Call this to
+    have them from the first put on: numba's import and target
+    initialisation (warm), plus compilation (cold, much longer);
     docs/performance.md, "Numba kernels: first-call cost".
     """
     kernels = load_kernels()
     domains = kernels.index_domains(np.array([8], np.int64), np.array([2], np.int64),
                                     np.zeros((1, 1), np.int64), np.zeros((2, 1), np.int64))
     kernels.group_replicas(domains)
+    x = np.zeros((2, 2), np.float32, order="F")
+    kernels.gather_strided(x, np.zeros((1, _domains.GATHER_RANK), np.int64),
+                           np.ones((1, _domains.GATHER_RANK), np.int64),
+                           np.zeros(1, np.int64), np.empty(1, np.float32))
 
 
 def _gatherable_dtype(dtype: np.dtype) -> bool:
@@ -95,12 +106,10 @@ class ShardingPlan:
 
     __slots__ = ("sharding", "shape", "dtype", "weak_type", "aval", "devices", "domains",
                  "group_of_device", "_starts", "_stops", "_elem_offsets", "_byte_offsets",
-                 "_shard_shapes", "_nbytes", "_uint", "_slices", "_kernel_ok", "_parts", "_gather")
+                 "_shard_shapes", "_nbytes", "_uint", "_slices", "_kernel_ok", "_parts")
 
     def __init__(self, sharding, shape: tuple[int, ...], dtype: np.dtype, weak_type: bool,
                  devices: list, domains: np.ndarray):
-        kernels = load_kernels()
-        self._gather = kernels.gather_strided
         self.sharding = sharding
         self.shape = shape
         self.dtype = dtype
@@ -109,17 +118,17 @@ class ShardingPlan:
             _jax.ShapedArray(shape, dtype, weak_type=weak_type), sharding)
         self.devices = devices
         self.domains = domains
-        group_of_device, first_device = kernels.group_replicas(domains)
+        group_of_device, first_device = _domains.group_replicas(domains)
         self.group_of_device = group_of_device.tolist()
         n_groups = len(first_device)
         lows = domains[first_device, :, 0]
         highs = domains[first_device, :, 1]
         # The Numba gather works in GATHER_RANK dimensions (leading ones padded).
-        self._kernel_ok = len(shape) <= kernels.GATHER_RANK
+        self._kernel_ok = len(shape) <= _domains.GATHER_RANK
         if self._kernel_ok:
-            pad = kernels.GATHER_RANK - len(shape)
-            self._starts = np.zeros((n_groups, kernels.GATHER_RANK), np.int64)
-            self._stops = np.ones((n_groups, kernels.GATHER_RANK), np.int64)
+            pad = _domains.GATHER_RANK - len(shape)
+            self._starts = np.zeros((n_groups, _domains.GATHER_RANK), np.int64)
+            self._stops = np.ones((n_groups, _domains.GATHER_RANK), np.int64)
             self._starts[:, pad:] = lows
             self._stops[:, pad:] = highs
         itemsize = dtype.itemsize
@@ -135,10 +144,10 @@ class ShardingPlan:
         self._byte_offsets = byte_offsets
         self._elem_offsets = np.array(byte_offsets, np.int64) // itemsize
         self._nbytes = offset
-        self._uint = kernels.gather_view_dtype(dtype)
+        self._uint = _domains.UINT_OF_ITEMSIZE[dtype.itemsize]  # (itemsize 1, 2, 4 or 8)
         self._slices = [tuple(slice(int(a), int(b)) for a, b in domains[f]) for f in first_device]
         self._parts = copy_parts(self._nbytes, lows, highs, byte_offsets, itemsize,
-                                 kernels.GATHER_RANK if self._kernel_ok else None)
+                                 _domains.GATHER_RANK if self._kernel_ok else None)
 
     @property
     def parallel(self) -> bool:
@@ -156,16 +165,19 @@ class ShardingPlan:
         shards = [np.ndarray(s, dtype, buffer=staging, offset=o)
                   for s, o in zip(self._shard_shapes, self._byte_offsets, strict=True)]
         flags = x.flags
-        # Column-major sources: the Numba gather beats numpy's copy.
+        # Column-major sources: the Numba gather beats numpy's copy (once
+        # numba is loaded: until then numpy copies, see kernels_or_background).
         # Row-major and other strides: numpy's per-shard copy runs at memcpy
         # speed and, with <= 8 shards, costs less than one Numba call even at
         # 64x64 (bench_kernels.Gather).
-        kernel = flags.f_contiguous and not flags.c_contiguous and self._kernel_ok
+        kernels = None
+        if flags.f_contiguous and not flags.c_contiguous and self._kernel_ok:
+            kernels = kernels_or_background()
         if self._parts is not None:
-            parallel_copy(self._parts, x, staging, dtype, self._uint, kernel)
-        elif kernel:
-            self._gather(x, self._starts, self._stops, self._elem_offsets,
-                         staging.view(self._uint))
+            parallel_copy(self._parts, x, staging, dtype, self._uint, kernels is not None)
+        elif kernels is not None:
+            kernels.gather_strided(x, self._starts, self._stops, self._elem_offsets,
+                                   staging.view(self._uint))
         else:
             for shard, index in zip(shards, self._slices, strict=True):
                 np.copyto(shard, x[index])
@@ -264,9 +276,8 @@ def addressable_index_domains(sharding, shape: tuple[int, ...]):
     if len(position) != len(flat_devices) or any(d not in position for d in devices):
         return None
     device_coords = np.ascontiguousarray(coords[[position[d] for d in devices]])
-    kernels = load_kernels()
-    domains = kernels.index_domains(np.array(shape, np.int64), mesh_shape, dim_axes,
-                                    device_coords)
+    domains = _domains.index_domains(np.array(shape, np.int64), mesh_shape, dim_axes,
+                                     device_coords)
     return devices, domains
 
 

@@ -71,12 +71,15 @@ from nbjit.host import resident as _resident
 from nbjit.host.layout import PACKABLE, LeafLayout, Watched, python_type
 from nbjit.host.steps import HostInput
 
-__all__ = ["PACK_AFTER", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES", "TRANSITIONS", "HostPolicy",
-           "Stage", "enabled", "on_miss", "set_enabled"]
+__all__ = ["PACK_AFTER", "RESIDENT_MAX_BYTES", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES",
+           "TRANSITIONS", "HostPolicy", "Stage", "enabled", "on_miss", "set_enabled"]
 
 PACK_AFTER = 8  # new host values seen (within 2 * PACK_AFTER calls) before arming
-SLOT_MAX_BYTES = 64 << 10  # a bigger host leaf keeps its own put
-TOTAL_MAX_BYTES = 256 << 10  # all laid-out leaves of a signature together
+SLOT_MAX_BYTES = 64 << 10  # a bigger host leaf is not packed (its own put)
+TOTAL_MAX_BYTES = 256 << 10  # all packed leaves of a signature together
+# All resident leaves of a signature together (one slot's staging): any host
+# leaf bound for one device fits while the signature's total stays within.
+RESIDENT_MAX_BYTES = 16 << 20
 # Compile the packed executable on a thread of its own (False: on the calling
 # thread, at the call that finds packing due).
 BACKGROUND = True
@@ -114,7 +117,10 @@ TRANSITIONS: dict[tuple[Stage, Stage], str] = {
     (S.PER_LEAF, S.PER_LEAF): "armed: the watching (or counting) record replaces the miss's;"
                               " or counting done: switched off, or the same values came back",
     (S.PER_LEAF, S.ARMING): "PACK_AFTER new values seen (by the memos, or by the counting"
-                            " record's byte compare)",
+                            " record's byte compare); or at once where slots may hold a"
+                            " leaf too big for a memo (its put always costs more than"
+                            " a copy into a slot)",
+    (S.ARMING, S.PER_LEAF): "armed at once, but no slots: new values are counted as before",
     (S.ARMING, S.RESIDENT): "slots made",
     (S.ARMING, S.GIVEN_UP): "no slots, and one leaf: nothing to pack",
     (S.ARMING, S.COMPILING): "the packed executable's compile starts",
@@ -139,10 +145,11 @@ class HostPolicy:
     """
 
     __slots__ = ("node_ref", "watched", "per_leaf", "counter", "builder", "stage", "count",
-                 "window_start", "lock", "sync", "resident", "seen", "calls", "__weakref__")
+                 "window_start", "lock", "sync", "resident", "seen", "calls", "eager",
+                 "__weakref__")
 
     def __init__(self, node: Any, watched: Watched, leaves: list,
-                 fresh_inputs: list[int]) -> None:
+                 fresh_inputs: list[int], eager: bool = False) -> None:
         self.node_ref = weakref.ref(node)
         self.watched = watched
         self.stage = Stage.PER_LEAF
@@ -153,6 +160,9 @@ class HostPolicy:
         self.resident: _resident.ResidentSlots | None = None
         self.seen: list[bytes] | None = None  # the last counted call's bytes (`counter`)
         self.calls = 0  # calls counted by `counter`
+        # Arm at once (`install`): slots may hold a leaf too big for a memo,
+        # whose put costs more than a copy into a slot, new value or not.
+        self.eager = eager
         fresh = weakref.WeakMethod(self.fresh)
         self.per_leaf = build_record(watched.fastpath, leaves, False,
                                      on_fresh=dict.fromkeys(fresh_inputs, fresh))
@@ -182,8 +192,14 @@ class HostPolicy:
             return True
 
     def install(self, miss_record: FastPath) -> bool:
-        """Replaces the miss's record with the watching (or counting) one."""
-        return self._swap(miss_record, Stage.PER_LEAF, self._watching())
+        """Replaces the miss's record with the watching (or counting) one;
+        eager, with the building one at once (the next call makes slots)."""
+        watching = self._watching()
+        if not self._swap(miss_record, Stage.PER_LEAF, watching):
+            return False
+        if self.eager:
+            self._swap(watching, Stage.ARMING, self.builder)
+        return True
 
     def _watching(self) -> FastPath:
         """PER_LEAF's record: the counting one where a watched leaf has no memo
@@ -218,6 +234,9 @@ class HostPolicy:
         good, so comparing (a copy of up to `TOTAL_MAX_BYTES`) costs only the
         first calls of a signature."""
         seen = [np.asarray(leaves[layout.leaf]).tobytes() for layout in self.watched.layouts]
+        if not seen:  # nothing to pack (the leaves are too big): no new values to count
+            self._swap(self.counter, Stage.PER_LEAF, self.per_leaf)
+            return self.per_leaf.prepare(leaves)
         if seen != self.seen:
             self.count += 1
         self.seen, self.calls = seen, self.calls + 1
@@ -246,7 +265,11 @@ class HostPolicy:
             return
         if RESIDENT and not self.sync and self._try_resident(leaves):
             return
-        if self.watched.jaxpr is None:  # one leaf: nothing to pack
+        if self.eager:  # armed for slots, not for new values: count them as before
+            self.eager = False
+            self._swap(self.builder, Stage.PER_LEAF, self._watching())
+            return
+        if self.watched.jaxpr is None:  # no two leaves to pack
             self._swap(self.builder, Stage.GIVEN_UP, self.per_leaf)
         elif BACKGROUND and not self.sync:
             self._start_background(leaves)
@@ -390,26 +413,41 @@ def _arm(jitted: _Jitted, node: Any, record: FastPath, fastpath: Any, leaves: li
         return
     leaf_of = {h.index: h.index - n_consts if record.kept is None
                else record.kept[h.index - n_consts] for h in hosts}
-    layouts = _layouts(hosts, leaf_of, leaves)
-    if not layouts:
+    layouts = _layouts(hosts, leaf_of, leaves, SLOT_MAX_BYTES, TOTAL_MAX_BYTES)
+    # Slots (where a zero-copy put aliases host memory: the CPU) hold bigger
+    # leaves too; where puts copy (a GPU) a big leaf keeps its put, which
+    # is a copy to the device in any case.
+    resident = RESIDENT and all(d.platform == "cpu" for d in sharding.device_set)
+    resident_layouts = (_layouts(hosts, leaf_of, leaves, RESIDENT_MAX_BYTES, RESIDENT_MAX_BYTES)
+                        if resident else [])
+    if not layouts and not resident_layouts:
         return
-    jaxpr = None  # one leaf: resident or nothing (packing one leaf gains nothing)
+    jaxpr = None  # fewer than two leaves to pack: resident or nothing
     if len(layouts) >= 2:
         jaxpr = _traced_jaxpr(jitted, args, kwargs, layouts, len(leaves))
         if jaxpr is None:
-            return
+            layouts = []  # (packing needs the jaxpr; slots do not)
+            if not resident_layouts:
+                return
     options = {k: v for k, v in jitted.options.items() if k in _PACKED_OPTIONS}
     watched = Watched(fastpath, jaxpr, tuple(layouts), len(leaves), sharding, options,
-                      jitted.name, jitted.counters)
-    laid_out = {s.leaf for s in layouts}
+                      jitted.name, jitted.counters, tuple(resident_layouts))
+    laid_out = {s.leaf for s in (*layouts, *resident_layouts)}
+    hosts_of = {h.index: h for h in hosts}
+    # A leaf too big for a memo puts a copy of itself on every call, a new
+    # value or not: slots (a copy into host memory the device reads) cost less.
+    eager = any(not hosts_of[i].memo for i, leaf in leaf_of.items()
+                if leaf in {s.leaf for s in resident_layouts})
     policy = HostPolicy(node, watched, leaves,
-                        [i for i, leaf in leaf_of.items() if leaf in laid_out])
+                        [i for i, leaf in leaf_of.items() if leaf in laid_out], eager)
     node.plan = policy  # the policy lives as long as its node
     policy.install(record)
 
 
-def _layouts(hosts: list[HostInput], leaf_of: dict[int, int], leaves: list) -> list[LeafLayout]:
-    """The qualifying host leaves' layouts, in input order, each at an aligned offset."""
+def _layouts(hosts: list[HostInput], leaf_of: dict[int, int], leaves: list, max_each: int,
+             max_total: int) -> list[LeafLayout]:
+    """The qualifying host leaves' layouts (at most `max_each` bytes each,
+    `max_total` together), in input order, each at an aligned offset."""
     layouts, offset = [], 0
     for h in hosts:
         if h.dtype not in PACKABLE:
@@ -417,7 +455,7 @@ def _layouts(hosts: list[HostInput], leaf_of: dict[int, int], leaves: list) -> l
         leaf = leaf_of[h.index]
         layout = LeafLayout(leaf, offset, tuple(h.aval.shape), h.dtype, bool(h.aval.weak_type),
                             python_type(leaves[leaf]))
-        if layout.nbytes > SLOT_MAX_BYTES or offset + layout.nbytes > TOTAL_MAX_BYTES:
+        if layout.nbytes > max_each or offset + layout.nbytes > max_total:
             continue
         layouts.append(layout)
         offset += align_up(layout.nbytes)

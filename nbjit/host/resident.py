@@ -5,13 +5,15 @@ On a device whose zero-copy put aliases host memory (the CPU), a slot is a
 leaf's view of it (`LeafLayout`s). A call writes its host values into a
 free slot and hands the signature's own executable the slot's arrays: no
 transfer at all. A slot is free again once the last call that read it is
-done, which its *fence* tells: that call's smallest output (at most
-`FENCE_MAX_BYTES`), kept by the slot until it is reused, since every output
+done, which its *fence* tells: that call's smallest output, kept by the slot
+until it is reused (its bytes count in the slot's cost), since every output
 of a computation is ready exactly when the computation is. A fence that
 was deleted (donated elsewhere) cannot tell, so its slot is retired; after
 `ResidentSlots.MAX_RETIRED` retired slots the signature goes back to its
 per-leaf record (the pool's `on_broken`). At most `RESIDENT_CAP` slots per
-signature; a call that finds none free takes the per-leaf path. The first
+signature, within `SIGNATURE_MAX_BYTES` (slots and fences; one slot at
+least) and, for every pool of the process together, `PROCESS_MAX_BYTES`; a
+call that finds none free takes the per-leaf path. The first
 resident call checks that no output aliases a slot (XLA's outputs are new
 buffers unless donated, and nothing here donates).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +36,6 @@ from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
     GUARD_AND_POP,
-    POOL_MAX_BYTES,
     LeafLayout,
     Refused,
     Watched,
@@ -42,10 +44,39 @@ from nbjit.host.layout import (
     write_statement,
 )
 
-__all__ = ["FENCE_MAX_BYTES", "RESIDENT_CAP", "ResidentSlots", "resident_record"]
+__all__ = ["PROCESS_MAX_BYTES", "RESIDENT_CAP", "SIGNATURE_MAX_BYTES", "ResidentSlots",
+           "resident_bytes", "resident_record"]
 
 RESIDENT_CAP = 32  # slots per signature (calls in flight beyond: per-leaf puts)
-FENCE_MAX_BYTES = 64 << 10  # the output a slot keeps alive to know its call is done
+# What one signature's slots may hold, their fences (the outputs they keep
+# alive) included: at least one slot, more only within this.
+SIGNATURE_MAX_BYTES = 32 << 20
+# What every signature's slots hold together, in this process: a slot that
+# would pass it is not made (that call takes the per-leaf puts).
+PROCESS_MAX_BYTES = 512 << 20
+
+_held = [0]  # bytes of every live pool's slots and fences (under _held_lock)
+_held_lock = threading.Lock()
+
+
+def resident_bytes() -> int:
+    """Bytes the resident slots of this process hold (staging and fences)."""
+    return _held[0]
+
+
+def _reserve(nbytes: int) -> bool:
+    with _held_lock:
+        if _held[0] + nbytes > PROCESS_MAX_BYTES:
+            return False
+        _held[0] += nbytes
+        return True
+
+
+def _release(cell: list) -> None:
+    """Gives back what a pool held (at its death, or when it gives its slots up)."""
+    with _held_lock:
+        _held[0] -= cell[0]
+        cell[0] = 0
 
 _RETIRED = object()  # the fence of a slot that is never used again
 
@@ -72,7 +103,8 @@ def prepare(leaves):
 class ResidentSlots:
     """The slots of one resident record (see the module's docstring).
 
-    A slot is a list ``[fence, *device arrays, *views, staging]``. `free`
+    A slot is a list ``[fence, *device arrays, *views, *view addresses,
+    staging]``. `free`
     is claimed with ``popleft`` and refilled with ``append`` (atomic under
     the GIL); `by_array` finds a slot from its first device array (the
     fence hook sees the call's inputs, nothing else). At most `cap` slots
@@ -81,20 +113,25 @@ class ResidentSlots:
     gives its slots up.
     """
 
-    __slots__ = ("layouts", "avals", "sharding", "devices", "nbytes", "cap", "free", "by_array",
-                 "made", "retired", "fence_index", "input_index", "broken", "on_broken", "fence",
-                 "__weakref__")
+    __slots__ = ("layouts", "avals", "sharding", "devices", "nbytes", "slot_bytes", "cap", "free",
+                 "by_array", "made", "retired", "fence_index", "input_index", "broken", "on_broken",
+                 "fence", "held", "__weakref__")
 
     MAX_RETIRED = 8  # slots retired (deleted fences) before the signature gives slots up
 
     def __init__(self, layouts: list[LeafLayout], sharding: Any, fence_index: int,
-                 input_index: int, on_broken: Callable[[], None] | None = None) -> None:
+                 input_index: int, on_broken: Callable[[], None] | None = None,
+                 fence_bytes: int = 0) -> None:
         self.layouts = layouts
         self.avals = [_jax.ShapedArray(s.shape, s.dtype, weak_type=s.weak) for s in layouts]
         self.sharding = sharding
         self.devices = list(sharding.device_set)
         self.nbytes = nbytes = buffer_nbytes(layouts)
-        self.cap = max(1, min(RESIDENT_CAP, POOL_MAX_BYTES // nbytes))
+        # A slot costs its staging and the fence it keeps alive while free.
+        self.slot_bytes = nbytes + ALIGN + fence_bytes
+        self.cap = max(1, min(RESIDENT_CAP, SIGNATURE_MAX_BYTES // self.slot_bytes))
+        self.held = [0]  # this pool's part of `resident_bytes()`
+        weakref.finalize(self, _release, self.held)
         self.free: collections.deque = collections.deque()
         self.by_array: dict[int, list] = {}
         self.made = 0
@@ -106,7 +143,22 @@ class ResidentSlots:
         self.fence = self._make_fence()
 
     def new_slot(self) -> list | None:
-        """A new slot, or None where a zero-copy put does not alias its view."""
+        """A new slot, or None where a zero-copy put does not alias its view
+        (or the process's slots already hold `PROCESS_MAX_BYTES`)."""
+        if not _reserve(self.slot_bytes):
+            return None
+        slot = None
+        try:
+            slot = self._make_slot()
+        finally:
+            with _held_lock:
+                if slot is None:
+                    _held[0] -= self.slot_bytes
+                else:
+                    self.held[0] += self.slot_bytes
+        return slot
+
+    def _make_slot(self) -> list | None:
         raw = np.zeros(self.nbytes + ALIGN, np.uint8)  # zeros: padding bytes are defined
         address = raw.ctypes.data
         skip = align_up(address) - address
@@ -120,7 +172,7 @@ class ResidentSlots:
             if array.unsafe_buffer_pointer() != view.ctypes.data:
                 return None  # a copy (device memory, or a runtime that copies): no slots
             arrays.append(array)
-        slot = [None, *arrays, *views, staging]
+        slot = [None, *arrays, *views, *[view.ctypes.data for view in views], staging]
         self.by_array[id(arrays[0])] = slot
         self.made += 1
         return slot
@@ -146,6 +198,9 @@ class ResidentSlots:
         """Never uses `slot` again (the runtime keeps its memory while anything reads it)."""
         if self.by_array.pop(id(slot[1]), None) is not None:
             self.made -= 1
+            with _held_lock:  # (the runtime frees its memory once nothing reads it)
+                self.held[0] -= self.slot_bytes
+                _held[0] -= self.slot_bytes
             self.retired += 1
             if self.retired >= self.MAX_RETIRED:
                 self.give_up()
@@ -155,6 +210,7 @@ class ResidentSlots:
         self.broken = True
         self.cap = 0
         self.free.clear()
+        _release(self.held)
         if (on_broken := self.on_broken) is not None:
             on_broken()
 
@@ -210,13 +266,15 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
     waits for a gc pass).
     """
     # An empty leaf's put stays (nothing to write).
-    layouts = lay_out([s for s in watched.layouts if s.nbytes])
-    fence_index = _fence_index(list(watched.fastpath.out_avals))
-    if not layouts or fence_index is None:
+    layouts = lay_out([s for s in watched.resident_layouts if s.nbytes])
+    fence = _fence(list(watched.fastpath.out_avals))
+    if not layouts or fence is None:
         return None
+    fence_index, fence_bytes = fence
     n_consts, kept = len(record.consts), record.kept
     input_index = n_consts + (layouts[0].leaf if kept is None else kept.index(layouts[0].leaf))
-    pool = ResidentSlots(layouts, watched.sharding, fence_index, input_index, on_broken)
+    pool = ResidentSlots(layouts, watched.sharding, fence_index, input_index, on_broken,
+                         fence_bytes)
     slot = pool.claim(None)
     if slot is None:
         return None
@@ -243,17 +301,17 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
     return resident, pool
 
 
-def _fence_index(out_avals: list) -> int | None:
-    """The smallest output no bigger than `FENCE_MAX_BYTES` (a slot keeps it alive)."""
-    best, best_bytes = None, FENCE_MAX_BYTES + 1
+def _fence(out_avals: list) -> tuple[int, int] | None:
+    """(index, bytes) of the smallest output (a slot keeps it alive while free), or None."""
+    best, best_bytes = None, 0
     for i, aval in enumerate(out_avals):
         try:
             nbytes = int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
         except TypeError:  # an extended dtype (PRNG keys): not a plain buffer
             continue
-        if nbytes < best_bytes:
+        if best is None or nbytes < best_bytes:
             best, best_bytes = i, nbytes
-    return best
+    return None if best is None else (best, best_bytes)
 
 
 def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath,
@@ -261,9 +319,16 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
     names = [f"x{j}" for j in range(n_leaves)]
     unpack = f"    {', '.join(names)}, = leaves\n"
     m = len(layouts)
-    # A slot is [fence, *arrays, *views, staging]: leaf j's view is slot[1 + m + j].
-    writes = "".join(write_statement(s, f"slot[{1 + m + j}]", names[s.leaf])
-                     for j, s in enumerate(layouts))
+    # A slot is [fence, *arrays, *views, *addresses, staging]: leaf j's view is
+    # slot[1 + m + j], its address slot[1 + 2 * m + j].
+    writes = ""
+    for j, s in enumerate(layouts):
+        write = write_statement(s, f"slot[{1 + m + j}]", names[s.leaf])
+        if s.python is None and s.nbytes >= COMPARE_MIN_BYTES and _memcmp is not None:
+            # The same bytes as the slot holds already: no write (see COMPARE_MIN_BYTES).
+            write = (f"        if not same(slot[{1 + 2 * m + j}], {names[s.leaf]}, "
+                     f"{s.nbytes}, D{j}):\n    " + write.replace("\n        ", "\n            "))
+        writes += write
     arrays = {s.leaf: f"slot[{1 + j}]" for j, s in enumerate(layouts)}
     new_leaves = [arrays.get(j, names[j]) for j in range(n_leaves)]
     finish = fill(listed(new_leaves, *(("[", "]") if inner.leaves_are_inputs
@@ -273,5 +338,38 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
              "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,
              "popleft": pool.free.popleft, "append": pool.free.append, "claim": pool.claim,
              "ready": _jax.ArrayImpl.is_ready, "RETIRED": _RETIRED, "fallback": fallback,
-             "F32MAX": FLOAT32_MAX, "inner": inner.prepare, "pool": pool}
+             "F32MAX": FLOAT32_MAX, "inner": inner.prepare, "pool": pool, "same": _unchanged,
+             **{f"D{j}": s.dtype for j, s in enumerate(layouts)}}
     return run_source(source, "resident prepare", scope)["prepare"]
+
+
+# From this size a leaf is compared with what its slot holds before it is
+# written, and not written when equal. A compare costs about what a copy
+# does, but leaves the slot's cache lines clean: a copy leaves them dirty in
+# this core's cache, and the computation, on another thread, then reads them
+# from there. Below this size the copy measured cheaper, above it the
+# compare (docs/host-inputs.md). A new value usually differs in its first
+# bytes, where the compare stops: it then costs the copy and little more.
+COMPARE_MIN_BYTES = 256 << 10
+
+
+def _libc_memcmp() -> Callable[[int, int, int], int] | None:
+    try:
+        import ctypes
+
+        memcmp = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError):  # (no C library to load: always write)
+        return None
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return memcmp
+
+
+_memcmp = _libc_memcmp()
+
+
+def _unchanged(address: int, x: Any, nbytes: int, dtype: np.dtype) -> bool:
+    """Whether host value `x` has exactly the `nbytes` at `address` (a slot's
+    view of `dtype`): same dtype, C order, the same bytes."""
+    return (type(x) is np.ndarray and x.dtype is dtype and x.flags.c_contiguous
+            and not _memcmp(address, x.__array_interface__["data"][0], nbytes))  # type: ignore[misc]

@@ -24,9 +24,8 @@ import numpy as np
 from nbjit._common import ALIGN, align_up
 
 __all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "HostStaging", "clear_staging_pool",
-           "copy_parts", "host_staging_size", "load_kernels", "parallel_copy", "split_copy",
-           "staging_buffer",
-           "staging_pool_size"]
+           "copy_parts", "host_staging_size", "kernels_or_background", "load_kernels",
+           "parallel_copy", "split_copy", "staging_buffer", "staging_pool_size"]
 
 # Big arrays: from PARALLEL_COPY_MIN_BYTES the copy into staging is split
 # into chunks of about _COPY_CHUNK_BYTES that this thread and up to
@@ -62,6 +61,36 @@ def load_kernels() -> Any:
 
                 _kernels = kernels
     return _kernels
+
+
+_loader: threading.Thread | None = None
+
+
+def kernels_or_background() -> Any:
+    """The kernels if loaded, else None after starting their load on a thread.
+
+    For a copy the Numba gather only speeds up (a column-major source):
+    the call that first wants it copies with numpy instead of waiting for
+    numba's import (hundreds of milliseconds in a fresh process), and a
+    later call uses the kernel once the thread has loaded it.
+    """
+    global _loader
+    if _kernels is not None:
+        return _kernels
+    if _loader is None:
+        with _kernels_lock:
+            if _loader is None:
+                _loader = threading.Thread(target=_load_quietly, name="nbjit-load-kernels",
+                                           daemon=True)
+                _loader.start()
+    return None
+
+
+def _load_quietly() -> None:
+    try:
+        load_kernels()
+    except Exception:  # (numpy's copy goes on; a direct load_kernels raises it)
+        pass
 
 
 class _CopyPart:

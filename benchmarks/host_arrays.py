@@ -1,0 +1,98 @@
+"""Host numpy arrays of 512 B to 1 MiB: nbjit.jit against jax.jit, interleaved.
+
+`f(params, x)` with x a float32 numpy array: the same array every call (off,
+or on, a 64-byte boundary: jax.jit uses an aligned array in place, no copy),
+or one of four arrays in turn (new values each call). Each call is timed to
+its result (block_until_ready), paired rounds with rotating order, median of
+the per-round ratios and its p10-p90 (`nbjit.bench.measure`). The results are
+checked equal first.
+
+    python benchmarks/host_arrays.py [--fn sum|linear] [--seconds S] [--only TEXT]
+
+Run it against another checkout of nbjit by putting that first on PYTHONPATH
+(before/after of one change, on the same load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import nbjit  # noqa: E402
+from nbjit.bench import measure  # noqa: E402
+
+SIZES = {"512B": 512, "8KiB": 8 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
+KINDS = ("same", "same aligned", "fresh")
+
+
+def _placed(nbytes: int, offset: int, rng: np.random.Generator) -> np.ndarray:
+    """A float32 array of `nbytes` whose data sits `offset` bytes past a 64-byte boundary."""
+    raw = np.empty(nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    x = raw[start:start + nbytes].view(np.float32)
+    x[...] = rng.standard_normal(x.size)
+    return x
+
+
+def _sum(params, x):
+    return jnp.sum(x) * params["w"] + params["b"]
+
+
+def _linear(params, x):
+    return jnp.sum(x.reshape(-1, 128) * params["w"], axis=1) + params["b"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fn", choices=("sum", "linear"), default="sum")
+    parser.add_argument("--seconds", type=float, default=4.0, help="per row")
+    parser.add_argument("--only", default="", help="rows whose name contains this")
+    args = parser.parse_args(argv)
+    fn = _sum if args.fn == "sum" else _linear
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.ones(() if args.fn == "sum" else 128, jnp.float32),
+              "b": jnp.zeros((), jnp.float32)}
+    settings = measure.Settings(rounds=301, min_rounds=9, target_batch_s=0.004,
+                                max_seconds=args.seconds, warmup_calls=20)
+    print(f"nbjit {os.path.dirname(nbjit.__file__)}, f = {args.fn}, "
+          f"load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+    print(f"{'row':<24} {'nbjit us':>9} {'jax.jit us':>10} {'ratio':>6}  p10-p90")
+    for size, nbytes in SIZES.items():
+        for kind in KINDS:
+            name = f"{kind} {size}"
+            if args.only not in name:
+                continue
+            offset = 0 if kind == "same aligned" else 16
+            xs = [_placed(nbytes, offset, rng) for _ in range(4 if kind == "fresh" else 1)]
+            f, g = nbjit.jit(fn), jax.jit(fn)
+
+            def caller(h, xs=xs):
+                state = [0]
+
+                def call():
+                    state[0] = i = (state[0] + 1) % len(xs)
+                    return jax.block_until_ready(h(params, xs[i]))
+
+                return call
+
+            for x in xs:
+                if not np.array_equal(np.asarray(f(params, x)), np.asarray(g(params, x))):
+                    print(f"{name}: OUTPUTS DIFFER")
+                    return 1
+            result = measure.interleave([("a", caller(f)), ("b", caller(g))], settings)
+            r = result.ratio("a", "b")
+            print(f"{name:<24} {result.median_us('a'):9.1f} {result.median_us('b'):10.1f} "
+                  f"{r.median:6.2f}  {r.p10:.2f}-{r.p90:.2f}", flush=True)
+    print(f"load {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
