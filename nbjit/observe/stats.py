@@ -27,14 +27,12 @@ function.
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import threading
-import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core import flavours as _flavours
 from nbjit.core.view import JitView
 from nbjit.observe.names import function_name, process_label
 from nbjit.observe.table import Table
@@ -186,23 +184,15 @@ class StatsTable(Mapping[str, DispatchStats]):
 
 
 # ---------------------------------------------------------------------------
-# The registry of live functions (weak: registering keeps nothing alive)
+# The live functions: the core's registry (`nbjit.core.flavours`), which every
+# jitted function joins at construction (weak: registering keeps nothing alive)
 
-_live: weakref.WeakKeyDictionary[JitView, int] = weakref.WeakKeyDictionary()  # -> creation order
-_live_lock = threading.Lock()
-_registered = itertools.count()
-
-
-def register(jitted: JitView) -> None:
-    """Called once per jitted function, at construction."""
-    with _live_lock:
-        _live[jitted] = next(_registered)
+register = _flavours.register_live
 
 
 def live_functions() -> list[JitView]:
     """The live jitted functions, oldest first."""
-    with _live_lock:
-        return sorted(_live, key=_live.__getitem__)
+    return _flavours.live_functions()
 
 
 def function_label(jitted: JitView) -> str:
