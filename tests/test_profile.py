@@ -155,3 +155,42 @@ def _keys_source(jitted) -> list[str]:
     """The sources of a function's binders (from linecache, where nbjit registers them)."""
     import inspect
     return [inspect.getsource(binder) for binder in jitted._binders.values()]
+
+
+def test_flavours_are_registered_into_the_core_not_imported_by_it():
+    """The binders import nothing of nbjit.observe: the timed and traced
+    flavours are registered into the core's registry when observe is
+    imported, and a registered flavour's lines appear in the one emitted hit
+    path (composed, not a copy of it)."""
+    import ast
+    import inspect
+
+    from nbjit.core import binders, flavours
+    from nbjit.observe import spans
+
+    tree = ast.parse(inspect.getsource(binders))
+    imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imported if m.startswith("nbjit.observe")], imported
+    assert flavours.flavour("timed") is _profile.TIMED
+    assert flavours.flavour("traced") is spans.TRACED
+
+    f, a = _compiled()
+    marked = flavours.add_flavour(flavours.Flavour(
+        "test_marked", start="    mark('start')\n",
+        stamps=("    mark('key')\n", "    mark('lookup')\n", "    mark('inputs')\n",
+                "    mark('execute')\n"),
+        finish="    mark('finish')\n", scope={"mark": lambda what: seen.append(what)}))
+    seen: list[str] = []
+    try:
+        plain = f._binders.source(1)
+        source = f._binders.source(1, marked.name)
+        stripped = "".join(line for line in source.splitlines(True) if "mark(" not in line)
+        assert stripped.replace("    out = ", "    return ").replace(
+            "    return out\n", "") == plain  # the same hit path, the flavour's lines added
+        f._binders.set_flavour(marked.name)
+        assert f(a).tolist() == [2.0] * 3
+        assert seen == ["start", "key", "lookup", "inputs", "execute", "finish"]
+    finally:
+        f._binders.set_flavour("plain")
+    assert "mark(" not in nbjit.binder_source(f, a)

@@ -38,7 +38,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._common import PYTHON_SCALARS
-from nbjit.core.codegen import condition, fill, listed, run_source
+from nbjit.core.codegen import run_source
 from nbjit.host.values import canonical_dtypes, host_dtype
 
 __all__ = ["LEAF_TYPES", "LEAVES", "SEQUENCE", "SEQUENCE_KEYERS", "SIGNATURE", "SIGNATURE_SCOPE",
@@ -123,11 +123,9 @@ def _other_signature(x: Any) -> Any:
 # the binders that key leaves inline: the common leaves (arrays, numpy arrays
 # of a dtype seen before, Python scalars) without a call, `get` being the
 # canonical-dtype lookup of the call's x64 setting. Same as `leaf_signature`.
-# `{pad}` indents its continuation lines (generated code is linted too).
 SIGNATURE = ("({x}.aval, {x}._committed) if (t := type({x})) is ArrayImpl"
-             "\n{pad}else (dtype, {x}.shape)"
-             " if t is ndarray and (dtype := get({x}.dtype)) is not None"
-             "\n{pad}else t if t in PYTHON_SCALARS else other_signature({x})")
+             " else (dtype, {x}.shape) if t is ndarray and (dtype := get({x}.dtype)) is not None"
+             " else t if t in PYTHON_SCALARS else other_signature({x})")
 SIGNATURE_SCOPE = {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray,
                     "PYTHON_SCALARS": PYTHON_SCALARS, "other_signature": _other_signature,
                     "NoSignature": _NoSignature, "canonical_dtypes": canonical_dtypes,
@@ -139,9 +137,7 @@ def mixed_signatures(leaves):
     values, say), or None if some leaf has no signature (JAX must take it).\"""
     get = canonical_dtypes[x64.value].get
     try:
-        signatures = tuple([
-            {SIGNATURE.format(x="x", pad=" " * 12)}
-            for x in leaves])
+        signatures = tuple([{SIGNATURE.format(x="x")} for x in leaves])
     except NoSignature:
         return None
     return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]
@@ -187,10 +183,9 @@ def _mixed_keyer_source(leaves: list) -> tuple[str, dict] | None:
             scope[f"D{i}"], scope[f"C{i}"] = dtype, canonical[False]
         else:
             return None
-    returned = fill(signature_and_shardings(signatures, shardings), 15, " " * 12)
     source = (f"def keyer(leaves):\n    {tuple_source(names)[1:-1]} = leaves\n"
-              f"    if {condition(checks, ' and', 7, ' ' * 8)}:\n"
-              f"        return {returned}\n"
+              f"    if {' and '.join(checks)}:\n"
+              f"        return {tuple_source(signatures)}, [{', '.join(shardings)}]\n"
               f"    return None\n")
     return source, {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray, **scope}
 
@@ -226,13 +221,6 @@ def flat_reads(names: list[str]) -> tuple[list[str], list[str]]:
     return items, [f"{x}._sharding" for x in names]
 
 
-def signature_and_shardings(signature: list[str], shardings: list[str]) -> list[str]:
-    """The pieces (`codegen.fill`) of ``(signature...), [shardings...]``: a
-    line breaks only inside the brackets."""
-    head, tail = listed(signature, "(", "),", one_tuple=True), listed(shardings, "[", "]")
-    return [*head[:-1], f"{head[-1]} {tail[0]}", *tail[1:]]
-
-
 def tuple_source(items: list[str]) -> str:
     """``(a, b)``; ``(a,)`` for one item; ``()`` for none."""
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
@@ -245,7 +233,7 @@ def _sequence_keyer_source(n: int) -> str:
     names = [f"x{i}" for i in range(n)]
     unpack = f"    {tuple_source(names)[1:-1]} = leaves\n" if names else ""
     items, shardings = flat_reads(names)
-    returned = fill(signature_and_shardings(items, shardings), 11, " " * 8)
+    returned = f"{tuple_source(items)}, [{', '.join(shardings)}]"
     return f"def keyer(leaves):\n{unpack}    return {returned}\n"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
-from nbjit.core.codegen import fill, listed, run_source
+from nbjit.core.codegen import run_source
 from nbjit.host.steps import SHARD_ARGS, FreshCallback, HostInput, _ShardArgs, step_for
 
 __all__ = ["FastPath", "HostInput", "Unsupported", "build_record"]
@@ -126,7 +126,7 @@ def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
             template = _VALUE_STEP
         body.append(template.format(x=names[i], i=i))
     return _PREPARE_TEMPLATE.format(unpack=unpack, steps="".join(body),
-                                  inputs=fill(listed(names, "[", "]"), 11, " " * 8))
+                                  inputs=f"[{', '.join(names)}]")
 
 
 def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from nbjit import _jax
-from nbjit.core.codegen import fill, listed, run_source
+from nbjit.core.codegen import run_source
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
@@ -175,8 +175,8 @@ def _packed_preparer(layouts: tuple[LeafLayout, ...], n_leaves: int, inner: Fast
                      for j, s in enumerate(layouts, start=1))
     packed_leaves = {s.leaf for s in layouts}
     g_leaves = ["packed", *(names[j] for j in range(n_leaves) if j not in packed_leaves)]
-    finish = fill(listed(g_leaves, *(("[", "]") if inner.leaves_are_inputs
-                                     else ("inner([", "])"))), 11, " " * 8)
+    finish = (f"[{', '.join(g_leaves)}]" if inner.leaves_are_inputs
+              else f"inner([{', '.join(g_leaves)}])")
     source = _PREPARE_TEMPLATE.format(unpack=unpack_leaves, writes=writes, finish=finish)
     scope = {"unguarded": _jax.host_transfers_unguarded,
              "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,

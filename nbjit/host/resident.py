@@ -31,7 +31,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._common import ALIGN, align_up
-from nbjit.core.codegen import fill, listed, run_source
+from nbjit.core.codegen import run_source
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
@@ -331,8 +331,8 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
         writes += write
     arrays = {s.leaf: f"slot[{1 + j}]" for j, s in enumerate(layouts)}
     new_leaves = [arrays.get(j, names[j]) for j in range(n_leaves)]
-    finish = fill(listed(new_leaves, *(("[", "]") if inner.leaves_are_inputs
-                                       else ("inner([", "])"))), 11, " " * 8)
+    finish = (f"[{', '.join(new_leaves)}]" if inner.leaves_are_inputs
+              else f"inner([{', '.join(new_leaves)}])")
     source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish)
     scope = {"unguarded": _jax.host_transfers_unguarded,
              "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,

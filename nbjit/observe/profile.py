@@ -2,16 +2,19 @@
 
 Inside the block every nbjit call is timed: a hit in five phases (keying,
 lookup, input preparation, execute, output wrapping), a miss or slow call
-whole. Outside it the hit path pays nothing: the dispatcher runs a profiled
-flavour of its hit functions only while a profile is active (entering the
-first profile and leaving the last call the switches registered with
+whole. Outside it the hit path pays nothing: the binders run the "timed"
+flavour of the hit path only while a profile is active. This module
+registers that flavour into the core (`nbjit.core.flavours`, `TIMED`) when
+imported, and entering the first profile and leaving the last switch every
+function to it and back (`use_flavour`; then the callbacks registered with
 `on_switch`).
 
-The dispatcher's side of the interface:
+What the timed flavour's lines call:
   * `record(jitted, t0, t_key, t_lookup, t_inputs, t_execute, t_outputs)`:
     one hit, as `time.perf_counter_ns` stamps (t0 = the call began; each
     later stamp = that phase ended);
-  * `record_whole(jitted, kind, nanoseconds)`: one miss or slow call;
+  * `timed_call(jitted, t0, fn, *args)`: a miss or slow call, run and
+    recorded whole (`record_whole(jitted, kind, nanoseconds)`);
   * `active()`: whether any profile is active.
 
 The profile states its own overhead per call (`Profile.overhead_ns`): the
@@ -31,10 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from nbjit.core import flavours as _flavours
 from nbjit.observe.stats import function_label
 from nbjit.observe.table import Table
 
-__all__ = ["PHASES", "Profile", "profile", "active", "record", "record_whole", "on_switch"]
+__all__ = ["PHASES", "TIMED", "Profile", "profile", "active", "record", "record_whole",
+           "on_switch", "timed_call"]
 
 PHASES = ("key", "lookup", "inputs", "execute", "outputs")
 
@@ -68,6 +73,29 @@ def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
     """One miss (`kind` 'miss') or slow call ('slow') of `jitted`, timed whole."""
     for prof in _active:
         prof._whole.setdefault(jitted, []).append((kind, nanoseconds))
+
+
+def timed_call(jitted: Any, t0: int, fn: Callable, /, *args: Any) -> Any:
+    """A slow or miss call under a profile: run it, record it whole."""
+    misses = jitted.miss_count
+    try:
+        return fn(*args)
+    finally:
+        kind = "miss" if jitted.miss_count != misses else "slow"
+        record_whole(jitted, kind, _clock() - t0)
+
+
+# The timed flavour of the hit path (`nbjit.core.flavours`): a clock stamp
+# first and after each phase, the hit recorded before it returns, a slow path
+# timed whole.
+TIMED = _flavours.add_flavour(_flavours.Flavour(
+    "timed",
+    start="    t0 = clock()\n",
+    stamps=("    t_key = clock()\n", "    t_lookup = clock()\n", "    t_inputs = clock()\n",
+            "    t_execute = clock()\n"),
+    finish="    record_hit(self, t0, t_key, t_lookup, t_inputs, t_execute, clock())\n",
+    leave="timed_call(self, t0, {fn}, {args})",
+    scope={"clock": _clock, "record_hit": record, "timed_call": timed_call}))
 
 
 def probe_binder(jitted: Any, args: tuple, kwargs: dict) -> Any:
@@ -144,6 +172,7 @@ class Profile:
             first = not _active
             _active = (*_active, self)
             if first:
+                _flavours.use_flavour("timed")
                 for switch in _switches:
                     switch(True)
         return self
@@ -153,6 +182,7 @@ class Profile:
         with _lock:
             _active = tuple(p for p in _active if p is not self)
             if not _active:
+                _flavours.use_flavour("plain")
                 for switch in _switches:
                     switch(False)
 

@@ -36,9 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core import flavours as _flavours
 from nbjit.observe import explain as _explain
 
-__all__ = ["call_name", "enabled", "traced_call"]
+__all__ = ["TRACED", "call_name", "enabled", "traced_call"]
 
 TraceMe = _jax.TraceMe
 enabled = _jax.traceme_enabled  # any profiler session collecting host spans
@@ -115,6 +116,21 @@ def miss_span(description: Any, explaining: Callable[[Any], Any]) -> Any:
 
 def slow_span(reason: str) -> Any:
     return TraceMe(f"nbjit slow: {reason}") if enabled() else _NO_SPAN
+
+
+# The traced flavour of the hit path (`nbjit.core.flavours`): a span per
+# phase, the phase a call leaves in closed before the path it takes.
+TRACED = _flavours.add_flavour(_flavours.Flavour(
+    "traced",
+    start=f"    span = phase({KEY!r})\n",
+    stamps=(f"    span = next_phase(span, {LOOKUP!r})\n",
+            f"    span = next_phase(span, {INPUTS!r})\n",
+            f"    span = next_phase(span, {EXECUTE!r})\n",
+            f"    span = next_phase(span, {OUTPUTS!r})\n"),
+    finish="    span.__exit__(None, None, None)\n",
+    leave="leave_phase(span, {fn}, {args})",
+    scope={"phase": phase, "next_phase": next_phase, "leave_phase": leave_phase}))
+_flavours.set_traced_call(traced_call)
 
 
 def slow(jitted: Any, reason: str, args: tuple, kwargs: dict) -> Any:

@@ -27,7 +27,6 @@ function.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core import flavours as _flavours
 from nbjit.core.view import JitView
 from nbjit.observe.names import function_name, process_label
 from nbjit.observe.table import Table
@@ -186,12 +186,11 @@ class StatsTable(Mapping[str, DispatchStats]):
 
 
 # ---------------------------------------------------------------------------
-# The registry of live functions (weak: registering keeps nothing alive)
+# The live functions: the core's registry (`nbjit.core.flavours`), which every
+# jitted function joins at construction (weak: registering keeps nothing alive)
 
-_live: weakref.WeakKeyDictionary[JitView, int] = weakref.WeakKeyDictionary()  # -> creation order
-_live_lock = threading.Lock()
-_registered = itertools.count()
-
+register = _flavours.register_live
+_retired_lock = threading.Lock()
 
 # While `keep_retired()` is on (a ``python -m nbjit run``), the counters of every
 # function collected since, by their identity: (name, counters, its namespace,
@@ -199,18 +198,19 @@ _registered = itertools.count()
 _retired: dict[int, tuple[str, Any, Any]] | None = None
 
 
-def register(jitted: JitView) -> None:
-    """Called once per jitted function, at construction."""
-    with _live_lock:
-        _live[jitted] = next(_registered)
-        keeping = _retired is not None
-    if keeping:
+def _watch(jitted: JitView) -> None:
+    """A live-function listener: while `keep_retired()` is on, a function's counts
+    outlive it."""
+    if _retired is not None:
         weakref.finalize(jitted, _retire, function_label(jitted), jitted._counters,
                          weakref.ref(jitted._namespace))
 
 
+_flavours.live_listeners.append(_watch)
+
+
 def _retire(name: str, counters: Any, namespace: Any) -> None:
-    with _live_lock:
+    with _retired_lock:
         if _retired is not None:
             _retired.setdefault(id(counters), (name, counters, namespace))
 
@@ -218,7 +218,7 @@ def _retire(name: str, counters: Any, namespace: Any) -> None:
 def keep_retired() -> None:
     """From now on, `retired()` keeps the counts of functions that are collected."""
     global _retired
-    with _live_lock:
+    with _retired_lock:
         if _retired is None:
             _retired = {}
 
@@ -227,7 +227,7 @@ def retired() -> StatsTable:
     """The `DispatchStats` of the functions that ran and were collected since
     `keep_retired()`, unless a live function shares their counters (a twin:
     `stats()` has them)."""
-    with _live_lock:
+    with _retired_lock:
         gone = list((_retired or {}).values())
     live = {id(jitted._counters) for jitted in live_functions()}
     rows: dict[str, DispatchStats] = {}
@@ -244,8 +244,7 @@ def retired() -> StatsTable:
 
 def live_functions() -> list[JitView]:
     """The live jitted functions, oldest first."""
-    with _live_lock:
-        return sorted(_live, key=_live.__getitem__)
+    return _flavours.live_functions()
 
 
 def function_label(jitted: JitView) -> str:
