@@ -9,7 +9,9 @@
 Tracing, lowering and compiling are JAX's own; nbjit owns the cache-hit path.
 """
 
-from nbjit import _jax  # noqa: F401  (checks the jax version at import)
+# _jax checks the jax version at import; host, multiprocess and observe each
+# register into the core (nbjit.core.hooks) when imported.
+from nbjit import _jax, host, multiprocess, observe  # noqa: F401
 from nbjit.core.binders import binder_source
 from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit
 from nbjit.filter import filter_jit

@@ -14,17 +14,17 @@ signature that cannot take the fast path, goes to `_miss_or_slow`.
 A miss reads as one story: `_miss` claims the signature (one compile per
 signature across threads, `Namespace.claim`); `_compile` checks that every
 process agrees on it (multi-controller only; before anything is traced, and
-it may raise), lets JAX trace, lower and compile, installs the node, and
-tells each of `MISS_OBSERVERS` one `MissOutcome`: stats count it, explain
-says why it missed, the host-input policy may arm the node. As JAX's
-`cache_miss` returns its fast-path data for others to use, the miss path
-computes and installs; it does not call into the observers' rooms inline.
+it may raise), lets JAX trace, lower and compile, installs the node, counts
+the miss, and tells each registered miss observer one `MissOutcome`
+(explain says why it missed, the host-input policy may arm the node). The
+checks and observers are registered by the rooms above the core
+(`nbjit.core.hooks`): the core imports none of them.
 
 Invariants:
   * Only the miss path links nodes into the cache (`nbjit.core.cache`); a
     node's record (a `nbjit.core.record.FastPath`, whose fields never change)
-    is set by that insert and afterwards replaced whole only by the
-    host-input policy's compare-and-swap (`nbjit.host.policy`), never edited.
+    is set by that insert and afterwards replaced whole only through the
+    cache's compare-and-swap (`Namespace.replace_record`), never edited.
   * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
   * JAX's own path answers everything else, so JAX raises what it raises.
 """
@@ -37,19 +37,17 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
+from nbjit.core.hooks import MissFacts, MissOutcome
 from nbjit.core.keys import leaf_signature
 from nbjit.core.record import FastPath, Unsupported, build_record
+from nbjit.core.values import canonical_dtypes, host_dtype
 from nbjit.core.view import JitView
-from nbjit.host import policy as _host_policy
-from nbjit.host.values import canonical_dtypes, host_dtype, private_host_copies
-from nbjit.multiprocess import agreement as _agreement
-from nbjit.observe import explain as _explain
 from nbjit.observe import profile as _profile
 from nbjit.observe import spans as _spans
 from nbjit.observe import stats as _stats
@@ -136,7 +134,7 @@ class PjitFunction:
     def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """JAX's path gets private copies of numpy arrays (it may use them in place)."""
         split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
-        return private_host_copies(args, kwargs, split.static_positions, split.static_names)
+        return _hooks.private_copies(args, kwargs, split.static_positions, split.static_names)
 
     def _count_slow(self, reason: str) -> None:
         self.slow_count += 1
@@ -208,7 +206,7 @@ class PjitFunction:
                  failed: Node | None) -> Any:
         """JAX's trace/lower/compile for one signature; installs the node it gives
         (in place of `failed`, the node an earlier failed compile left) and tells
-        the observers (`MISS_OBSERVERS`) what happened."""
+        the miss observers (`nbjit.core.hooks`) what happened."""
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
         description, explaining = self._describe_miss(args, kwargs, signature[2])
@@ -221,7 +219,8 @@ class PjitFunction:
         """`_compile` once the call is described (inside the miss's span, in a trace)."""
         # Before anything is traced: every process must agree on the signature
         # (multi-controller only); it raises AgreementError when they differ.
-        _agreement.check(self, args, kwargs, leaves, description)
+        for check in _hooks.compile_checks:  # registered by nbjit.multiprocess
+            check(self, args, kwargs, leaves, description)
         start = time.perf_counter()
         private_args, private_kwargs = self._private(args, kwargs)
         try:
@@ -242,9 +241,17 @@ class PjitFunction:
         self._namespace.install(node, replacing=failed)
         outcome = MissOutcome(self, node, record, fastpath, leaves, args, kwargs, description,
                               explaining, seconds)
-        for observe in MISS_OBSERVERS:
+        self._count_miss(seconds)
+        for observe in _hooks.miss_observers:  # registered by the rooms above (never raise)
             observe(outcome)
         return outs  # JAX's own outputs: required when arguments were donated
+
+    def _count_miss(self, seconds: float) -> None:
+        """Stats: one compile, and its time (`nbjit.stats()`)."""
+        counters = self._counters
+        counters.miss_seconds += seconds
+        counters.misses += 1
+        self.miss_count += 1
 
     def _compile_failed(self, signature: tuple, description: Any, failed: Node | None,
                         seconds: float) -> None:
@@ -261,11 +268,11 @@ class PjitFunction:
 
     # -- observability (nbjit/observe: stats, explain, profile) -----------------
 
-    def stats(self) -> _stats.DispatchStats:
+    def stats(self) -> Any:
         """Calls, hits, misses, slow calls (with reasons), evictions of this function
-        and its twins (same function, same options)."""
+        and its twins (same function, same options): a `nbjit.DispatchStats`."""
         entries, live_hits = self._namespace.usage()
-        return _stats.snapshot(self._counters, _stats.function_label(self), entries, live_hits)
+        return _hooks.stats_snapshot(self, self._counters, entries, live_hits)
 
     def reset_stats(self) -> None:
         """Zeroes the counters of this function and its twins (entries stay)."""
@@ -273,22 +280,18 @@ class PjitFunction:
 
     def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
         """(this call's description or None, and a function (JAX's cache misses
-        after the compile) -> `_explain.MissContext`: every miss is explained,
-        logged only while explaining is on)."""
+        after the compile) -> what explains the miss), from the registered
+        describer (`nbjit.observe.explain`: every miss is explained, logged
+        only while explaining is on)."""
         split = self._binders.split(call_shape(args, kwargs))
-        try:
-            description = _explain.describe_call(args, kwargs, split.static_positions,
-                                                 split.static_names, context)
-        except Exception:  # describing must never break a call
-            description = None
         namespace = self._namespace
         cached = namespace.descriptions()
         evicted = list(self._counters.evicted)
         twins = [] if cached or evicted else self._other_options_with_entries()
-        before = _jax.jax_cache_misses()
-        return description, lambda after: _explain.MissContext(
-            _stats.function_label(self), cached, evicted, twins,
-            namespace.cache.capacity(), (before, after))
+        facts = MissFacts(cached, evicted, twins, namespace.cache.capacity(),
+                          _jax.jax_cache_misses())
+        return _hooks.describe_miss(self, args, kwargs, split.static_positions,
+                                    split.static_names, context, facts)
 
     def _other_options_with_entries(self) -> list[tuple[Any, Any]]:
         """(global key, own global key) of the same function's other namespaces with entries."""
@@ -360,63 +363,6 @@ class PjitFunction:
         """Clears this function's entries and JAX's traces of it, as upstream."""
         self._clear_cache()
         self._jax_jitted.clear_cache()
-
-
-# ---------------------------------------------------------------------------
-# The outcome of a miss, and who observes it
-
-
-@dataclass(frozen=True, slots=True)
-class MissOutcome:
-    """What one compile gave, told to every observer in `MISS_OBSERVERS` once.
-
-    `node` is the installed node (None when JAX asked to rebuild: nothing was
-    cached); `record` its fast-path data (None: the signature takes JAX's
-    path, for `node.reason`); `fastpath` JAX's own fast-path data;
-    `explaining` maps JAX's cache-miss counts after the compile to the
-    `nbjit.observe.explain.MissContext` of this miss.
-    """
-
-    jitted: PjitFunction
-    node: Node | None
-    record: FastPath | None
-    fastpath: Any
-    leaves: list
-    args: tuple
-    kwargs: dict
-    description: Any
-    explaining: Callable[[Any], Any]
-    seconds: float
-
-
-def _count_miss(outcome: MissOutcome) -> None:
-    """Stats: one compile, and its time (`nbjit.stats()`)."""
-    jitted = outcome.jitted
-    counters = jitted._counters
-    counters.miss_seconds += outcome.seconds
-    counters.misses += 1
-    jitted.miss_count += 1
-
-
-def _explain_miss(outcome: MissOutcome) -> None:
-    """Explained misses: why it missed, grouped for `nbjit.ranked_misses()`."""
-    _explain.miss_done(outcome.description, outcome.explaining(_jax.jax_cache_misses()),
-                       outcome.seconds)
-
-
-def _arm_host_inputs(outcome: MissOutcome) -> None:
-    """The host-input policy: may make the node's fresh host inputs resident or
-    packed later (`nbjit.host`); never breaks a miss."""
-    if outcome.node is None or outcome.record is None:
-        return
-    _host_policy.on_miss(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
-                         outcome.leaves, outcome.args, outcome.kwargs)  # never raises
-
-
-MISS_OBSERVERS: tuple[Callable[[MissOutcome], None], ...] = (
-    _count_miss, _explain_miss, _arm_host_inputs)
-"""Called in order after every compile whose outputs return to the caller. Each
-must not raise (a raise would reach the caller after the node is installed)."""
 
 
 def _record_for(fastpath: Any, leaves: Sequence, donates: bool

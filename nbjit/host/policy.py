@@ -16,10 +16,11 @@ leaf would still cost one put). Never: donation, effects (no fast path at
 all), debug_nans/infs (those calls never reach a record), more than one
 device, explicit layouts (no record either).
 
-The policy is the only code that replaces a node's record after the miss
-path inserted it, in one method (`HostPolicy._swap`, compare-and-swap: the
-node's record is replaced only if it is still the one the policy expects),
-and only along `TRANSITIONS`:
+The policy is the only code that asks for a node's record to be replaced
+after the miss path inserted it, in one method (`HostPolicy._swap`, through
+the cache's compare-and-swap `Namespace.replace_record`: the node's record
+is replaced only if it is still the one the policy expects), and only along
+`TRANSITIONS`:
 
   * PER_LEAF: a put per host leaf; the watching record's memos (built with
     `on_fresh` = this policy) report new values. After `PACK_AFTER` new
@@ -68,7 +69,7 @@ from nbjit._common import align_up
 from nbjit.core.record import FastPath, build_record
 from nbjit.host import packing as _packing
 from nbjit.host import resident as _resident
-from nbjit.host.layout import PACKABLE, LeafLayout, Watched, python_type
+from nbjit.host.layout import PACKABLE, LeafLayout, Watched, host_counters, python_type
 from nbjit.host.steps import HostInput
 
 __all__ = ["PACK_AFTER", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES", "TRANSITIONS", "HostPolicy",
@@ -165,19 +166,19 @@ class HostPolicy:
             self.per_leaf, prepare=_weak_prepare(self, "_count_then_prepare"))
 
     def _swap(self, expected: FastPath, stage: Stage, record: FastPath) -> bool:
-        """The one place a node's record is replaced after its insert.
+        """The one place the policy replaces its node's record.
 
-        Compare-and-swap: installs `record` and moves to `stage` only if the
-        node still holds `expected` and ``(self.stage, stage)`` is in
-        `TRANSITIONS`; False otherwise (nothing changes). The hit path reads
-        ``node.record`` once per call, so a call runs one record whole.
+        Installs `record` (through the cache: `Namespace.replace_record`, a
+        compare-and-swap under the cache's lock) and moves to `stage` only if
+        the node still holds `expected` and ``(self.stage, stage)`` is in
+        `TRANSITIONS`; False otherwise (nothing changes). The stage changes
+        under `_swap_lock` alone, which is taken before the cache's lock.
         """
         with _swap_lock:
             node = self.node_ref()
-            if node is None or node.record is not expected or (
-                    (self.stage, stage) not in TRANSITIONS):
+            if node is None or (self.stage, stage) not in TRANSITIONS or (
+                    not node.namespace.replace_record(node, expected, record)):
                 return False
-            node.record = record
             self.stage = stage
             return True
 
@@ -400,7 +401,7 @@ def _arm(jitted: _Jitted, node: Any, record: FastPath, fastpath: Any, leaves: li
             return
     options = {k: v for k, v in jitted.options.items() if k in _PACKED_OPTIONS}
     watched = Watched(fastpath, jaxpr, tuple(layouts), len(leaves), sharding, options,
-                      jitted.name, jitted.counters)
+                      jitted.name, host_counters(jitted.counters))
     laid_out = {s.leaf for s in layouts}
     policy = HostPolicy(node, watched, leaves,
                         [i for i, leaf in leaf_of.items() if leaf in laid_out])

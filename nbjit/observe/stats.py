@@ -70,13 +70,13 @@ def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> Dispatch
     reasons = dict(counters.slow_reasons)  # one read: other threads may add keys
     slow = sum(reasons.values())
     hits, misses = counters.hits + live_hits, counters.misses
+    rooms: dict[str, Any] = {}  # the rooms' own counters (the host's: resident, packed_*)
+    for room in list(getattr(counters, "rooms", {}).values()):
+        rooms.update(room.fields())
     return DispatchStats(
         name=name, calls=hits + misses + slow, hits=hits, misses=misses, slow=slow,
         slow_reasons=reasons, evictions=counters.evictions, entries=entries,
-        miss_seconds=counters.miss_seconds,
-        packed_compiles=getattr(counters, "packed_compiles", 0),
-        packed_seconds=getattr(counters, "packed_seconds", 0.0),
-        resident=getattr(counters, "resident", 0))
+        miss_seconds=counters.miss_seconds, **rooms)
 
 
 @dataclass(frozen=True)
