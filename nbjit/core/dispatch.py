@@ -47,7 +47,7 @@ from nbjit.core.hooks import MissFacts, MissOutcome
 from nbjit.core.keys import leaf_signature
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.core.values import canonical_dtypes, host_dtype
-from nbjit.core.view import JitView
+from nbjit.core.view import JitInfo, JitView, register_info
 from nbjit.observe import profile as _profile
 from nbjit.observe import spans as _spans
 from nbjit.observe import stats as _stats
@@ -98,6 +98,9 @@ class PjitFunction:
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
+        register_info(self, JitInfo(fun, options, self._donates, global_key, self._namespace,
+                                    self._counters, jitted,
+                                    str(getattr(self, "__name__", "function"))))
         _stats.register(self)  # observability: nbjit.observe (stats, profile)
 
     # -- the hit path: the binder of the call shape keys the call and runs it

@@ -206,8 +206,7 @@ def _named_mesh(sharding, ndim: int):
 def _gspmd_mesh(sharding, ndim: int):
     """The same for a GSPMDSharding: replicated, or tiled (optionally replicated over
     the last tile dimension)."""
-    hlo = sharding._hlo_sharding
-    assignment = list(sharding._device_assignment)
+    hlo, assignment = _jax.gspmd_parts(sharding)
     if _jax.hlo_is_replicated(hlo):
         return (np.array([len(assignment)], np.int64), [()] * ndim,
                 np.arange(len(assignment), dtype=np.int64)[:, None], assignment)

@@ -67,6 +67,7 @@ import numpy as np
 from nbjit import _jax
 from nbjit._common import align_up
 from nbjit.core.record import FastPath, build_record
+from nbjit.core.view import JitInfo, info
 from nbjit.host import packing as _packing
 from nbjit.host import resident as _resident
 from nbjit.host.layout import PACKABLE, LeafLayout, Watched, host_counters, python_type
@@ -343,21 +344,6 @@ def _weak_call(policy: HostPolicy, method: str) -> Callable[[], None]:
 # Arming (after a miss)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Jitted:
-    """What the policy reads of a jitted function. Its private attributes are
-    read in `_jitted` alone, so they are easy to switch to a typed interface."""
-
-    donates: bool
-    options: dict
-    counters: Any
-    jax_jitted: Any
-    name: str
-
-
-def _jitted(jitted: Any) -> _Jitted:
-    return _Jitted(bool(jitted._donates), jitted._options, jitted._counters, jitted._jax_jitted,
-                   str(getattr(jitted, "__name__", "function")))
 
 
 # jit options the packed executable keeps (the rest describe f's own inputs/outputs)
@@ -369,12 +355,12 @@ def on_miss(jitted: Any, node: Any, record: FastPath, fastpath: Any, leaves: lis
     """After a miss linked `node` with `record`: arms a `HostPolicy` if the
     signature qualifies (see the module's docstring). Never raises."""
     try:
-        _arm(_jitted(jitted), node, record, fastpath, leaves, args, kwargs)
+        _arm(info(jitted), node, record, fastpath, leaves, args, kwargs)
     except Exception:  # never breaks a miss: the node keeps the miss's record
         pass
 
 
-def _arm(jitted: _Jitted, node: Any, record: FastPath, fastpath: Any, leaves: list,
+def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: list,
          args: tuple, kwargs: dict) -> None:
     if not _enabled or jitted.donates or _jax.post_hook_state.value is not None:
         return
@@ -425,7 +411,7 @@ def _layouts(hosts: list[HostInput], leaf_of: dict[int, int], leaves: list) -> l
     return layouts
 
 
-def _traced_jaxpr(jitted: _Jitted, args: tuple, kwargs: dict, layouts: list[LeafLayout],
+def _traced_jaxpr(jitted: JitInfo, args: tuple, kwargs: dict, layouts: list[LeafLayout],
                   n_leaves: int) -> Any:
     """The jaxpr JAX traced the signature to, if its inputs are the leaves as laid out."""
     try:

@@ -224,7 +224,7 @@ def _array_step(i: int, x: Any, sharding: Any, donated: bool,
                 on_fresh: FreshCallback | None) -> Any:
     if _same_placement(x, sharding):
         return None
-    if len(x._sharding.device_set) == 1 and len(sharding.device_set) == 1:
+    if len(_jax.array_sharding(x).device_set) == 1 and len(sharding.device_set) == 1:
         # A device of another process (none addressable here): as jaxlib's
         # PrepareIfrtInputs, the array goes to the executable as it is.
         return _Copy(i, sharding) if len(_jax.device_list(sharding)) else None
@@ -268,7 +268,7 @@ def step_for(i: int, x: Any, sharding: Any, donated: bool,
 
 
 def _same_placement(x: Any, sharding: Any) -> bool:
-    xs = x._sharding
+    xs = _jax.array_sharding(x)
     if xs is sharding or xs == sharding:
         return True
     try:

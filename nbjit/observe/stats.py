@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbjit import _jax
-from nbjit.core.view import JitView
+from nbjit.core.view import JitView, info
 from nbjit.observe.names import function_name, process_label
 from nbjit.observe.table import Table
 
@@ -211,8 +211,9 @@ def function_label(jitted: JitView) -> str:
     (JAX's global cache key: donation, shardings, device, ...) where they are
     not the defaults. Twins, which share one cache namespace, share the
     label; two jits of one function with other such options are two rows."""
-    name = function_name(jitted._fun)
-    options = _keyed_options(jitted._global_key)
+    facts = info(jitted)
+    name = function_name(facts.fun)
+    options = _keyed_options(facts.global_key)
     return f"{name} [{options}]" if options else name
 
 
@@ -250,7 +251,7 @@ def stats() -> StatsTable:
     rows: dict[str, DispatchStats] = {}
     seen: set[int] = set()
     for jitted in live_functions():
-        namespace = jitted._namespace
+        namespace = info(jitted).namespace
         if id(namespace) in seen:
             continue
         seen.add(id(namespace))
