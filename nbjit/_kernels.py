@@ -31,8 +31,6 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from nbjit.observe.distance import closest_python, description_distance_python  # noqa: F401
-
 # ---------------------------------------------------------------------------
 # Signature keys
 # ---------------------------------------------------------------------------

@@ -319,7 +319,7 @@ class PjitFunction:
             return "<PjitFunction>"
 
     def __reduce__(self) -> tuple:
-        return (_rebuild, (self._fun, self._options))
+        return (rebuild, (self._fun, self._options))
 
     def __getstate__(self) -> dict[str, Any]:
         """Like jaxlib's: "function_name" is `fun`'s name (through functools.partial).
@@ -426,8 +426,12 @@ def _as_view(jitted: PjitFunction) -> JitView:
     return jitted
 
 
-def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
+def rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
+    """What an unpickled `PjitFunction` is made by (`PjitFunction.__reduce__`)."""
     return PjitFunction(fun, options)
+
+
+_rebuild = rebuild  # pickles made before the rename load through this name
 
 
 # ---------------------------------------------------------------------------
