@@ -72,7 +72,10 @@ class PjitFunction:
     __wrapped__: Callable
 
     def __init__(self, fun: Callable, options: dict[str, Any],
-                 cache: PjitFunctionCache | None = None) -> None:
+                 cache: PjitFunctionCache | None = None, *,
+                 extension: _hooks.JitExtension | None = None) -> None:
+        """`extension`: what a library composing this jit changes off the hit
+        path (`nbjit.core.hooks.JitExtension`; `nbjit.filter` gives one)."""
         jitted = _jax.jax_jit(fun, **options)  # JAX validates the options, as upstream
         functools.update_wrapper(self, fun)
         info = _jax.jit_info(jitted)
@@ -83,6 +86,7 @@ class PjitFunction:
             cache = _explicit_cache if global_key.contains_explicit_attributes else _default_cache
         self._fun = fun
         self._options = options
+        self._extension = _hooks.NO_EXTENSION if extension is None else extension
         self._jax_jitted: Any = jitted  # (jax's stubs lack its clear_cache)
         self._jax_cache_miss = _jax.cache_miss_of(jitted)
         self._cache = cache
@@ -129,10 +133,11 @@ class PjitFunction:
     def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
         """JAX's own path, uncached here; JAX raises what it raises."""
         self._count_slow(reason)
-        args, kwargs = self._private(args, kwargs)
-        if _tracing():  # in a profiler trace: a span naming the reason
-            return _spans.slow(self, reason, args, kwargs)
-        return self._jax_jitted(*args, **kwargs)
+        args, kwargs = self._private(_hooks.real_args(args), kwargs)
+        with self._extension.jax_path():
+            if _tracing():  # in a profiler trace: a span naming the reason
+                return _spans.slow(self, reason, args, kwargs)
+            return self._jax_jitted(*args, **kwargs)
 
     def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """JAX's path gets private copies of numpy arrays (it may use them in place)."""
@@ -152,6 +157,7 @@ class PjitFunction:
         execution itself (say, one buffer donated twice in a call) raises
         ValueError with the runtime's message, as jaxlib's fast path does.
         """
+        args = _hooks.real_args(args)
         if isinstance(error, _jax.JaxRuntimeError) and all(
                 type(x) is ArrayImpl and not x.is_deleted() for x in inputs):
             raise ValueError(str(error)) from error
@@ -160,6 +166,7 @@ class PjitFunction:
 
     def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                       node: Node | None) -> Any:
+        args = _hooks.real_args(args)  # a `Deferred` from `call_keyed`: made now
         if node is not None:  # a slow node, a failed compile, or NaN/Inf checks are on
             if node.record is not None:
                 return self._slow(args, kwargs,
@@ -213,7 +220,7 @@ class PjitFunction:
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
         description, explaining = self._describe_miss(args, kwargs, signature[2])
-        with _spans.miss_span(description, explaining):  # in a profiler trace: what changed
+        with self._extension.jax_path(), _spans.miss_span(description, explaining):
             return self._compile_described(args, kwargs, leaves, signature, failed,
                                            description, explaining)
 
@@ -293,8 +300,9 @@ class PjitFunction:
         twins = [] if cached or evicted else self._other_options_with_entries()
         facts = MissFacts(cached, evicted, twins, namespace.cache.capacity(),
                           _jax.jax_cache_misses())
-        return _hooks.describe_miss(self, args, kwargs, split.static_positions,
-                                    split.static_names, context, facts)
+        description, explaining = _hooks.describe_miss(
+            self, args, kwargs, split.static_positions, split.static_names, context, facts)
+        return self._extension.describe(args, kwargs, context, description), explaining
 
     def _other_options_with_entries(self) -> list[tuple[Any, Any]]:
         """(global key, own global key) of the same function's other namespaces with entries."""
@@ -346,6 +354,32 @@ class PjitFunction:
     @_jax.api_boundary
     def eval_shape(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.eval_shape(*args, **kwargs)
+
+    # -- composing this jit (nbjit.filter): keyed calls ------------------------
+
+    def key_of(self, args: tuple, kwargs: dict | None = None) -> tuple | None:
+        """``(leaves, key, shardings)``: what this function's binder makes of a call
+        (no side effects; nothing runs), or None when it cannot key the call.
+        A library that reads its own calls faster than the binder can remember
+        the key for a structure and run later calls with `call_keyed`."""
+        kwargs = {} if kwargs is None else kwargs
+        got = self._binders.key_only(call_shape(args, kwargs))(self, args, kwargs)
+        return None if type(got) is str else got
+
+    def call_keyed(self, leaves: list, key: Any, shardings: list,
+                   args: Callable[[], tuple]) -> Any:
+        """Runs a call whose binder key is known (`key_of` gave it for a call of
+        the same structure): the hit path with `leaves`, `key` and `shardings`;
+        `args()` gives the call's positional arguments, called only when the
+        call leaves the hit path (a miss, a slow call, a failed execution).
+        While a profile or a profiler trace is on, the call goes through
+        `__call__` (its timed or traced flavour) instead."""
+        binders = self._binders
+        hit = binders.hit  # read before the flavour: a profile starting meanwhile is seen
+        if binders.flavour != "plain" or _tracing():
+            return self(*args())
+        _collect_garbage()  # as __call__ does
+        return hit(self, _hooks.Deferred(args), {}, leaves, key, shardings, 0, 0)
 
     def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence]:
         """The node a call would hit, and its dynamic leaves (no side effects)."""

@@ -19,12 +19,17 @@ imported (``import nbjit`` imports every room; see each room's
     (`nbjit.host.values`).
   * `set_stats_snapshot`: what `PjitFunction.stats()` returns (`nbjit.observe`).
 
+And per jitted function, for a library that composes nbjit's jit (as
+`nbjit.filter` does): a `JitExtension` given to `PjitFunction`, and
+`Deferred` arguments for `PjitFunction.call_keyed`.
+
 None of these is on the hit path: they run on a miss, a slow call, or when
 a record is built.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +38,7 @@ __all__ = ["SHARD_ARGS", "STEP_BUILDERS", "FreshCallback", "MissFacts", "MissOut
            "StepBuilder", "add_compile_check", "add_miss_observer", "add_step_builder",
            "batched_step", "compile_checks", "describe_miss", "miss_observers", "private_copies",
            "set_batched_step", "set_miss_describer", "set_private_copies", "set_stats_snapshot",
-           "stats_snapshot", "step_for"]
+           "stats_snapshot", "step_for", "Deferred", "JitExtension"]
 
 
 # ---------------------------------------------------------------------------
@@ -217,3 +222,43 @@ def stats_snapshot(jitted: Any, counters: Any, entries: int, live_hits: int) -> 
     if not _stats_snapshot:
         raise LookupError("no stats registered (import nbjit)")
     return _stats_snapshot[0](jitted, counters, entries, live_hits)
+
+
+# ---------------------------------------------------------------------------
+# Composing a jitted function (nbjit.filter): its extension, deferred arguments
+
+
+class JitExtension:
+    """What a library composing nbjit's jit changes of one `PjitFunction`, off
+    the hit path: given as ``PjitFunction(fun, options, extension=...)``.
+    Subclass it and override what you need; the defaults change nothing."""
+
+    def jax_path(self) -> contextlib.AbstractContextManager[Any]:
+        """Entered around JAX's own path: a miss's compile, and a slow call."""
+        return contextlib.nullcontext()
+
+    def describe(self, args: tuple, kwargs: dict, context: tuple, description: Any) -> Any:
+        """A miss's description (what explained misses compare), given nbjit's
+        own (`description`, None if it could not describe the call). Must not raise."""
+        return description
+
+
+NO_EXTENSION = JitExtension()
+
+
+class Deferred:
+    """A call's positional arguments, made only if the call leaves the hit path.
+
+    `PjitFunction.call_keyed` takes one: a hit needs only the leaves and the
+    key; a miss, a slow call or a failed execution calls `make()` for the
+    arguments JAX's own path needs."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], tuple]) -> None:
+        self.make = make
+
+
+def real_args(args: Any) -> tuple:
+    """`args` itself, or the arguments a `Deferred` makes."""
+    return args.make() if type(args) is Deferred else args
