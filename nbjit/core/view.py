@@ -1,4 +1,4 @@
-"""What the rooms around the dispatcher read of a jitted function: `JitView`.
+"""What the rooms around the dispatcher read of a jitted function: `JitInfo` and `JitView`.
 
 Observability (stats, explain, profile), multi-controller agreement, the
 host-input policy and the lab read a few of a `PjitFunction`'s fields. They
