@@ -19,9 +19,9 @@ from nbjit.routing import run as _run  # imports no jax
 # first use (`__getattr__`), else right here.
 _deferred = _run.launching() and "_deferred" not in globals()  # (not on reload)
 if not _deferred:
-    # _jax checks the jax version at import; observe registers the hit path's
-    # flavours into the core (nbjit.core.flavours) when imported.
-    from nbjit import _jax, observe  # noqa: F401
+    # _jax checks the jax version at import; host, multiprocess and observe each
+    # register into the core (nbjit.core.hooks, nbjit.core.flavours) when imported.
+    from nbjit import _jax, host, multiprocess, observe  # noqa: F401
     from nbjit.core.binders import binder_source
     from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit
     from nbjit.filter import filter_jit

@@ -7,11 +7,12 @@ modules read directly, all of them listed here (docs/design.md, "Where JAX
 is touched"):
   * ``x._committed`` and ``x._sharding`` of a `jax.Array`, for speed, as
     jaxlib's C++ reads the same fields: in the generated binders and keyers
-    (`nbjit.core.binders`, `nbjit.core.keys`), `nbjit.core.record` and
-    `nbjit.observe.explain`;
-  * ``sharding._hlo_sharding`` and ``sharding._device_assignment`` in
-    `nbjit.host.plan` (host-side slicing), and ``sharding._device_assignment``
-    in `nbjit.multiprocess.signature` (a sharding's device ids).
+    (`nbjit.core.binders`, `nbjit.core.keys`; their source text) and in
+    `nbjit.core.keys.leaf_signature` and `nbjit.observe.explain`; off the
+    hit path, through `array_sharding` here (`nbjit.host.steps`);
+  * ``sharding._device_assignment`` in `nbjit.multiprocess.signature` (a
+    sharding's device ids); `nbjit.host.plan` reads a GSPMDSharding's
+    through `gspmd_parts` here.
 """
 
 from __future__ import annotations
@@ -161,6 +162,16 @@ def live_executables(backend=None) -> list:
 
 def addressable_device_assignment(sharding):
     return sharding._addressable_device_assignment
+
+
+def array_sharding(x):
+    """A jax.Array's sharding, read as jaxlib does (off the hit path)."""
+    return x._sharding
+
+
+def gspmd_parts(sharding) -> tuple:
+    """(HloSharding, device assignment list) of a GSPMDSharding."""
+    return sharding._hlo_sharding, list(sharding._device_assignment)
 
 
 # --- shardings: device lists, replication, avals ---

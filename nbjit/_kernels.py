@@ -14,7 +14,7 @@ beside it:
   (explained misses); the Python twin is `nbjit.observe.distance`.
 - index domains: the [start, stop) per dimension of every device's shard of
   a global array, from a mesh description; `group_replicas` numbers the
-  distinct domains. Their twins, `nbjit.host.domains`, are what plans use
+  distinct domains. Their twins, `nbjit._domains`, are what plans use
   (a few devices' domains cost microseconds in numpy, numba's import
   hundreds of milliseconds); the kernels stay for many-device meshes and
   as the twins' reference in the tests.
@@ -34,8 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from nbjit.host import domains as _domains
-from nbjit.observe.distance import closest_python, description_distance_python  # noqa: F401
+from nbjit import _domains
 
 # ---------------------------------------------------------------------------
 # Signature keys

@@ -4,7 +4,7 @@ The dispatcher lives in `nbjit.core.dispatch`; pickles made by nbjit 0.1.0
 refer to `nbjit.dispatch._rebuild`, which this module keeps.
 """
 
-from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, _rebuild, jit
+from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit, rebuild
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
-_rebuild = _rebuild  # pickles of 0.1.0 load through this name
+_rebuild = rebuild  # pickles of 0.1.0 load through this name

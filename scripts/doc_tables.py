@@ -17,7 +17,11 @@ A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``:
   there: its geomean and verdicts in one sentence;
 - ``slow-reasons`` in README.md: the names of `nbjit.observe.stats.SLOW_REASONS`;
 - ``binder`` in docs/design.md: the binder nbjit generates for
-  ``f(x, y)`` with two jax.Arrays.
+  ``f(x, y)`` with two jax.Arrays;
+- ``modules`` in docs/design.md: every module of nbjit/, room by room, with
+  the first sentence of its docstring;
+- ``rooms`` in docs/design.md: which room imports which, read from the code,
+  and which it may (tests/test_layers.py's `MAY_IMPORT`).
 
 Whole files, from the same JSON: docs/compare.md (the table as ``compare``
 prints it) and docs/compare.png (the plot; its PNG metadata names the run,
@@ -227,6 +231,66 @@ def binder_block() -> str:
     return "```python\n" + source.rstrip("\n") + "\n```"
 
 
+def _layers() -> Any:
+    """tests/test_layers.py: the rooms, their rules and the imports it reads."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("test_layers", ROOT / "tests" / "test_layers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The rooms in the order the docs show them: the face, the base, then bottom up.
+ROOM_ORDER = ["face", "_common", "_domains", "_jax", "_kernels", "core", "host", "observe",
+              "multiprocess", "filter", "routing", "bench"]
+
+
+def _first_sentence(path: pathlib.Path) -> str:
+    import ast
+
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    match = re.match(r"(.+?\.)(\s|$)", paragraph)
+    text = (match.group(1) if match else paragraph).rstrip(".")
+    return text.replace("|", "\\|")
+
+
+def modules_block() -> str:
+    """design.md's module table: every module, room by room (read from nbjit/)."""
+    layers = _layers()
+    lines = ["| file | what it holds (its docstring's first sentence) |", "|---|---|"]
+    for room in ROOM_ORDER:
+        names = sorted(m for m in layers.MODULES if layers.room_of(m) == room)
+        package = layers.MODULES.get(f"nbjit.{room}")
+        if package is not None and package.name == "__init__.py":  # a folder: its docstring
+            lines.append(f"| **`nbjit/{room}/`** | **{_first_sentence(package)}** |")
+        for name in names:
+            path = layers.MODULES[name]
+            what = ("the room's docstring (the heading above)"
+                    if path == package and path.name == "__init__.py" else _first_sentence(path))
+            lines.append(f"| `{path.relative_to(ROOT)}` | {what} |")
+    return "\n".join(lines)
+
+
+def rooms_block() -> str:
+    """design.md's room graph: what each room imports (read from the code) and may import."""
+    layers = _layers()
+    graph = layers.room_graph()
+    lines = ["| room | imports (read from the code) | may import (tests/test_layers.py) |",
+             "|---|---|---|"]
+    for room in ROOM_ORDER:
+        found = [r for r in ROOM_ORDER if r in graph.get(room, set())]
+        allowed = [r for r in ROOM_ORDER if r in layers.MAY_IMPORT[room]]
+        lines.append(f"| `{room}` | {', '.join(f'`{r}`' for r in found) or '-'} "
+                     f"| {', '.join(f'`{r}`' for r in allowed) or '-'} |")
+    if layers.PENDING:
+        pending = ", ".join(f"`{a}` -> `{b}`" for a, b in sorted(layers.PENDING))
+        lines += ["", f"Imports still to move out of the core (pending): {pending}."]
+    return "\n".join(lines)
+
+
 def replace_block(text: str, name: str, body: str) -> str:
     """`text` with the block NAME's content replaced by `body` (markers kept)."""
     pattern = re.compile(rf"(<!-- {name}:begin -->\n)(?:.*?\n)?(<!-- {name}:end -->)", re.S)
@@ -248,6 +312,8 @@ def targets(compare_json: pathlib.Path = COMPARE_JSON,
         (root / "docs" / "performance.md", "compare", lambda: compare_block(data)),
         (root / "docs" / "performance.md", "summary", lambda: summary_block(data)),
         (root / "docs" / "design.md", "binder", binder_block),
+        (root / "docs" / "design.md", "modules", modules_block),
+        (root / "docs" / "design.md", "rooms", rooms_block),
     ]
 
 

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import nbjit
 from nbjit import _kernels
 from nbjit.core.dispatch import PjitFunction
+from nbjit.observe import distance as _distance
 from nbjit.observe import explain as _explain
 
 
@@ -264,7 +265,7 @@ _rows = st.lists(st.integers(0, 4).flatmap(_row), min_size=1, max_size=12)
 @given(_rows, st.integers(0, 4).flatmap(_row))
 def test_kernel_and_python_distances_agree(rows, new):
     arrays = [np.array(r, np.int64) for r in rows]
-    python = [_kernels.description_distance_python(new, r) for r in rows]
+    python = [_distance.description_distance_python(new, r) for r in rows]
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
     numba = _kernels.description_distances(np.array(new, np.int64), np.concatenate(arrays),
                                            offsets)
@@ -272,7 +273,7 @@ def test_kernel_and_python_distances_agree(rows, new):
     last_closest = max(i for i, d in enumerate(python) if d == min(python))  # ties: newest
     assert _kernels.closest_numba(np.array(new, np.int64), arrays) == (last_closest,
                                                                         min(python))
-    assert _kernels.closest_python(new, rows) == (last_closest, min(python))
+    assert _distance.closest_python(new, rows) == (last_closest, min(python))
 
 
 def test_distance_matches_leaves_by_path():
@@ -280,15 +281,15 @@ def test_distance_matches_leaves_by_path():
     a_leaf, b_leaf = [11, 1, 2, 3, 4, 5, 1, 6], [22, 1, 2, 3, 4, 5, 1, 7]
     old = [2, 0, 0, 0, 0, *a_leaf, *b_leaf]
     new = [2, 0, 0, 0, 0, *b_leaf, *a_leaf]
-    assert _kernels.description_distance_python(new, old) == 0
+    assert _distance.description_distance_python(new, old) == 0
     new_shape = [2, 0, 0, 0, 0, *b_leaf[:-1], 8, *a_leaf]  # b's shape differs
-    assert _kernels.description_distance_python(new_shape, old) == 1
+    assert _distance.description_distance_python(new_shape, old) == 1
     only_a = [1, 9, 0, 0, 0, *a_leaf]  # b missing: the structure word counts it, once
-    assert _kernels.description_distance_python(only_a, old) == 1
+    assert _distance.description_distance_python(only_a, old) == 1
     arrays = [np.array(old, np.int64)]
     for row in (new, new_shape, only_a):
         assert _kernels.closest_numba(np.array(row, np.int64), arrays)[1] == \
-            _kernels.description_distance_python(row, old)
+            _distance.description_distance_python(row, old)
 
 
 def test_the_twins_share_the_layout():

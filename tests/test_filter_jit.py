@@ -520,3 +520,22 @@ def test_dropped_modules_leave_one_entry():
     assert sum(r() is not None for r in refs) == 0
     assert wrapper._cached.pjit._cache_size() == 1
     assert wrapper.stats().misses == 1
+
+
+def test_an_equinox_outside_the_supported_range_is_refused(monkeypatch):
+    """nbjit/filter/_equinox.py (every private equinox name nbjit reads) refuses
+    an equinox outside pyproject.toml's bound, naming the supported range."""
+    import importlib
+
+    from nbjit.filter import _equinox
+
+    try:
+        for version in ("0.14.0", "0.13.7"):
+            monkeypatch.setattr(eqx, "__version__", version)
+            with pytest.raises(ImportError, match=r"supports equinox >= 0\.13\.8, < 0\.14"):
+                importlib.reload(_equinox)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(_equinox)
+    assert _equinox.EQUINOX_VERSION >= (0, 13, 8)
+    assert nbjit.filter_jit(lambda x: x + 1)(jnp.ones(2)).tolist() == [2.0, 2.0]

@@ -251,7 +251,7 @@ def test_the_same_big_arrays_every_call_get_slots():
     new value or not: slots cost less (one copy into host memory the device
     reads), so such a signature gets them at its first hit, whether its
     values are new, the same, or written into the same array."""
-    from nbjit.core.record import HostInput
+    from nbjit.host.steps import HostInput
 
     n = HostInput.MEMO_MAX_BYTES // 4 * 2  # float32: twice the memo's limit
     same = (np.ones(n, np.float32), np.full(n, 2, np.float32))
@@ -484,17 +484,21 @@ def test_the_swap_is_a_compare_and_swap_along_the_table():
     assert policy.stage is Stage.GIVEN_UP and not _is_resident(f, *args)
 
 
-def test_only_the_insert_and_the_policy_assign_a_nodes_record():
-    """`node.record` is set by the miss path's insert (cache.Node) and replaced
-    by the policy's `_swap`; nowhere else in nbjit."""
+def test_only_the_cache_assigns_a_nodes_record():
+    """`node.record` is set when the node is made (cache.Node) and replaced by the
+    cache's `Namespace.replace_record` (which the policy's `_swap` calls); nowhere
+    else in nbjit."""
     import pathlib
     import re
 
     root = pathlib.Path(nbjit.__file__).parent
     places = sorted(f"{p.relative_to(root)}:{line.strip()}"
                     for p in root.rglob("*.py")
-                    for line in p.read_text().splitlines() if re.search(r"\.record = ", line))
-    assert places == ["core/cache.py:self.record = record", "host/policy.py:node.record = record"]
+                    for line in p.read_text().splitlines()
+                    if re.search(r"\.record(: [^=]*)? = ", line))
+    assert places == ["core/cache.py:node.record = new",
+                      "core/cache.py:self.record: FastPath | None = record  "
+                      "# replaced only by `Namespace.replace_record`"], places
 
 
 def test_on_miss_never_raises_into_the_miss_path():

@@ -77,10 +77,10 @@ def test_design_md_names_every_module():
     assert not missing, missing
 
 
-def test_record_replaced_only_by_the_cache_and_the_host_policy():
-    """A node's record is set by the cache's insert and swapped by the host
-    policy's compare-and-swap, nowhere else (docs/design.md)."""
-    allowed = {"nbjit.core.cache", "nbjit.host.policy"}
+def test_record_replaced_only_by_the_cache():
+    """A node's record is set when the node is made and replaced by the cache's
+    compare-and-swap (`Namespace.replace_record`), nowhere else (docs/design.md)."""
+    allowed = {"nbjit.core.cache"}
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):
             targets = (node.targets if isinstance(node, ast.Assign)

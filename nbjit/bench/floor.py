@@ -13,6 +13,7 @@ from typing import Any
 
 from nbjit import _jax
 from nbjit.core.dispatch import PjitFunction
+from nbjit.core.view import info
 
 
 def floor_call(jitted: PjitFunction, /, *args: Any, **kwargs: Any) -> Callable[[], Any]:
@@ -23,7 +24,11 @@ def floor_call(jitted: PjitFunction, /, *args: Any, **kwargs: Any) -> Callable[[
     the call's signature has no fast path.
     """
     _jax.block_until_ready(jitted(*args, **kwargs))
-    node, leaves = jitted._entry_for(args, kwargs)
+    keyed = jitted.key_of(args, kwargs)  # the node the call hits: its key, looked up
+    node, leaves = None, []
+    if keyed is not None:
+        leaves, key, shardings = keyed
+        node = info(jitted).namespace.find(key, shardings, _jax.trace_context())
     if node is None or node.record is None:
         raise ValueError("this call has no fast-path entry (it takes JAX's own path)")
     record = node.record

@@ -64,6 +64,7 @@ from nbjit.core.keys import (
 )
 from nbjit.core.shapes import Split, call_shape, shape_marker
 from nbjit.core.structure import UNKEYABLE, Readers
+from nbjit.core.view import info
 
 __all__ = ["BinderTable", "Split", "binder_source", "call_shape", "make_binder"]
 
@@ -499,7 +500,7 @@ def _other_keywords(jitted: Any, args: tuple, kwargs: dict) -> Any:
     """A keyword call whose names are not those of the binder its positional
     count found: the binder of its full call shape runs it."""
     shape = call_shape(args, kwargs)
-    binders = jitted._binders
+    binders = info(jitted).binders
     binder = binders.get(shape) or binders.build(shape)
     return binder(jitted, args, kwargs)
 
@@ -511,4 +512,4 @@ def binder_source(jitted: Any, /, *args: Any, **kwargs: Any) -> str:
         f = nbjit.jit(lambda x, y: x + y)
         print(nbjit.binder_source(f, x, y))
     """
-    return jitted._binders.source(call_shape(args, kwargs))
+    return info(jitted).binders.source(call_shape(args, kwargs))

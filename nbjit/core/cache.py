@@ -9,8 +9,9 @@ Nodes with the same key form a chain from `Namespace.entries[key]`.
 Invariants:
   * Only the miss path (`nbjit.core.dispatch`) links nodes; a node's key and
     context never change after it is linked, and its record (fields never
-    change) is only ever replaced whole, by the host-input policy's
-    compare-and-swap (`nbjit.host.policy`), never edited. A hit stores its (equal)
+    change) is only ever replaced whole, by `Namespace.replace_record` (a
+    compare-and-swap under the cache's lock; the host-input policy,
+    `nbjit.host.policy`, calls it), never edited. A hit stores its (equal)
     shardings list in the node, so that the next call's comparison is by
     identity (`jax.device_put` hands out equal but distinct sharding objects,
     whose ``==`` costs far more than an identity check; measured in
@@ -32,9 +33,12 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbjit import _jax
+
+if TYPE_CHECKING:
+    from nbjit.core.record import FastPath
 
 __all__ = ["PjitFunctionCache", "Namespace", "Node", "Counters", "cache_from_config"]
 
@@ -58,12 +62,22 @@ class Counters:
     """
 
     __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
-                 "evicted", "packed_compiles", "packed_seconds", "resident")
+                 "evicted", "rooms")
 
     EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit.observe.explain)
 
     def __init__(self) -> None:
+        # A room's own counters for this namespace (the host's: `nbjit.host.layout`),
+        # made on first use; reset with the rest. Their fields are the room's.
+        self.rooms: dict[str, Any] = {}
         self.reset()
+
+    def room(self, name: str, make: Callable[[], Any]) -> Any:
+        """The counters room `name` keeps here (made by `make` on first use)."""
+        found = self.rooms.get(name)
+        if found is None:
+            found = self.rooms.setdefault(name, make())
+        return found
 
     def reset(self) -> None:
         self.hits = 0
@@ -72,9 +86,8 @@ class Counters:
         self.slow_reasons: collections.Counter[str] = collections.Counter()
         self.evictions = 0
         self.miss_seconds = 0.0
-        self.packed_compiles = 0  # packed executables compiled (nbjit.host.packing)
-        self.packed_seconds = 0.0
-        self.resident = 0  # signatures given resident host inputs (nbjit.host.policy)
+        for counters in list(self.rooms.values()):
+            counters.reset()
         self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
 
     def count_slow(self, reason: str) -> None:
@@ -89,12 +102,12 @@ class Node:
                  "description", "hits", "plan", "__weakref__")
 
     def __init__(self, key: Any, shardings: list, context: tuple, namespace: Namespace,
-                 record: Any = None, reason: str | None = None) -> None:
+                 record: FastPath | None = None, reason: str | None = None) -> None:
         self.key = key
         self.shardings = shardings
         self.context = context
         self.namespace = namespace
-        self.record = record
+        self.record: FastPath | None = record  # replaced only by `Namespace.replace_record`
         self.reason = reason  # why a node without a record takes JAX's path
         self.next: Node | None = None
         self.hits = 0  # hits served by this node (see `Counters`)
@@ -226,6 +239,17 @@ class Namespace:
                 self.drop(replacing)
             if node is not None:
                 self.link(node)
+
+    def replace_record(self, node: Node, expected: FastPath, new: FastPath) -> bool:
+        """The one way a node's record changes after its insert: installs `new` if
+        `node` still holds `expected` (compare-and-swap, under the cache's lock);
+        False otherwise (nothing changes). The hit path reads ``node.record``
+        once per call, so a call runs one record whole."""
+        with self.cache._lock:
+            if node.record is not expected:
+                return False
+            node.record = new
+            return True
 
     # -- what observers read ------------------------------------------------------
 

@@ -14,17 +14,17 @@ signature that cannot take the fast path, goes to `_miss_or_slow`.
 A miss reads as one story: `_miss` claims the signature (one compile per
 signature across threads, `Namespace.claim`); `_compile` checks that every
 process agrees on it (multi-controller only; before anything is traced, and
-it may raise), lets JAX trace, lower and compile, installs the node, and
-tells each of `MISS_OBSERVERS` one `MissOutcome`: stats count it, explain
-says why it missed, the host-input policy may arm the node. As JAX's
-`cache_miss` returns its fast-path data for others to use, the miss path
-computes and installs; it does not call into the observers' rooms inline.
+it may raise), lets JAX trace, lower and compile, installs the node, counts
+the miss, and tells each registered miss observer one `MissOutcome`
+(explain says why it missed, the host-input policy may arm the node). The
+checks and observers are registered by the rooms above the core
+(`nbjit.core.hooks`): the core imports none of them.
 
 Invariants:
   * Only the miss path links nodes into the cache (`nbjit.core.cache`); a
     node's record (a `nbjit.core.record.FastPath`, whose fields never change)
-    is set by that insert and afterwards replaced whole only by the
-    host-input policy's compare-and-swap (`nbjit.host.policy`), never edited.
+    is set by that insert and afterwards replaced whole only through the
+    cache's compare-and-swap (`Namespace.replace_record`), never edited.
   * A hit never enters JAX's Python: execute_sharded + consume_with_handlers.
   * JAX's own path answers everything else, so JAX raises what it raises.
 """
@@ -37,22 +37,18 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core import flavours as _flavours
+from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
+from nbjit.core.hooks import MissFacts, MissOutcome
 from nbjit.core.keys import leaf_signature
 from nbjit.core.record import FastPath, Unsupported, build_record
-from nbjit.core.view import JitView
-from nbjit.host import policy as _host_policy
-from nbjit.host.values import canonical_dtypes, host_dtype, private_host_copies
-from nbjit.multiprocess import agreement as _agreement
-from nbjit.observe import explain as _explain
-from nbjit.observe import profile as _profile
-from nbjit.observe import spans as _spans
-from nbjit.observe import stats as _stats
+from nbjit.core.values import canonical_dtypes, host_dtype
+from nbjit.core.view import JitInfo, JitView, register_info
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
 
@@ -74,7 +70,10 @@ class PjitFunction:
     __wrapped__: Callable
 
     def __init__(self, fun: Callable, options: dict[str, Any],
-                 cache: PjitFunctionCache | None = None) -> None:
+                 cache: PjitFunctionCache | None = None, *,
+                 extension: _hooks.JitExtension | None = None) -> None:
+        """`extension`: what a library composing this jit changes off the hit
+        path (`nbjit.core.hooks.JitExtension`; `nbjit.filter` gives one)."""
         jitted = _jax.jax_jit(fun, **options)  # JAX validates the options, as upstream
         functools.update_wrapper(self, fun)
         info = _jax.jit_info(jitted)
@@ -85,6 +84,7 @@ class PjitFunction:
             cache = _explicit_cache if global_key.contains_explicit_attributes else _default_cache
         self._fun = fun
         self._options = options
+        self._extension = _hooks.NO_EXTENSION if extension is None else extension
         self._jax_jitted: Any = jitted  # (jax's stubs lack its clear_cache)
         self._jax_cache_miss = _jax.cache_miss_of(jitted)
         self._cache = cache
@@ -96,17 +96,19 @@ class PjitFunction:
         self._binders = BinderTable(self._namespace, self._static_argnums,
                                     self._static_argnames)
         self._fun_signature = info.fun_signature
-        self._span_name = _spans.call_name(fun)  # jaxlib's span around each call, in a trace
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
-        _stats.register(self)  # observability: nbjit.observe (stats, profile)
+        register_info(self, JitInfo(fun, options, self._donates, global_key, self._namespace,
+                                    self._counters, jitted,
+                                    str(getattr(self, "__name__", "function")), self._binders))
+        _flavours.register_live(self)  # for nbjit.stats() and the flavour switch
 
     # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if _tracing():  # in a profiler trace: jaxlib's spans around the call, nbjit's inside
-            return _spans.traced_call(self, args, kwargs)
+            return _flavours.traced_call(self, args, kwargs)
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
         try:  # a keyword call by its positional count: its binder checks the names
             binder = self._binders[~len(args) if kwargs else len(args)]
@@ -128,15 +130,16 @@ class PjitFunction:
     def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
         """JAX's own path, uncached here; JAX raises what it raises."""
         self._count_slow(reason)
-        args, kwargs = self._private(args, kwargs)
-        if _tracing():  # in a profiler trace: a span naming the reason
-            return _spans.slow(self, reason, args, kwargs)
-        return self._jax_jitted(*args, **kwargs)
+        args, kwargs = self._private(_hooks.real_args(args), kwargs)
+        with self._extension.jax_path():
+            if _tracing() and _flavours.SPANS.slow_call is not None:  # a span naming the reason
+                return _flavours.SPANS.slow_call(self, reason, args, kwargs)
+            return self._jax_jitted(*args, **kwargs)
 
     def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """JAX's path gets private copies of numpy arrays (it may use them in place)."""
         split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
-        return private_host_copies(args, kwargs, split.static_positions, split.static_names)
+        return _hooks.private_copies(args, kwargs, split.static_positions, split.static_names)
 
     def _count_slow(self, reason: str) -> None:
         self.slow_count += 1
@@ -151,6 +154,7 @@ class PjitFunction:
         execution itself (say, one buffer donated twice in a call) raises
         ValueError with the runtime's message, as jaxlib's fast path does.
         """
+        args = _hooks.real_args(args)
         if isinstance(error, _jax.JaxRuntimeError) and all(
                 type(x) is ArrayImpl and not x.is_deleted() for x in inputs):
             raise ValueError(str(error)) from error
@@ -159,6 +163,7 @@ class PjitFunction:
 
     def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                       node: Node | None) -> Any:
+        args = _hooks.real_args(args)  # a `Deferred` from `call_keyed`: made now
         if node is not None:  # a slow node, a failed compile, or NaN/Inf checks are on
             if node.record is not None:
                 return self._slow(args, kwargs,
@@ -166,11 +171,11 @@ class PjitFunction:
             if node.reason != "compile_failed":
                 self._count_slow(node.reason or "no_fastpath")
                 args, kwargs = self._private(args, kwargs)
-                with _spans.slow_span(node.reason or "no_fastpath"):
+                with _flavours.SPANS.slow_span(node.reason or "no_fastpath"):
                     return self._jax_cache_miss(*args, **kwargs)[0]
         if _jax.disable_jit.value:
             self._count_slow("disable_jit")
-            with _spans.slow_span("disable_jit"):
+            with _flavours.SPANS.slow_span("disable_jit"):
                 return self._fun(*args, **kwargs)
         if not _jax.is_top_level_trace():
             return self._slow(args, kwargs, "tracer")  # staged into an outer trace: never cached
@@ -208,11 +213,11 @@ class PjitFunction:
                  failed: Node | None) -> Any:
         """JAX's trace/lower/compile for one signature; installs the node it gives
         (in place of `failed`, the node an earlier failed compile left) and tells
-        the observers (`MISS_OBSERVERS`) what happened."""
+        the miss observers (`nbjit.core.hooks`) what happened."""
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
         description, explaining = self._describe_miss(args, kwargs, signature[2])
-        with _spans.miss_span(description, explaining):  # in a profiler trace: what changed
+        with self._extension.jax_path(), _flavours.SPANS.miss_span(description, explaining):
             return self._compile_described(args, kwargs, leaves, signature, failed,
                                            description, explaining)
 
@@ -221,11 +226,12 @@ class PjitFunction:
         """`_compile` once the call is described (inside the miss's span, in a trace)."""
         # Before anything is traced: every process must agree on the signature
         # (multi-controller only); it raises AgreementError when they differ.
-        _agreement.check(self, args, kwargs, leaves, description)
+        for check in _hooks.compile_checks:  # registered by nbjit.multiprocess
+            check(self, args, kwargs, leaves, description)
         start = time.perf_counter()
         private_args, private_kwargs = self._private(args, kwargs)
         try:
-            with _spans.span(_spans.COMPILE):
+            with _flavours.SPANS.compile_span():
                 outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
         except BaseException:
             self._compile_failed(signature, description, failed, time.perf_counter() - start)
@@ -242,9 +248,17 @@ class PjitFunction:
         self._namespace.install(node, replacing=failed)
         outcome = MissOutcome(self, node, record, fastpath, leaves, args, kwargs, description,
                               explaining, seconds)
-        for observe in MISS_OBSERVERS:
+        self._count_miss(seconds)
+        for observe in _hooks.miss_observers:  # registered by the rooms above (never raise)
             observe(outcome)
         return outs  # JAX's own outputs: required when arguments were donated
+
+    def _count_miss(self, seconds: float) -> None:
+        """Stats: one compile, and its time (`nbjit.stats()`)."""
+        counters = self._counters
+        counters.miss_seconds += seconds
+        counters.misses += 1
+        self.miss_count += 1
 
     def _compile_failed(self, signature: tuple, description: Any, failed: Node | None,
                         seconds: float) -> None:
@@ -261,11 +275,11 @@ class PjitFunction:
 
     # -- observability (nbjit/observe: stats, explain, profile) -----------------
 
-    def stats(self) -> _stats.DispatchStats:
+    def stats(self) -> Any:
         """Calls, hits, misses, slow calls (with reasons), evictions of this function
-        and its twins (same function, same options)."""
+        and its twins (same function, same options): a `nbjit.DispatchStats`."""
         entries, live_hits = self._namespace.usage()
-        return _stats.snapshot(self._counters, _stats.function_label(self), entries, live_hits)
+        return _hooks.stats_snapshot(self, self._counters, entries, live_hits)
 
     def reset_stats(self) -> None:
         """Zeroes the counters of this function and its twins (entries stay)."""
@@ -273,22 +287,19 @@ class PjitFunction:
 
     def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
         """(this call's description or None, and a function (JAX's cache misses
-        after the compile) -> `_explain.MissContext`: every miss is explained,
-        logged only while explaining is on)."""
+        after the compile) -> what explains the miss), from the registered
+        describer (`nbjit.observe.explain`: every miss is explained, logged
+        only while explaining is on)."""
         split = self._binders.split(call_shape(args, kwargs))
-        try:
-            description = _explain.describe_call(args, kwargs, split.static_positions,
-                                                 split.static_names, context)
-        except Exception:  # describing must never break a call
-            description = None
         namespace = self._namespace
         cached = namespace.descriptions()
         evicted = list(self._counters.evicted)
         twins = [] if cached or evicted else self._other_options_with_entries()
-        before = _jax.jax_cache_misses()
-        return description, lambda after: _explain.MissContext(
-            _stats.function_label(self), cached, evicted, twins,
-            namespace.cache.capacity(), (before, after))
+        facts = MissFacts(cached, evicted, twins, namespace.cache.capacity(),
+                          _jax.jax_cache_misses())
+        description, explaining = _hooks.describe_miss(
+            self, args, kwargs, split.static_positions, split.static_names, context, facts)
+        return self._extension.describe(args, kwargs, context, description), explaining
 
     def _other_options_with_entries(self) -> list[tuple[Any, Any]]:
         """(global key, own global key) of the same function's other namespaces with entries."""
@@ -313,7 +324,7 @@ class PjitFunction:
             return "<PjitFunction>"
 
     def __reduce__(self) -> tuple:
-        return (_rebuild, (self._fun, self._options))
+        return (rebuild, (self._fun, self._options))
 
     def __getstate__(self) -> dict[str, Any]:
         """Like jaxlib's: "function_name" is `fun`'s name (through functools.partial).
@@ -341,6 +352,32 @@ class PjitFunction:
     def eval_shape(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._jax_jitted.eval_shape(*args, **kwargs)
 
+    # -- composing this jit (nbjit.filter): keyed calls ------------------------
+
+    def key_of(self, args: tuple, kwargs: dict | None = None) -> tuple | None:
+        """``(leaves, key, shardings)``: what this function's binder makes of a call
+        (no side effects; nothing runs), or None when it cannot key the call.
+        A library that reads its own calls faster than the binder can remember
+        the key for a structure and run later calls with `call_keyed`."""
+        kwargs = {} if kwargs is None else kwargs
+        got = self._binders.key_only(call_shape(args, kwargs))(self, args, kwargs)
+        return None if type(got) is str else got
+
+    def call_keyed(self, leaves: list, key: Any, shardings: list,
+                   args: Callable[[], tuple]) -> Any:
+        """Runs a call whose binder key is known (`key_of` gave it for a call of
+        the same structure): the hit path with `leaves`, `key` and `shardings`;
+        `args()` gives the call's positional arguments, called only when the
+        call leaves the hit path (a miss, a slow call, a failed execution).
+        While a profile or a profiler trace is on, the call goes through
+        `__call__` (its timed or traced flavour) instead."""
+        binders = self._binders
+        hit = binders.hit  # read before the flavour: a profile starting meanwhile is seen
+        if binders.flavour != "plain" or _tracing():
+            return self(*args())
+        _collect_garbage()  # as __call__ does
+        return hit(self, _hooks.Deferred(args), {}, leaves, key, shardings, 0, 0)
+
     def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence]:
         """The node a call would hit, and its dynamic leaves (no side effects)."""
         signature = self._binders.key_only(call_shape(args, kwargs))(self, args, kwargs)
@@ -360,63 +397,6 @@ class PjitFunction:
         """Clears this function's entries and JAX's traces of it, as upstream."""
         self._clear_cache()
         self._jax_jitted.clear_cache()
-
-
-# ---------------------------------------------------------------------------
-# The outcome of a miss, and who observes it
-
-
-@dataclass(frozen=True, slots=True)
-class MissOutcome:
-    """What one compile gave, told to every observer in `MISS_OBSERVERS` once.
-
-    `node` is the installed node (None when JAX asked to rebuild: nothing was
-    cached); `record` its fast-path data (None: the signature takes JAX's
-    path, for `node.reason`); `fastpath` JAX's own fast-path data;
-    `explaining` maps JAX's cache-miss counts after the compile to the
-    `nbjit.observe.explain.MissContext` of this miss.
-    """
-
-    jitted: PjitFunction
-    node: Node | None
-    record: FastPath | None
-    fastpath: Any
-    leaves: list
-    args: tuple
-    kwargs: dict
-    description: Any
-    explaining: Callable[[Any], Any]
-    seconds: float
-
-
-def _count_miss(outcome: MissOutcome) -> None:
-    """Stats: one compile, and its time (`nbjit.stats()`)."""
-    jitted = outcome.jitted
-    counters = jitted._counters
-    counters.miss_seconds += outcome.seconds
-    counters.misses += 1
-    jitted.miss_count += 1
-
-
-def _explain_miss(outcome: MissOutcome) -> None:
-    """Explained misses: why it missed, grouped for `nbjit.ranked_misses()`."""
-    _explain.miss_done(outcome.description, outcome.explaining(_jax.jax_cache_misses()),
-                       outcome.seconds)
-
-
-def _arm_host_inputs(outcome: MissOutcome) -> None:
-    """The host-input policy: may make the node's fresh host inputs resident or
-    packed later (`nbjit.host`); never breaks a miss."""
-    if outcome.node is None or outcome.record is None:
-        return
-    _host_policy.on_miss(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
-                         outcome.leaves, outcome.args, outcome.kwargs)  # never raises
-
-
-MISS_OBSERVERS: tuple[Callable[[MissOutcome], None], ...] = (
-    _count_miss, _explain_miss, _arm_host_inputs)
-"""Called in order after every compile whose outputs return to the caller. Each
-must not raise (a raise would reach the caller after the node is installed)."""
 
 
 def _record_for(fastpath: Any, leaves: Sequence, donates: bool
@@ -452,33 +432,17 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
         return "no_fastpath"
 
 
-class _OverheadProbe(PjitFunction):
-    """A jitted function for `nbjit.profile()`'s overhead: its call is
-    `PjitFunction.__call__` itself (inherited, so it cannot drift from it) and
-    its one binder (call shape: one positional argument) stamps and records as
-    the timed flavour does, with no work (`nbjit.observe.profile.probe_binder`)."""
-
-    def __init__(self) -> None:  # no function, no cache: nothing of PjitFunction's own
-        self._binders = _ProbeBinders({1: _profile.probe_binder})  # type: ignore[assignment]
-
-
-class _ProbeBinders(dict):
-    """The probe's binder table: every call shape gets the probe binder."""
-
-    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
-        return self.setdefault(shape, _profile.probe_binder)
-
-
-_profile.set_overhead_probe(_OverheadProbe)
-
-
 def _as_view(jitted: PjitFunction) -> JitView:
     """Never called: the type checker proves here that `PjitFunction` is a `JitView`."""
     return jitted
 
 
-def _rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
+def rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:
+    """What an unpickled `PjitFunction` is made by (`PjitFunction.__reduce__`)."""
     return PjitFunction(fun, options)
+
+
+_rebuild = rebuild  # pickles made before the rename load through this name
 
 
 # ---------------------------------------------------------------------------

@@ -18,11 +18,15 @@ module listen, the binders (`nbjit.core.binders`) import nothing of
   * `traced_call` is what a call runs while a profiler session collects
     (registered by `nbjit.observe.spans`; `set_traced_call`).
   * `register_live` / `live_functions`: every live jitted function (weak:
-    registering keeps nothing alive), for `nbjit.stats()`.
+    registering keeps nothing alive), for `nbjit.stats()`; `live_listeners`
+    hear of each new one (the run report's retired counts).
+  * `SPANS`: the spans the miss and slow paths open in a profiler trace
+    (`nbjit.observe.spans` fills them in; by default none).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import weakref
@@ -30,9 +34,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Flavour", "KEY_ONLY", "PLAIN", "add_flavour", "current_flavour", "flavour",
-           "live_functions", "register_live", "set_traced_call", "traced_call", "use_flavour",
-           "watch_table"]
+__all__ = ["KEY_ONLY", "PLAIN", "SPANS", "Flavour", "SpanHooks", "add_flavour", "current_flavour",
+           "flavour", "live_functions", "live_listeners", "register_live", "set_traced_call",
+           "traced_call", "use_flavour", "watch_table"]
 
 
 @dataclass(frozen=True)
@@ -152,3 +156,31 @@ def live_functions() -> list[Any]:
     """The live jitted functions, oldest first."""
     with _live_lock:
         return sorted(_live, key=_live.__getitem__)
+
+
+# ---------------------------------------------------------------------------
+# The spans of the miss and slow paths, while a profiler session collects
+# (`nbjit.observe.spans` fills these in when imported; by default: none)
+
+_NO_SPAN = contextlib.nullcontext()
+
+
+def _no_span(*_args: Any) -> Any:
+    return _NO_SPAN
+
+
+class SpanHooks:
+    """What the miss and slow paths open around their work in a profiler trace.
+
+    `slow_span(reason)`, `miss_span(description, explaining)` and
+    `compile_span()` return context managers; `slow_call(jitted, reason, args,
+    kwargs)` is a slow call's run of JAX's path while a session collects."""
+
+    def __init__(self) -> None:
+        self.slow_span: Callable[[str], Any] = _no_span
+        self.miss_span: Callable[[Any, Callable[[Any], Any]], Any] = _no_span
+        self.compile_span: Callable[[], Any] = _no_span
+        self.slow_call: Callable[[Any, str, tuple, dict], Any] | None = None
+
+
+SPANS = SpanHooks()

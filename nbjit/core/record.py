@@ -3,8 +3,9 @@
 `build_record` turns the fast-path data JAX's miss path returns
 (`MeshExecutableFastpathData`, as jaxlib's C++ receives it) into a
 `FastPath`: everything a hit needs, fixed at creation. Input preparation is
-one tuple of steps (`nbjit.host.steps`, chosen by the type of each value
-the miss saw) and a `prepare(leaves)` generated for the record's structure.
+one tuple of steps (chosen by the type of each value the miss saw, from
+the table `nbjit.core.hooks.STEP_BUILDERS` that `nbjit.host.steps` fills)
+and a `prepare(leaves)` generated for the record's structure.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.codegen import run_source
-from nbjit.host.steps import SHARD_ARGS, FreshCallback, HostInput, _ShardArgs, step_for
+from nbjit.core.hooks import SHARD_ARGS, FreshCallback, batched_step, step_for
 
-__all__ = ["FastPath", "HostInput", "Unsupported", "build_record"]
+__all__ = ["FastPath", "Unsupported", "build_record"]
 
 ArrayImpl = _jax.ArrayImpl
 _device_put = _jax.batched_device_put
@@ -88,21 +89,6 @@ def prepare(leaves):
 {unpack}{steps}    return {inputs}
 """
 
-# A host value while its memo rests (or with no memo): a numpy array is
-# transferred right here; anything else (a scalar, an awake memo) asks the step.
-_HOST_RESTING = """\
-    if type({x}) is ndarray and (step := H{i}).rest > 0:
-        step.rest -= 1
-        {x} = put(A{i}, S{i}, [{x}], D{i}, False, False, COPY_DURING_CALL)
-    else:
-        {x} = V{i}({x})
-"""
-_HOST_NO_MEMO = """\
-    if type({x}) is ndarray:
-        {x} = put(A{i}, S{i}, [{x}], D{i}, False, False, COPY_DURING_CALL)
-    else:
-        {x} = V{i}({x})
-"""
 _VALUE_STEP = "    {x} = V{i}({x})\n"
 
 
@@ -120,11 +106,9 @@ def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
     unpack += "".join(f"    c{i} = C{i}\n" for i in range(n_consts) if i in steps)
     body = []
     for i, step in sorted(steps.items()):
-        if type(step) is HostInput:
-            template = _HOST_RESTING if step.memo else _HOST_NO_MEMO
-        else:
-            template = _VALUE_STEP
-        body.append(template.format(x=names[i], i=i))
+        inline = getattr(step, "inline", None)  # a step may apply itself inline (host inputs)
+        body.append(_VALUE_STEP.format(x=names[i], i=i) if inline is None
+                    else inline(names[i], i)[0])
     return _PREPARE_TEMPLATE.format(unpack=unpack, steps="".join(body),
                                   inputs=f"[{', '.join(names)}]")
 
@@ -139,9 +123,8 @@ def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,
         scope.update((f"C{i}", c) for i, c in enumerate(consts))
         for i, step in steps.items():
             scope[f"V{i}"] = step.value
-            if type(step) is HostInput:
-                scope.update({f"H{i}": step, f"A{i}": step.aval, f"S{i}": step.sharding,
-                              f"D{i}": step.devices})
+            if (inline := getattr(step, "inline", None)) is not None:
+                scope.update(inline(f"x{i}", i)[1])
         source = _preparer_source(len(consts), kept, n_leaves, steps)
         return run_source(source, "prepare", scope)["prepare"]
     applies = tuple(step.apply for _, step in sorted(steps.items()))
@@ -209,7 +192,8 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
             shard_args.append(i)
         elif step is not None:
             steps[i] = step
-    batched = _ShardArgs(shard_args, [in_shardings[i] for i in shard_args]) if shard_args else None
+    batched = (batched_step(shard_args, [in_shardings[i] for i in shard_args]) if shard_args
+               else None)
     out_tree = fastpath.out_pytree_def
     all_kept = len(kept) == len(leaves)
     return FastPath(

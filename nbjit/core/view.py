@@ -1,4 +1,4 @@
-"""What the rooms around the dispatcher read of a jitted function: `JitView`.
+"""What the rooms around the dispatcher read of a jitted function: `JitInfo` and `JitView`.
 
 Observability (stats, explain, profile), multi-controller agreement, the
 host-input policy and the lab read a few of a `PjitFunction`'s fields. They
@@ -7,17 +7,51 @@ read them through this typed interface, never through `Any`: `JitView` is a
 checker holds it to that, see `nbjit.core.dispatch._as_view`). The
 fields keep their leading underscore because upstream's `PjitFunction` has
 no such public attributes (tests/test_object_surface.py); the members are
-read-only here, so no reader can assign them.
+read-only here, so no reader can assign them. Rooms that need only what a
+jitted function is read its `JitInfo` (`info(jitted)`), public fields fixed
+when it was made, rather than these private ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from nbjit.core.cache import Counters, Namespace, Node
 
-__all__ = ["JitView"]
+__all__ = ["JitInfo", "JitView", "info", "register_info"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JitInfo:
+    """What a jitted function is, fixed when it is made: the rooms above the core
+    read these public fields (`info(jitted)`) instead of the function's private
+    attributes. It holds no reference back to the jitted function."""
+
+    fun: Callable[..., Any]  # the Python function it jits
+    options: Mapping[str, Any]  # the jit options the caller passed (as `jax.jit` takes them)
+    donates: bool  # whether any argument is donated
+    global_key: Any  # JAX's global cache key of its options (what twins share)
+    namespace: Namespace  # its entries and counters in the cache, shared with its twins
+    counters: Counters  # its namespace's counters (`nbjit.stats()`)
+    jax_jitted: Any  # JAX's own jitted function (its path: slow calls, misses)
+    name: str  # its `__name__`
+    binders: Any  # its call shape -> binder table (`nbjit.core.binders.BinderTable`)
+
+
+_infos: weakref.WeakKeyDictionary[Any, JitInfo] = weakref.WeakKeyDictionary()
+
+
+def register_info(jitted: Any, facts: JitInfo) -> None:
+    """Called once by `PjitFunction.__init__`."""
+    _infos[jitted] = facts
+
+
+def info(jitted: Any) -> JitInfo:
+    """The `JitInfo` of a `PjitFunction` (KeyError for anything else)."""
+    return _infos[jitted]
 
 
 class JitView(Protocol):

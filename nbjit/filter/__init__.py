@@ -3,7 +3,9 @@
 equinox is optional (``pip install nbjit[equinox]``): this module imports
 without it, and `filter_jit` imports the implementation (which imports
 equinox) on its first use, raising ImportError with the fix if equinox is
-missing. The modules: `jit` (the wrapper Module and its call),
+missing. Every private name of equinox's it uses is imported by `_equinox`, which
+refuses an equinox outside the supported range (pyproject.toml's bound).
+The modules: `jit` (the wrapper Module and its call),
 `inner` (the jitted function, its static key and static outputs),
 `leaves` (equinox's is_array), `describe` (explained misses by leaf path).
 """
@@ -34,6 +36,8 @@ def filter_jit(fun: Any = None, *, donate: str = "none", **jitkwargs: Any) -> An
     try:
         from nbjit.filter import jit as _impl  # deferred: equinox is optional
     except ImportError as error:
+        if equinox_available():  # an equinox outside the supported range (filter/_equinox.py)
+            raise
         raise ImportError("nbjit.filter_jit needs equinox: pip install 'nbjit[equinox]'"
                           ) from error
     if fun is None:

@@ -21,10 +21,11 @@ trace-time objects). A computation that holds a host callback (an
 
 from __future__ import annotations
 
+import contextlib
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -32,11 +33,12 @@ import jax.numpy as jnp
 
 from nbjit import _jax
 from nbjit.core.dispatch import PjitFunction
+from nbjit.core.hooks import JitExtension
 from nbjit.filter import describe
 from nbjit.filter.leaves import split_leaves
 from nbjit.filter.static import merge, rebuild_call
 
-__all__ = ["DeferredArgs", "FilterPjitFunction", "OutputRecipe", "finish", "make_inner",
+__all__ = ["FilterExtension", "OutputRecipe", "filter_pjit", "finish", "make_inner",
            "split_output"]
 
 
@@ -131,68 +133,42 @@ def split_inner_args(layout: str, inner_args: tuple) -> tuple[tuple, tuple, list
     return inner_args[:-1], static, list(inner_args[0])
 
 
-class DeferredArgs:
-    """The inner call's arguments of a call keyed by a reader (`nbjit.filter.jit`),
-    which skips working them out: only a slow path, a miss or a failed execution
-    needs them, and `FilterPjitFunction` asks for them there."""
-
-    __slots__ = ("prepare", "wrapper", "args")
-
-    def __init__(self, prepare: Callable[..., tuple], wrapper: Any, args: tuple) -> None:
-        self.prepare = prepare
-        self.wrapper = wrapper
-        self.args = args
-
-    def inner(self) -> tuple:
-        return self.prepare(self.wrapper, self.args, {})[1]
-
-
-def _real(args: Any) -> tuple:
-    return args.inner() if type(args) is DeferredArgs else args
-
-
-class FilterPjitFunction(PjitFunction):
-    """The `PjitFunction` of one wrapped function: nbjit's dispatcher, with
+class FilterExtension(JitExtension):
+    """What `filter_jit` changes of its `PjitFunction` (`nbjit.core.hooks.JitExtension`):
     (1) XLA's "Some donated buffers were not usable" warning hidden where
     equinox hides it (donate="all" and "all-except-first"; only compiles
     warn, so only the compile and JAX's own path are wrapped), and (2) misses
     described by the wrapped function's arguments, each static leaf by its
     path (`nbjit.filter.describe`)."""
 
-    def __init__(self, fun: Callable, options: dict[str, Any], filter_warning: bool,
-                 layout: str) -> None:
-        super().__init__(fun, options)
-        self._filter_warning = filter_warning
-        self._layout = layout
+    __slots__ = ("filter_warning", "layout")
 
-    def _compile(self, *args: Any) -> Any:
-        if not self._filter_warning:
-            return super()._compile(*args)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Some donated buffers were not usable*")
-            return super()._compile(*args)
+    def __init__(self, filter_warning: bool, layout: str) -> None:
+        self.filter_warning = filter_warning
+        self.layout = layout
 
-    def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
-                      node: Any) -> Any:
-        return super()._miss_or_slow(_real(args), kwargs, leaves, signature, node)
+    def jax_path(self) -> contextlib.AbstractContextManager[Any]:
+        if not self.filter_warning:
+            return contextlib.nullcontext()
+        return _hiding_donation_warnings()
 
-    def _execute_failed(self, error: Exception, args: tuple, kwargs: dict,
-                        inputs: Any) -> Any:
-        return super()._execute_failed(error, _real(args), kwargs, inputs)
-
-    def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
-        args = _real(args)
-        if not self._filter_warning:
-            return super()._slow(args, kwargs, reason)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Some donated buffers were not usable*")
-            return super()._slow(args, kwargs, reason)
-
-    def _describe_miss(self, args: tuple, kwargs: dict, context: tuple) -> tuple[Any, Any]:
-        description, explaining = super()._describe_miss(args, kwargs, context)
+    def describe(self, args: tuple, kwargs: dict, context: tuple, description: Any) -> Any:
         try:
-            _, static, arrays = split_inner_args(self._layout, args)
-            description = describe.describe_filter_call(static, arrays, context)
+            _, static, arrays = split_inner_args(self.layout, args)
+            return describe.describe_filter_call(static, arrays, context)
         except Exception:  # describing must never break a call
-            pass
-        return description, explaining
+            return description
+
+
+@contextlib.contextmanager
+def _hiding_donation_warnings() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable*")
+        yield
+
+
+def filter_pjit(fun: Callable, options: dict[str, Any], filter_warning: bool,
+                layout: str) -> PjitFunction:
+    """The `PjitFunction` of one wrapped function: nbjit's jit, composed with
+    `FilterExtension` (no method of it overridden)."""
+    return PjitFunction(fun, options, extension=FilterExtension(filter_warning, layout))

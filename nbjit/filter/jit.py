@@ -5,7 +5,8 @@ flatten/unflatten shares the jitted function, its cache and its trace
 count). A call: bind the arguments as equinox does (skipped for positional
 calls the signature accepts as they are), flatten ``(args, kwargs)`` once,
 split the leaves into arrays and static leaves, and call the function's
-`FilterPjitFunction` (`nbjit.filter.inner`): nbjit keys the arrays and the
+`PjitFunction` (`nbjit.filter.inner.filter_pjit`: nbjit's jit composed with
+an extension, through its public surface): nbjit keys the arrays and the
 static key in its binder, and a hit runs without entering JAX's Python.
 
 Deliberate difference from equinox: a call waits for its outputs only when
@@ -24,23 +25,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import equinox._jit as _eqx_jit
 import jax
-from equinox import EquinoxRuntimeError, Module, Partial, field, module_update_wrapper
-from equinox._caches import cache_clears
-from equinox._compile_utils import get_fn_names
-from equinox._custom_types import sentinel
-from equinox._deprecate import deprecated_0_10
 
 from nbjit import _jax
+from nbjit.core.dispatch import PjitFunction
 from nbjit.core.structure import PARTITION, UNKEYABLE, Readers
-from nbjit.filter.inner import (
-    DeferredArgs,
-    FilterPjitFunction,
-    finish,
-    make_inner,
-    split_inner_args,
-)
+from nbjit.filter import _equinox as _eqx
+from nbjit.filter.inner import filter_pjit, finish, make_inner, split_inner_args
 from nbjit.filter.leaves import array_kinds, is_array, split_leaves
 from nbjit.filter.static import FunStatic, partition_fun, static_key
 from nbjit.observe import names as _names
@@ -51,8 +42,6 @@ _flatten = jax.tree_util.tree_flatten
 _call_ids = itertools.count(1)  # next() is atomic under the GIL
 _Tracer = _jax.Tracer
 _callback_logger = logging.getLogger("jax._src.callback")
-_tracing = _jax.traceme_enabled
-_collect_garbage = _jax.collect_garbage
 MAX_KEYED = 1024  # reader keys remembered per wrapped function; the table starts afresh when full
 
 
@@ -61,7 +50,7 @@ class _HideCallbackFailure:
     One per call (cheap: no state), so a nested call removes only its own."""
 
     __slots__ = ()
-    filter = _eqx_jit._FilterCallback.filter
+    filter = _eqx.callback_filter
 
 
 _DONATE = {  # donate= -> (filter_warning, donate_first, donate_rest), as equinox's
@@ -75,16 +64,16 @@ _DONATE = {  # donate= -> (filter_warning, donate_first, donate_rest), as equino
 
 class CallPlan:
     """What a call of one wrapped function needs, worked out once: its
-    `FilterPjitFunction`, the argument layout, and when binding can be skipped.
+    `PjitFunction`, the argument layout, and when binding can be skipped.
 
     Keyed calls (`_keyed`): `readers` per positional count read a call in one
     pass (`nbjit.core.structure`, equinox's partition); `keys` maps a reader's
     key to the key nbjit's binder gave the same call (`learn`)."""
 
     __slots__ = ("pjit", "signature", "min_args", "max_args", "layout", "readers", "keys",
-                 "_key_only", "__weakref__")
+                 "__weakref__")
 
-    def __init__(self, pjit: FilterPjitFunction, signature: inspect.Signature,
+    def __init__(self, pjit: PjitFunction, signature: inspect.Signature,
                  layout: str) -> None:
         self.pjit = pjit
         self.signature = signature
@@ -92,7 +81,6 @@ class CallPlan:
         self.min_args, self.max_args = _positional_range(signature)
         self.readers: dict[int, Readers] = {}
         self.keys: dict[Any, Any] = {}
-        self._key_only: dict[int, Callable] = {}
 
     def readers_for(self, nargs: int) -> Readers:
         """The readers of calls with `nargs` positional arguments: they read the
@@ -115,12 +103,8 @@ class CallPlan:
         if len(ours) != len(theirs) or any(a is not b for a, b in zip(ours, theirs,
                                                                           strict=True)):
             return
-        key_only = self._key_only.get(len(inner_args))
-        if key_only is None:
-            key_only = self._key_only[len(inner_args)] = self.pjit._binders.key_only(
-                len(inner_args))
-        keyed = key_only(self.pjit, inner_args, {})
-        if type(keyed) is str:  # nothing keys it: the general path, always
+        keyed = self.pjit.key_of(inner_args)
+        if keyed is None:  # nothing keys it: the general path, always
             return
         if len(self.keys) >= MAX_KEYED:
             self.keys.clear()
@@ -143,15 +127,15 @@ def _positional_range(signature: inspect.Signature) -> tuple[int, int]:
     return low, high
 
 
-class _JitWrapper(Module):
+class _JitWrapper(_eqx.Module):
     fn: str  # this attribute exists solely to give a nice repr (as equinox's)
-    _signature: inspect.Signature = field(static=True, repr=False)
-    _dynamic_fun: Any = field(repr=False)  # the function's arrays
-    _static_fun: Any = field(static=True, repr=False)  # FunStatic
-    _cached: Any = field(static=True, repr=False)  # CallPlan
-    filter_warning: bool = field(static=True)
-    donate_first: bool = field(static=True)
-    donate_rest: bool = field(static=True)
+    _signature: inspect.Signature = _eqx.field(static=True, repr=False)
+    _dynamic_fun: Any = _eqx.field(repr=False)  # the function's arrays
+    _static_fun: Any = _eqx.field(static=True, repr=False)  # FunStatic
+    _cached: Any = _eqx.field(static=True, repr=False)  # CallPlan
+    filter_warning: bool = _eqx.field(static=True)
+    donate_first: bool = _eqx.field(static=True)
+    donate_rest: bool = _eqx.field(static=True)
 
     @property
     def __wrapped__(self) -> Any:
@@ -161,7 +145,7 @@ class _JitWrapper(Module):
         __tracebackhide__ = True
         try:
             return _call(self, args, kwargs)
-        except EquinoxRuntimeError as e:  # as equinox: no frames above the call site
+        except _eqx.EquinoxRuntimeError as e:  # as equinox: no frames above the call site
             e.__traceback__ = None
             raise
 
@@ -177,7 +161,7 @@ class _JitWrapper(Module):
         del owner
         if instance is None:
             return self
-        return Partial(self, instance)
+        return _eqx.Partial(self, instance)
 
 
 def _prepare(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> tuple[CallPlan, tuple]:
@@ -231,10 +215,7 @@ def _keyed(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
     state = object.__getattribute__(wrapper, "__dict__")  # Module.__getattribute__ is slow
     plan = state["_cached"]
     pjit = plan.pjit
-    binders = pjit._binders
-    hit = binders.hit  # read before the flavour: a profile starting meanwhile is seen below
-    if (kwargs or plan.layout != "spread" or not plan.min_args <= len(args) <= plan.max_args
-            or binders.flavour != "plain" or _tracing()):
+    if kwargs or plan.layout != "spread" or not plan.min_args <= len(args) <= plan.max_args:
         return pjit(*_prepare(wrapper, args, kwargs)[1])
     readers = plan.readers.get(len(args)) or plan.readers_for(len(args))
     values = (state["_dynamic_fun"], state["_static_fun"].key, *args)
@@ -254,9 +235,8 @@ def _keyed(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
         except Exception:  # the call ran; learning is best effort
             pass
         return out
-    _collect_garbage()  # as PjitFunction.__call__ does
-    return hit(pjit, DeferredArgs(_prepare, wrapper, args), {}, leaves, binder_key, shardings,
-               0, 0)
+    return pjit.call_keyed(leaves, binder_key, shardings,
+                           lambda: _prepare(wrapper, args, kwargs)[1])
 
 
 def _call(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
@@ -282,7 +262,7 @@ def _call(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
 
 def _reraise_runtime_error(error: Exception, jit_id: bytes) -> None:
     """An `eqx.error_if` failure becomes EquinoxRuntimeError with equinox's message."""
-    info = _eqx_jit.last_error_info
+    info = _eqx.last_error_info()
     if info is None or "_EquinoxRuntimeError: " not in str(error):
         return
     last_msg, last_stack = info
@@ -292,8 +272,8 @@ def _reraise_runtime_error(error: Exception, jit_id: bytes) -> None:
             pieces.append(id_or_str)
         elif id_or_str == jit_id:
             break
-    raise EquinoxRuntimeError(
-        _eqx_jit._on_error_msg.format(msg=last_msg, stack="".join(reversed(pieces)))
+    raise _eqx.EquinoxRuntimeError(
+        _eqx.error_message.format(msg=last_msg, stack="".join(reversed(pieces)))
     ) from None
 
 
@@ -338,7 +318,7 @@ def _plan_for(fun: Callable, signature: inspect.Signature, jitkwargs: dict,
               donate: str) -> CallPlan:
     filter_warning, donate_first, donate_rest = _DONATE[donate]
     except_first = donate_rest and not donate_first
-    names = get_fn_names(fun)
+    names = _eqx.get_fn_names(fun)
     try:
         options_key = (tuple(sorted(jitkwargs.items())), filter_warning, donate_rest,
                        except_first)
@@ -358,7 +338,7 @@ def _plan_for(fun: Callable, signature: inspect.Signature, jitkwargs: dict,
         if donate_rest:
             options["donate_argnums"] = 0
         inner = make_inner((*names, getattr(fun, "__module__", None) or __name__), layout, fun)
-        pjit = FilterPjitFunction(inner, options, filter_warning, layout)
+        pjit = filter_pjit(inner, options, filter_warning, layout)
         _names.name_like(inner, fun)  # stats and misses name the wrapped function
         plan = CallPlan(pjit, signature, layout)
         if options_key is not None:
@@ -372,16 +352,16 @@ def clear_caches() -> None:
     _plans_by_name.clear()
 
 
-cache_clears.append(clear_caches)
+_eqx.cache_clears.append(clear_caches)
 
 
-def filter_jit(fun: Any = sentinel, *, donate: str = "none", **jitkwargs: Any) -> Any:
+def filter_jit(fun: Any = _eqx.sentinel, *, donate: str = "none", **jitkwargs: Any) -> Any:
     """equinox.filter_jit on nbjit's dispatcher: arrays (jax and numpy) are traced,
     every other leaf is static; see docs/filter-jit.md for the differences."""
-    if fun is sentinel:
+    if fun is _eqx.sentinel:
         return functools.partial(filter_jit, donate=donate, **jitkwargs)
     for name in ("default", "fn", "args", "kwargs", "out"):
-        deprecated_0_10(jitkwargs, name)
+        _eqx.deprecated_0_10(jitkwargs, name)
     if any(x in jitkwargs for x in ("static_argnums", "static_argnames", "donate_argnums",
                                     "in_shardings", "out_shardings")):
         raise ValueError(
@@ -393,10 +373,10 @@ def filter_jit(fun: Any = sentinel, *, donate: str = "none", **jitkwargs: Any) -
             "`filter_jit(..., donate=...)` must be one of 'all', 'all-except-first', "
             "'warn', 'warn-except-first', or 'none'.")
     filter_warning, donate_first, donate_rest = _DONATE[donate]
-    _, name = get_fn_names(fun)
+    _, name = _eqx.get_fn_names(fun)
     dynamic_fun, static_fun = partition_fun(fun)
     wrapper = _JitWrapper(
         fn=name, _signature=signature, _dynamic_fun=dynamic_fun, _static_fun=static_fun,
         _cached=_plan_for(fun, signature, jitkwargs, donate),
         filter_warning=filter_warning, donate_first=donate_first, donate_rest=donate_rest)
-    return module_update_wrapper(wrapper)
+    return _eqx.module_update_wrapper(wrapper)

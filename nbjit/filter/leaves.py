@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from equinox._filters import _ARRAY_TYPES
-
 from nbjit import _jax
+from nbjit.filter._equinox import ARRAY_TYPES
 
 __all__ = ["ARRAY_TYPES", "array_kinds", "is_array", "split_leaves"]
 
-ARRAY_TYPES = _ARRAY_TYPES  # jax.Array (tracers too), numpy arrays and scalars, literals
 
 # type -> equinox's is_array for its instances, for every type but tracers:
 # is_array is an isinstance test, which for those depends on the type alone

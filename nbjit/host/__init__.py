@@ -5,6 +5,23 @@
 (host-side sharding plans and their staging buffers; public as
 `nbjit.sharding`), and fresh host values without a transfer per leaf:
 `policy` (one `HostPolicy` per watched signature, the only code that
-replaces a node's record), `resident` (slots), `packing` (one put and a
+asks the cache to replace a node's record), `resident` (slots), `packing` (one put and a
 second executable), `layout` (what those two share).
 """
+
+from nbjit.core import hooks as _hooks
+from nbjit.host import policy as _policy
+from nbjit.host import steps as _steps  # noqa: F401  (registers the input steps by type)
+from nbjit.host import values as _values  # noqa: F401  (registers JAX's path's private copies)
+
+
+def _arm_host_inputs(outcome: _hooks.MissOutcome) -> None:
+    """The host-input policy may make the node's fresh host inputs resident or
+    packed later; never breaks a miss."""
+    if outcome.node is None or outcome.record is None:
+        return
+    _policy.on_miss(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
+                    outcome.leaves, outcome.args, outcome.kwargs)  # never raises
+
+
+_hooks.add_miss_observer(_arm_host_inputs)

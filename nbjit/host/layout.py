@@ -19,9 +19,9 @@ import numpy as np
 
 from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
 
-__all__ = ["FLOAT32_MAX", "GUARD_AND_POP", "PACKABLE", "POOL_MAX_BYTES", "LeafLayout", "Refused",
-           "Watched", "buffer_nbytes", "lay_out", "python_type",
-           "write_statement"]
+__all__ = ["FLOAT32_MAX", "GUARD_AND_POP", "HostCounters", "LeafLayout", "PACKABLE",
+           "POOL_MAX_BYTES", "Refused", "Watched", "buffer_nbytes", "host_counters", "lay_out",
+           "python_type", "write_statement"]
 
 POOL_MAX_BYTES = 4 << 20  # staging buffers (slots, or a packed pool) per signature, in bytes
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -74,7 +74,7 @@ class Watched:
     sharding: Any
     options: dict
     name: str
-    counters: Any
+    counters: HostCounters
     # What resident slots hold (any host leaf up to `RESIDENT_MAX_BYTES` in all;
     # empty where the device's puts copy): packing's leaves and bigger ones.
     resident_layouts: tuple[LeafLayout, ...] = ()
@@ -128,3 +128,29 @@ GUARD_AND_POP = """\
         {item} = claim({busy})
     else:
 """
+
+
+class HostCounters:
+    """The host room's counters for one cache namespace (`Counters.room("host")`),
+    reported by `nbjit.stats()`: packed executables compiled (`packing`) and
+    their compile time, signatures given resident host inputs (`policy`)."""
+
+    __slots__ = ("packed_compiles", "packed_seconds", "resident")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.packed_compiles = 0
+        self.packed_seconds = 0.0
+        self.resident = 0
+
+    def fields(self) -> dict[str, Any]:
+        """The `nbjit.DispatchStats` fields they give."""
+        return {"packed_compiles": self.packed_compiles, "packed_seconds": self.packed_seconds,
+                "resident": self.resident}
+
+
+def host_counters(counters: Any) -> HostCounters:
+    """The host's counters inside a namespace's `nbjit.core.cache.Counters`."""
+    return counters.room("host", HostCounters)

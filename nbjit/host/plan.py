@@ -3,7 +3,7 @@
 Per (sharding, shape, dtype, weak_type) a `ShardingPlan` is built once and
 cached: each addressable device's index domain, the devices grouped by
 distinct domain (replicas), and where each distinct shard sits in one
-64-byte-aligned staging buffer (built with numpy, `nbjit.host.domains`: no
+64-byte-aligned staging buffer (built with numpy, `nbjit._domains`: no
 numba). Per call a plan only allocates that buffer, gathers every distinct
 shard into it once (the Numba kernel for column-major sources once numba is
 loaded, on a thread of its own after the first such put; numpy's
@@ -38,9 +38,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from nbjit import _jax
+from nbjit import _domains, _jax
 from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
-from nbjit.host import domains as _domains
 from nbjit.host.staging import (
     clear_staging_pool,
     copy_parts,
@@ -68,7 +67,7 @@ docs/performance.md#measured-constants-behind-the-code."""
 def warm_kernels() -> None:
     """Imports numba and loads (or, cold, compiles) the plan kernels now.
 
-    Plans are built without them (`nbjit.host.domains`); only a
+    Plans are built without them (`nbjit._domains`); only a
     column-major source's gather uses them, and the first such put starts
     their load on a thread and copies with numpy meanwhile. Call this to
     have them from the first put on: numba's import and target
@@ -218,8 +217,7 @@ def _named_mesh(sharding, ndim: int):
 def _gspmd_mesh(sharding, ndim: int):
     """The same for a GSPMDSharding: replicated, or tiled (optionally replicated over
     the last tile dimension)."""
-    hlo = sharding._hlo_sharding
-    assignment = list(sharding._device_assignment)
+    hlo, assignment = _jax.gspmd_parts(sharding)
     if _jax.hlo_is_replicated(hlo):
         return (np.array([len(assignment)], np.int64), [()] * ndim,
                 np.arange(len(assignment), dtype=np.int64)[:, None], assignment)

@@ -16,10 +16,11 @@ leaf would still cost one put). Never: donation, effects (no fast path at
 all), debug_nans/infs (those calls never reach a record), more than one
 device, explicit layouts (no record either).
 
-The policy is the only code that replaces a node's record after the miss
-path inserted it, in one method (`HostPolicy._swap`, compare-and-swap: the
-node's record is replaced only if it is still the one the policy expects),
-and only along `TRANSITIONS`:
+The policy is the only code that asks for a node's record to be replaced
+after the miss path inserted it, in one method (`HostPolicy._swap`, through
+the cache's compare-and-swap `Namespace.replace_record`: the node's record
+is replaced only if it is still the one the policy expects), and only along
+`TRANSITIONS`:
 
   * PER_LEAF: a put per host leaf; the watching record's memos (built with
     `on_fresh` = this policy) report new values. After `PACK_AFTER` new
@@ -66,9 +67,10 @@ import numpy as np
 from nbjit import _jax
 from nbjit._common import align_up
 from nbjit.core.record import FastPath, build_record
+from nbjit.core.view import JitInfo, info
 from nbjit.host import packing as _packing
 from nbjit.host import resident as _resident
-from nbjit.host.layout import PACKABLE, LeafLayout, Watched, python_type
+from nbjit.host.layout import PACKABLE, LeafLayout, Watched, host_counters, python_type
 from nbjit.host.steps import HostInput
 
 __all__ = ["PACK_AFTER", "RESIDENT_MAX_BYTES", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES",
@@ -175,19 +177,19 @@ class HostPolicy:
             self.per_leaf, prepare=_weak_prepare(self, "_count_then_prepare"))
 
     def _swap(self, expected: FastPath, stage: Stage, record: FastPath) -> bool:
-        """The one place a node's record is replaced after its insert.
+        """The one place the policy replaces its node's record.
 
-        Compare-and-swap: installs `record` and moves to `stage` only if the
-        node still holds `expected` and ``(self.stage, stage)`` is in
-        `TRANSITIONS`; False otherwise (nothing changes). The hit path reads
-        ``node.record`` once per call, so a call runs one record whole.
+        Installs `record` (through the cache: `Namespace.replace_record`, a
+        compare-and-swap under the cache's lock) and moves to `stage` only if
+        the node still holds `expected` and ``(self.stage, stage)`` is in
+        `TRANSITIONS`; False otherwise (nothing changes). The stage changes
+        under `_swap_lock` alone, which is taken before the cache's lock.
         """
         with _swap_lock:
             node = self.node_ref()
-            if node is None or node.record is not expected or (
-                    (self.stage, stage) not in TRANSITIONS):
+            if node is None or (self.stage, stage) not in TRANSITIONS or (
+                    not node.namespace.replace_record(node, expected, record)):
                 return False
-            node.record = record
             self.stage = stage
             return True
 
@@ -365,21 +367,6 @@ def _weak_call(policy: HostPolicy, method: str) -> Callable[[], None]:
 # Arming (after a miss)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Jitted:
-    """What the policy reads of a jitted function. Its private attributes are
-    read in `_jitted` alone, so they are easy to switch to a typed interface."""
-
-    donates: bool
-    options: dict
-    counters: Any
-    jax_jitted: Any
-    name: str
-
-
-def _jitted(jitted: Any) -> _Jitted:
-    return _Jitted(bool(jitted._donates), jitted._options, jitted._counters, jitted._jax_jitted,
-                   str(getattr(jitted, "__name__", "function")))
 
 
 # jit options the packed executable keeps (the rest describe f's own inputs/outputs)
@@ -391,12 +378,12 @@ def on_miss(jitted: Any, node: Any, record: FastPath, fastpath: Any, leaves: lis
     """After a miss linked `node` with `record`: arms a `HostPolicy` if the
     signature qualifies (see the module's docstring). Never raises."""
     try:
-        _arm(_jitted(jitted), node, record, fastpath, leaves, args, kwargs)
+        _arm(info(jitted), node, record, fastpath, leaves, args, kwargs)
     except Exception:  # never breaks a miss: the node keeps the miss's record
         pass
 
 
-def _arm(jitted: _Jitted, node: Any, record: FastPath, fastpath: Any, leaves: list,
+def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: list,
          args: tuple, kwargs: dict) -> None:
     if not _enabled or jitted.donates or _jax.post_hook_state.value is not None:
         return
@@ -431,7 +418,7 @@ def _arm(jitted: _Jitted, node: Any, record: FastPath, fastpath: Any, leaves: li
                 return
     options = {k: v for k, v in jitted.options.items() if k in _PACKED_OPTIONS}
     watched = Watched(fastpath, jaxpr, tuple(layouts), len(leaves), sharding, options,
-                      jitted.name, jitted.counters, tuple(resident_layouts))
+                      jitted.name, host_counters(jitted.counters), tuple(resident_layouts))
     laid_out = {s.leaf for s in (*layouts, *resident_layouts)}
     hosts_of = {h.index: h for h in hosts}
     # A leaf too big for a memo puts a copy of itself on every call, a new
@@ -462,7 +449,7 @@ def _layouts(hosts: list[HostInput], leaf_of: dict[int, int], leaves: list, max_
     return layouts
 
 
-def _traced_jaxpr(jitted: _Jitted, args: tuple, kwargs: dict, layouts: list[LeafLayout],
+def _traced_jaxpr(jitted: JitInfo, args: tuple, kwargs: dict, layouts: list[LeafLayout],
                   n_leaves: int) -> Any:
     """The jaxpr JAX traced the signature to, if its inputs are the leaves as laid out."""
     try:

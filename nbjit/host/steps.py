@@ -3,7 +3,8 @@
 A record's input preparation (`nbjit.core.record`) is a tuple of steps,
 each chosen when the record is built by the type of the value the miss saw
 (`STEP_BUILDERS`, a ``type -> builder`` table as JAX's
-`shard_arg_handlers`):
+`shard_arg_handlers`, registered into the core's `nbjit.core.hooks` when
+this module is imported):
 
   * a `jax.Array` already placed as the executable wants: no step;
   * a one-device `jax.Array` on another device: a C++ copy (`_Copy`);
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
+from nbjit.core import hooks as _hooks
 from nbjit.host import plan as _plan
 from nbjit.host.values import PYTHON_SCALAR_DTYPES, canonical_dtypes, host_dtype
 
@@ -40,7 +42,25 @@ _WEAK_SCALAR_TYPES = frozenset({int, float, complex})  # as JAX types them (bool
 
 # What `on_fresh` is: a weak reference to a callback (`weakref.WeakMethod`),
 # so a step (held by a record, held by a node) never keeps its caller alive.
-FreshCallback = Callable[[], Callable[[], None] | None]
+FreshCallback = _hooks.FreshCallback
+
+
+# A host value while its memo rests (or with no memo), inside a record's
+# generated preparer (`nbjit.core.record`): a numpy array is transferred
+# right there; anything else (a scalar, an awake memo) asks the step.
+_HOST_RESTING = """\
+    if type({x}) is ndarray and (step := H{i}).rest > 0:
+        step.rest -= 1
+        {x} = put(A{i}, S{i}, [{x}], D{i}, False, False, COPY_DURING_CALL)
+    else:
+        {x} = V{i}({x})
+"""
+_HOST_NO_MEMO = """\
+    if type({x}) is ndarray:
+        {x} = put(A{i}, S{i}, [{x}], D{i}, False, False, COPY_DURING_CALL)
+    else:
+        {x} = V{i}({x})
+"""
 
 
 class HostInput:
@@ -92,6 +112,16 @@ class HostInput:
 
     def apply(self, inputs: list) -> None:
         inputs[self.index] = self.value(inputs[self.index])
+
+    def inline(self, x: str, i: int) -> tuple[str, dict[str, Any]]:
+        """(source that applies this step to local `x` of a generated preparer, as
+        input `i`, and the names it reads): a numpy array's plain transfer inline
+        (while the memo rests, or with no memo), anything else through `value`."""
+        template = _HOST_RESTING if self.memo else _HOST_NO_MEMO
+        return template.format(x=x, i=i), {
+            f"H{i}": self, f"A{i}": self.aval, f"S{i}": self.sharding, f"D{i}": self.devices,
+            f"V{i}": self.value, "ndarray": np.ndarray, "put": _device_put,
+            "COPY_DURING_CALL": COPY_DURING_CALL}
 
     def value(self, x: Any) -> Any:
         """The device array for host value `x` (see the class docstring).
@@ -187,14 +217,14 @@ class _ShardArgs:
             inputs[i] = value
 
 
-SHARD_ARGS = object()  # a builder's answer: leave this input to `_ShardArgs`
+SHARD_ARGS = _hooks.SHARD_ARGS  # a builder's answer: leave this input to `_ShardArgs`
 
 
 def _array_step(i: int, x: Any, sharding: Any, donated: bool,
                 on_fresh: FreshCallback | None) -> Any:
     if _same_placement(x, sharding):
         return None
-    if len(x._sharding.device_set) == 1 and len(sharding.device_set) == 1:
+    if len(_jax.array_sharding(x).device_set) == 1 and len(sharding.device_set) == 1:
         # A device of another process (none addressable here): as jaxlib's
         # PrepareIfrtInputs, the array goes to the executable as it is.
         return _Copy(i, sharding) if len(_jax.device_list(sharding)) else None
@@ -238,7 +268,7 @@ def step_for(i: int, x: Any, sharding: Any, donated: bool,
 
 
 def _same_placement(x: Any, sharding: Any) -> bool:
-    xs = x._sharding
+    xs = _jax.array_sharding(x)
     if xs is sharding or xs == sharding:
         return True
     try:
@@ -247,3 +277,8 @@ def _same_placement(x: Any, sharding: Any) -> bool:
         return False
 
 
+# The core builds records with these (`nbjit.core.record`); it imports no host module.
+for _type, _builder in STEP_BUILDERS.items():
+    _hooks.add_step_builder(_type, _builder)
+_hooks.add_step_builder(np.generic, _host_step, subclasses=True)
+_hooks.set_batched_step(_ShardArgs)

@@ -1,2 +1,8 @@
 """Multi-controller runs: processes that call one process-spanning function
-agree on its signature on every miss (`agreement`)."""
+agree on its signature on every miss (`agreement`), checked before the miss
+compiles: the check is registered into the core here, on import."""
+
+from nbjit.core import hooks as _hooks
+from nbjit.multiprocess import agreement as _agreement
+
+_hooks.add_compile_check(_agreement.check)

@@ -2,7 +2,11 @@
 ranked misses (`explain`, `distance`), per-phase timing (`profile`), the
 run report (`report`) and the names everything prints (`names`).
 
-Importing this package registers the hit path's timed (`profile`) and traced
-(`spans`) flavours into the core (`nbjit.core.flavours`)."""
+What the core calls of it is registered here, on import: the miss's
+description and explanation and `stats()` (`plug`), the hit path's timed
+(`profile`) and traced (`spans`) flavours (`nbjit.core.flavours`)."""
 
+from nbjit.observe import plug as _plug
 from nbjit.observe import profile, spans  # noqa: F401
+
+_plug.register()

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from nbjit.core import flavours as _flavours
+from nbjit.core.dispatch import PjitFunction
 from nbjit.observe.stats import function_label
 from nbjit.observe.table import Table
 
@@ -111,30 +112,34 @@ def probe_binder(jitted: Any, args: tuple, kwargs: dict) -> Any:
     return args
 
 
-_make_probe: Callable[[], Callable[..., Any]] | None = None
+class _OverheadProbe(PjitFunction):
+    """A jitted function for `nbjit.profile()`'s overhead: its call is
+    `PjitFunction.__call__` itself (inherited, so it cannot drift from it) and
+    its one binder (call shape: one positional argument) stamps and records as
+    the timed flavour does, with no work (`probe_binder`)."""
+
+    def __init__(self) -> None:  # no function, no cache: nothing of PjitFunction's own
+        self._binders = _ProbeBinders({1: probe_binder})  # type: ignore[assignment]
 
 
-def set_overhead_probe(make: Callable[[], Callable[..., Any]]) -> None:
-    """The dispatcher registers how to make the overhead probe: a jitted
-    function whose call is the dispatcher's own ``PjitFunction.__call__``
-    (inherited, so it cannot drift) and whose one binder is `probe_binder`."""
-    global _make_probe
-    _make_probe = make
+class _ProbeBinders(dict):
+    """The probe's binder table: every call shape gets the probe binder."""
+
+    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+        return self.setdefault(shape, probe_binder)
 
 
 def _measure_overhead(n: int = 1000) -> float:
     """Nanoseconds per call of a probe shaped like a timed hit that does no work.
 
-    The probe is the dispatcher's own call (`set_overhead_probe`: look up the
+    The probe is the dispatcher's own call (`_OverheadProbe`: look up the
     binder of the call shape, call it) into `probe_binder`, which stamps t0,
     its key, and four more phases and records. It bounds both what profiling
     adds to a call and the part of a call outside its five phases. Median of
     five batches, gc off.
     """
     global _active
-    if _make_probe is None:  # nbjit.core.dispatch registers it when imported
-        raise RuntimeError("nbjit.core.dispatch is not imported: no overhead probe")
-    probe = _make_probe()
+    probe = _OverheadProbe()
     saved, _active = _active, (Profile(),)
     try:
         estimates = []

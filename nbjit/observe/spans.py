@@ -37,6 +37,7 @@ from typing import Any
 
 from nbjit import _jax
 from nbjit.core import flavours as _flavours
+from nbjit.core.view import info
 from nbjit.observe import explain as _explain
 
 __all__ = ["TRACED", "call_name", "enabled", "traced_call"]
@@ -60,10 +61,11 @@ def call_name(fun: Callable) -> str:
 def traced_call(jitted: Any, args: tuple, kwargs: dict) -> Any:
     """`PjitFunction.__call__` while a profiler session collects: the call in
     jaxlib's two spans, its hit phases in nbjit's (`BinderTable.traced`)."""
-    name = jitted._span_name
+    facts = info(jitted)
+    name = call_name(facts.fun)
     with TraceMe(name), TraceMe(name):
         _jax.collect_garbage()
-        binder = jitted._binders.traced((len(args), *kwargs) if kwargs else len(args))
+        binder = facts.binders.traced((len(args), *kwargs) if kwargs else len(args))
         try:
             return binder(jitted, args, kwargs)
         except Exception as error:  # as `PjitFunction.__call__`: jaxlib shows no frames
@@ -144,5 +146,11 @@ def slow(jitted: Any, reason: str, args: tuple, kwargs: dict) -> Any:
     """
     with TraceMe(f"nbjit slow: {reason}"):
         if any(isinstance(x, _jax.Tracer) for x in _jax.flatten_for_dispatch((args, kwargs))[0]):
-            return jitted._jax_cache_miss(*args, **kwargs)[0]
-        return jitted._jax_jitted(*args, **kwargs)
+            return _jax.cache_miss_of(info(jitted).jax_jitted)(*args, **kwargs)[0]
+        return info(jitted).jax_jitted(*args, **kwargs)
+
+
+_flavours.SPANS.slow_span = slow_span
+_flavours.SPANS.miss_span = miss_span
+_flavours.SPANS.compile_span = lambda: span(COMPILE)
+_flavours.SPANS.slow_call = slow

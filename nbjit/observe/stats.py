@@ -35,7 +35,7 @@ from typing import Any
 
 from nbjit import _jax
 from nbjit.core import flavours as _flavours
-from nbjit.core.view import JitView
+from nbjit.core.view import JitView, info
 from nbjit.observe.names import function_name, process_label
 from nbjit.observe.table import Table
 
@@ -70,13 +70,13 @@ def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> Dispatch
     reasons = dict(counters.slow_reasons)  # one read: other threads may add keys
     slow = sum(reasons.values())
     hits, misses = counters.hits + live_hits, counters.misses
+    rooms: dict[str, Any] = {}  # the rooms' own counters (the host's: resident, packed_*)
+    for room in list(getattr(counters, "rooms", {}).values()):
+        rooms.update(room.fields())
     return DispatchStats(
         name=name, calls=hits + misses + slow, hits=hits, misses=misses, slow=slow,
         slow_reasons=reasons, evictions=counters.evictions, entries=entries,
-        miss_seconds=counters.miss_seconds,
-        packed_compiles=getattr(counters, "packed_compiles", 0),
-        packed_seconds=getattr(counters, "packed_seconds", 0.0),
-        resident=getattr(counters, "resident", 0))
+        miss_seconds=counters.miss_seconds, **rooms)
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,9 @@ def _watch(jitted: JitView) -> None:
     """A live-function listener: while `keep_retired()` is on, a function's counts
     outlive it."""
     if _retired is not None:
-        weakref.finalize(jitted, _retire, function_label(jitted), jitted._counters,
-                         weakref.ref(jitted._namespace))
+        facts = info(jitted)
+        weakref.finalize(jitted, _retire, function_label(jitted), facts.counters,
+                         weakref.ref(facts.namespace))
 
 
 _flavours.live_listeners.append(_watch)
@@ -229,7 +230,7 @@ def retired() -> StatsTable:
     `stats()` has them)."""
     with _retired_lock:
         gone = list((_retired or {}).values())
-    live = {id(jitted._counters) for jitted in live_functions()}
+    live = {id(info(jitted).counters) for jitted in live_functions()}
     rows: dict[str, DispatchStats] = {}
     for name, counters, namespace_ref in gone:
         if id(counters) in live:
@@ -253,8 +254,9 @@ def function_label(jitted: JitView) -> str:
     (JAX's global cache key: donation, shardings, device, ...) where they are
     not the defaults. Twins, which share one cache namespace, share the
     label; two jits of one function with other such options are two rows."""
-    name = function_name(jitted._fun)
-    options = _keyed_options(jitted._global_key)
+    facts = info(jitted)
+    name = function_name(facts.fun)
+    options = _keyed_options(facts.global_key)
     return f"{name} [{options}]" if options else name
 
 
@@ -292,7 +294,7 @@ def stats() -> StatsTable:
     rows: dict[str, DispatchStats] = {}
     seen: set[int] = set()
     for jitted in live_functions():
-        namespace = jitted._namespace
+        namespace = info(jitted).namespace
         if id(namespace) in seen:
             continue
         seen.add(id(namespace))

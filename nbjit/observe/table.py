@@ -1,9 +1,11 @@
-"""One table renderer, text and HTML, for every table nbjit prints.
+"""The table renderer of the reports, text and HTML.
 
 `nbjit.stats()`, `nbjit.ranked_misses()`, `nbjit.profile()`, the run report
 (``python -m nbjit run``) and the lab's compare table (`nbjit.bench.report`)
 each build a `Table` of text cells and print it here: fixed-width text for
-a terminal, and HTML for a notebook (what `_repr_html_` returns).
+a terminal, and HTML for a notebook (what `_repr_html_` returns). A few
+plain listings format their own columns (`nbjit.multiprocess.simulate`,
+the command line's, scripts/).
 """
 
 from __future__ import annotations

@@ -1,0 +1,264 @@
+"""The core's registries: what the rooms above it (host, observe,
+multiprocess) plug into, so that the core imports none of them.
+
+As JAX's `monitoring.py` keeps listener lists at the bottom and its
+`shard_arg_handlers` is a type -> handler table other modules fill, the
+core owns these small tables and the rooms fill them when they are
+imported (``import nbjit`` imports every room; see each room's
+``__init__``):
+
+  * `add_compile_check`: called before a miss compiles, in order; may raise
+    (multi-controller agreement, `nbjit.multiprocess`).
+  * `add_miss_observer`: told one `MissOutcome` after each compile whose
+    outputs return to the caller, in order; must not raise (stats,
+    explained misses, the host-input policy).
+  * `describe_miss`: describes a miss before it compiles (`nbjit.observe`).
+  * `STEP_BUILDERS` and `set_batched_step`: an input's step by the type of
+    its value (`nbjit.host.steps`).
+  * `set_private_copies`: private copies of host values for JAX's own path
+    (`nbjit.host.values`).
+  * `set_stats_snapshot`: what `PjitFunction.stats()` returns (`nbjit.observe`).
+
+And per jitted function, for a library that composes nbjit's jit (as
+`nbjit.filter` does): a `JitExtension` given to `PjitFunction`, and
+`Deferred` arguments for `PjitFunction.call_keyed`.
+
+None of these is on the hit path: they run on a miss, a slow call, or when
+a record is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SHARD_ARGS", "STEP_BUILDERS", "FreshCallback", "MissFacts", "MissOutcome",
+           "StepBuilder", "add_compile_check", "add_miss_observer", "add_step_builder",
+           "batched_step", "compile_checks", "describe_miss", "miss_observers", "private_copies",
+           "set_batched_step", "set_miss_describer", "set_private_copies", "set_stats_snapshot",
+           "stats_snapshot", "step_for", "Deferred", "JitExtension"]
+
+
+# ---------------------------------------------------------------------------
+# The miss: checks before the compile, observers after it
+
+
+@dataclass(frozen=True, slots=True)
+class MissOutcome:
+    """What one compile gave, told to every miss observer once.
+
+    `jitted` is the `PjitFunction` (a `nbjit.core.view.JitView`); `node` the
+    installed node (None when JAX asked to rebuild: nothing was cached);
+    `record` its fast-path data (None: the signature takes JAX's path, for
+    `node.reason`); `fastpath` JAX's own fast-path data; `explaining` maps
+    JAX's cache-miss counts after the compile to what the miss describer
+    made of this miss (`describe_miss`).
+    """
+
+    jitted: Any
+    node: Any
+    record: Any
+    fastpath: Any
+    leaves: list
+    args: tuple
+    kwargs: dict
+    description: Any
+    explaining: Callable[[Any], Any]
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class MissFacts:
+    """What the core knows of a miss before it compiles, for its describer:
+    the descriptions of the namespace's entries (`cached`) and of its
+    recently evicted ones, the same function's other options with entries
+    (``(their global key, own global key)``), the cache's capacity, and
+    JAX's cache-miss counts before the compile."""
+
+    cached: Sequence[Any]
+    evicted: Sequence[Any]
+    twins: Sequence[tuple[Any, Any]]
+    capacity: int
+    jax_misses_before: Any
+
+
+MissObserver = Callable[[MissOutcome], None]
+CompileCheck = Callable[[Any, tuple, dict, list, Any], None]
+# (jitted, args, kwargs, static positions, static names, trace context, facts)
+#   -> (description or None, explaining)
+MissDescriber = Callable[[Any, tuple, dict, Sequence[int], Sequence[str], tuple, MissFacts],
+                         tuple[Any, Callable[[Any], Any]]]
+
+miss_observers: list[MissObserver] = []
+"""Called in order after every compile whose outputs return to the caller."""
+
+compile_checks: list[CompileCheck] = []
+"""Called in order before a miss traces anything: (jitted, args, kwargs, leaves, description)."""
+
+
+def add_miss_observer(observer: MissObserver) -> MissObserver:
+    """Registers `observer` (once); it must not raise: a raise would reach the
+    caller after the node is installed."""
+    if observer not in miss_observers:
+        miss_observers.append(observer)
+    return observer
+
+
+def add_compile_check(check: CompileCheck) -> CompileCheck:
+    """Registers `check` (once); its exception stops the miss before the trace."""
+    if check not in compile_checks:
+        compile_checks.append(check)
+    return check
+
+
+def _no_description(jitted: Any, args: tuple, kwargs: dict, static_positions: Sequence[int],
+                    static_names: Sequence[str], context: tuple, facts: MissFacts
+                    ) -> tuple[Any, Callable[[Any], Any]]:
+    return None, lambda after: None
+
+
+_describer: list[MissDescriber] = [_no_description]
+
+
+def set_miss_describer(describer: MissDescriber) -> None:
+    """Sets what describes a miss before it compiles (`nbjit.observe.explain`)."""
+    _describer[0] = describer
+
+
+def describe_miss(jitted: Any, args: tuple, kwargs: dict, static_positions: Sequence[int],
+                  static_names: Sequence[str], context: tuple, facts: MissFacts
+                  ) -> tuple[Any, Callable[[Any], Any]]:
+    """(the call's description or None, explaining: see `MissOutcome`)."""
+    return _describer[0](jitted, args, kwargs, static_positions, static_names, context, facts)
+
+
+# ---------------------------------------------------------------------------
+# Input steps by the type of the value (a record's input preparation)
+
+# What `on_fresh` is: a weak reference to a callback (`weakref.WeakMethod`),
+# so a step (held by a record, held by a node) never keeps its caller alive.
+FreshCallback = Callable[[], Callable[[], None] | None]
+
+SHARD_ARGS = object()  # a builder's answer: leave this input to the batched step
+
+# builder(input index, value, sharding, donated, on_fresh) -> step, None or SHARD_ARGS
+StepBuilder = Callable[[int, Any, Any, bool, FreshCallback | None], Any]
+
+STEP_BUILDERS: dict[type, StepBuilder] = {}
+"""type of the value -> its step's builder, as JAX's `shard_arg_handlers`
+(filled by `nbjit.host.steps`). A value of another type takes the batched step."""
+
+_subclass_builders: list[tuple[type, StepBuilder]] = []
+_batched: list[Callable[[Sequence[int], Sequence[Any]], Any]] = []
+
+
+def add_step_builder(t: type, builder: StepBuilder, subclasses: bool = False) -> None:
+    """Registers `builder` for values of type `t` (and, with `subclasses`, of its subclasses)."""
+    STEP_BUILDERS[t] = builder
+    if subclasses:
+        _subclass_builders.append((t, builder))
+
+
+def step_for(i: int, x: Any, sharding: Any, donated: bool,
+             on_fresh: FreshCallback | None = None) -> Any:
+    """The step for input `i` (None: none needed; `SHARD_ARGS`: the batched step)."""
+    build = STEP_BUILDERS.get(type(x))
+    if build is None:
+        build = next((b for t, b in _subclass_builders if isinstance(x, t)), None)
+    return SHARD_ARGS if build is None else build(i, x, sharding, donated, on_fresh)
+
+
+def set_batched_step(make: Callable[[Sequence[int], Sequence[Any]], Any]) -> None:
+    """Sets the step that converts every `SHARD_ARGS` input together (JAX's `shard_args`)."""
+    _batched[:] = [make]
+
+
+def batched_step(indices: Sequence[int], shardings: Sequence[Any]) -> Any:
+    """The batched step over `indices`, with their shardings."""
+    if not _batched:
+        raise LookupError("no batched input step registered (import nbjit)")
+    return _batched[0](indices, shardings)
+
+
+# ---------------------------------------------------------------------------
+# Private host copies for JAX's own path, and stats
+
+
+def _no_copies(args: tuple, kwargs: dict, static_positions: Sequence[int],
+               static_names: Sequence[str]) -> tuple[tuple, dict]:
+    return args, kwargs
+
+
+_private_copies: list[Callable[[tuple, dict, Sequence[int], Sequence[str]],
+                               tuple[tuple, dict]]] = [_no_copies]
+
+
+def set_private_copies(copies: Callable[[tuple, dict, Sequence[int], Sequence[str]],
+                                        tuple[tuple, dict]]) -> None:
+    """Sets what gives JAX's own path private copies of host values (`nbjit.host.values`)."""
+    _private_copies[0] = copies
+
+
+def private_copies(args: tuple, kwargs: dict, static_positions: Sequence[int],
+                   static_names: Sequence[str]) -> tuple[tuple, dict]:
+    """`args` and `kwargs` with the dynamic host arrays copied (see `set_private_copies`)."""
+    return _private_copies[0](args, kwargs, static_positions, static_names)
+
+
+# (jitted, its namespace's counters, entries, hits of live nodes) -> nbjit.DispatchStats
+StatsSnapshot = Callable[[Any, Any, int, int], Any]
+_stats_snapshot: list[StatsSnapshot] = []
+
+
+def set_stats_snapshot(snapshot: StatsSnapshot) -> None:
+    """Sets what `PjitFunction.stats()` returns for a jitted function (`nbjit.observe`)."""
+    _stats_snapshot[:] = [snapshot]
+
+
+def stats_snapshot(jitted: Any, counters: Any, entries: int, live_hits: int) -> Any:
+    """The jitted function's stats (`nbjit.DispatchStats`)."""
+    if not _stats_snapshot:
+        raise LookupError("no stats registered (import nbjit)")
+    return _stats_snapshot[0](jitted, counters, entries, live_hits)
+
+
+# ---------------------------------------------------------------------------
+# Composing a jitted function (nbjit.filter): its extension, deferred arguments
+
+
+class JitExtension:
+    """What a library composing nbjit's jit changes of one `PjitFunction`, off
+    the hit path: given as ``PjitFunction(fun, options, extension=...)``.
+    Subclass it and override what you need; the defaults change nothing."""
+
+    def jax_path(self) -> contextlib.AbstractContextManager[Any]:
+        """Entered around JAX's own path: a miss's compile, and a slow call."""
+        return contextlib.nullcontext()
+
+    def describe(self, args: tuple, kwargs: dict, context: tuple, description: Any) -> Any:
+        """A miss's description (what explained misses compare), given nbjit's
+        own (`description`, None if it could not describe the call). Must not raise."""
+        return description
+
+
+NO_EXTENSION = JitExtension()
+
+
+class Deferred:
+    """A call's positional arguments, made only if the call leaves the hit path.
+
+    `PjitFunction.call_keyed` takes one: a hit needs only the leaves and the
+    key; a miss, a slow call or a failed execution calls `make()` for the
+    arguments JAX's own path needs."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], tuple]) -> None:
+        self.make = make
+
+
+def real_args(args: Any) -> tuple:
+    """`args` itself, or the arguments a `Deferred` makes."""
+    return args.make() if type(args) is Deferred else args

@@ -1,0 +1,52 @@
+"""What observability plugs into the core (`nbjit.core.hooks`), registered when
+`nbjit.observe` is imported: the miss's description before it compiles and
+its explanation after (`explain`), and what `PjitFunction.stats()` returns
+(`stats`). The core imports nothing of this room."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nbjit import _jax
+from nbjit.core import hooks as _hooks
+from nbjit.core.cache import Counters
+from nbjit.core.view import JitView
+from nbjit.observe import explain as _explain
+from nbjit.observe import stats as _stats
+
+__all__ = ["register"]
+
+
+def describe(jitted: JitView, args: tuple, kwargs: dict, static_positions: Sequence[int],
+             static_names: Sequence[str], context: tuple, facts: _hooks.MissFacts
+             ) -> tuple[Any, Callable[[Any], Any]]:
+    """(this call's description or None, and a function (JAX's cache misses after
+    the compile) -> `explain.MissContext`)."""
+    try:
+        description = _explain.describe_call(args, kwargs, static_positions, static_names,
+                                             context)
+    except Exception:  # describing must never break a call
+        description = None
+    return description, lambda after: _explain.MissContext(
+        _stats.function_label(jitted), facts.cached, facts.evicted, facts.twins,
+        facts.capacity, (facts.jax_misses_before, after))
+
+
+def explain_miss(outcome: _hooks.MissOutcome) -> None:
+    """Explained misses: why it missed, grouped for `nbjit.ranked_misses()`."""
+    _explain.miss_done(outcome.description, outcome.explaining(_jax.jax_cache_misses()),
+                       outcome.seconds)
+
+
+def snapshot(jitted: JitView, counters: Counters, entries: int, live_hits: int
+             ) -> _stats.DispatchStats:
+    """`PjitFunction.stats()`: its namespace's counts under its report name."""
+    return _stats.snapshot(counters, _stats.function_label(jitted), entries, live_hits)
+
+
+def register() -> None:
+    """Plugs observability into the core (idempotent)."""
+    _hooks.set_miss_describer(describe)
+    _hooks.add_miss_observer(explain_miss)
+    _hooks.set_stats_snapshot(snapshot)
