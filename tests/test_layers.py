@@ -29,15 +29,15 @@ MAY_IMPORT: dict[str, set[str]] = {
     "_jax": {"_common"},
     "_domains": set(),  # numpy only: the kernels' plain twins that plans use
     "_kernels": {"_domains"},  # numba only: no jax
-    "core": {"_common", "_jax", "_kernels"},
-    "host": {"_common", "_jax", "_kernels", "core"},
-    "observe": {"_common", "_jax", "_kernels", "core"},
-    "multiprocess": {"_common", "_jax", "_kernels", "core", "observe"},
-    "filter": {"_common", "_jax", "_kernels", "core", "observe"},
-    "routing": {"_common", "_jax", "_kernels", "core", "filter"},
-    "bench": {"_common", "_jax", "_kernels", "core", "host", "observe", "face"},
-    "face": {"_common", "_jax", "_kernels", "core", "host", "observe", "multiprocess", "filter",
-             "routing", "bench"},
+    "core": {"_common", "_domains", "_jax", "_kernels"},
+    "host": {"_common", "_domains", "_jax", "_kernels", "core"},
+    "observe": {"_common", "_domains", "_jax", "_kernels", "core"},
+    "multiprocess": {"_common", "_domains", "_jax", "_kernels", "core", "observe"},
+    "filter": {"_common", "_domains", "_jax", "_kernels", "core", "observe"},
+    "routing": {"_common", "_domains", "_jax", "_kernels", "core", "filter"},
+    "bench": {"_common", "_domains", "_jax", "_kernels", "core", "host", "observe", "face"},
+    "face": {"_common", "_domains", "_jax", "_kernels", "core", "host", "observe", "multiprocess",
+             "filter", "routing", "bench"},
 }
 
 PENDING: set[tuple[str, str]] = set()
