@@ -48,7 +48,7 @@ def _sgd(model: Any, x: Any, y: Any, check: bool = False) -> tuple[Any, Any]:
 
 def _sides(step: Callable, model: Any, pool: list[tuple[Any, Any]]) -> tuple:
     """(name, callable, argument pool) of the three contenders on `step`."""
-    import nbjit
+    from nbjit.filter import filter_jit
 
     eqx = _eqx()
     params, static = eqx.partition(model, eqx.is_array)
@@ -59,7 +59,7 @@ def _sides(step: Callable, model: Any, pool: list[tuple[Any, Any]]) -> tuple:
 
     with_model = tuple((model, x, y) for x, y in pool)
     with_params = tuple((params, x, y) for x, y in pool)
-    return (("a", nbjit.filter_jit(step), with_model),
+    return (("a", filter_jit(step), with_model),
             ("b", jax_jit(ideal_step), with_params),
             ("equinox", eqx.filter_jit(step), with_model))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import importlib.metadata
 import importlib.util
 import itertools
 import os
@@ -302,17 +303,17 @@ def run(
     stream: TextIO | None = None,
 ) -> tuple[list[Row], dict[str, Any]]:
     """Run the matrix; return the rows and the run's metadata."""
-    import nbjit
     from nbjit.bench.floor import floor_call
+    from nbjit.core.dispatch import jit as nbjit_jit
 
-    jit_a, label_a = (jax_jit, "jax.jit (A)") if self_check else (nbjit.jit, "nbjit")
+    jit_a, label_a = (jax_jit, "jax.jit (A)") if self_check else (nbjit_jit, "nbjit")
     bar = Progress(len(matrix), stream) if progress else None
     rows = []
     t0 = time.perf_counter()
     for i, scenario in enumerate(matrix):
         if bar:
             bar.update(i, scenario.name)
-        rows.append(run_scenario(scenario, jit_a, jax_jit, settings, nbjit.jit, floor_call,
+        rows.append(run_scenario(scenario, jit_a, jax_jit, settings, nbjit_jit, floor_call,
                                  self_check=self_check))
     if bar:
         bar.update(len(matrix), "done")
@@ -339,11 +340,16 @@ def _git_commit() -> str | None:
     return (head + ("+dirty" if dirty else "")) if head else None
 
 
+def _nbjit_version() -> str | None:
+    try:
+        return importlib.metadata.version("nbjit")
+    except importlib.metadata.PackageNotFoundError:  # (a checkout on sys.path, not installed)
+        return None
+
+
 def metadata(settings: measure.Settings, self_check: bool, label_a: str) -> dict[str, Any]:
     import jaxlib
     import numba
-
-    import nbjit
 
     devices = jax.devices()
     return {
@@ -357,7 +363,7 @@ def metadata(settings: measure.Settings, self_check: bool, label_a: str) -> dict
             "jaxlib": jaxlib.__version__,
             "numba": numba.__version__,
             "numpy": np.__version__,
-            "nbjit": getattr(nbjit, "__version__", None),
+            "nbjit": _nbjit_version(),
             "nbjit_commit": _git_commit(),
         },
         "machine": {

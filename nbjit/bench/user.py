@@ -111,20 +111,20 @@ def compare(fun: Callable[..., Any], *args: Any, jit_kwargs: dict[str, Any] | No
     `self_check` also times jax.jit against itself on the same call (3 s more)
     and keeps that ratio beside the result, to judge the machine's noise by.
     """
-    import nbjit
     from nbjit.bench.floor import floor_call
+    from nbjit.core.dispatch import jit as nbjit_jit
 
     options = dict(jit_kwargs or {})
     name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
     case = Case(fun, args, kwargs, options)
-    diff = first_difference(nbjit.jit(fun, **options), jax_jit(fun, **options), case)
+    diff = first_difference(nbjit_jit(fun, **options), jax_jit(fun, **options), case)
     if diff:
         raise OutputsDiffer(f"nbjit.jit({name}) and jax.jit({name}) return different outputs "
                             f"for these inputs ({diff}); nothing was timed. Please report it "
                             "with the inputs: nbjit must give jax.jit's outputs.")
     scenario = Scenario(name, len(jax.tree.leaves((args, kwargs))), "user", lambda: case,
                         block=False)
-    row = run_scenario(scenario, nbjit.jit, jax_jit, USER_SETTINGS, nbjit.jit, floor_call)
+    row = run_scenario(scenario, nbjit_jit, jax_jit, USER_SETTINGS, nbjit_jit, floor_call)
     assert row.ratio is not None and row.b_us is not None
     assert row.ratio_p10 is not None and row.ratio_p90 is not None
     check = None

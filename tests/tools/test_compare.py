@@ -264,7 +264,7 @@ def test_user_compare_refuses_different_outputs(monkeypatch):
     def off_by_one_jit(fun, **options):  # a dispatcher bug, simulated
         return jax_jit(lambda *a, **k: fun(*a, **k) + 1, **options)
 
-    monkeypatch.setattr(nbjit, "jit", off_by_one_jit)
+    monkeypatch.setattr(nbjit.core.dispatch, "jit", off_by_one_jit)  # what nbjit.compare times
     with pytest.raises(bench.OutputsDiffer, match="values differ.*nothing was timed"):
         nbjit.compare(_plus_two, jax.numpy.ones(2))
 
