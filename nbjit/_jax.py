@@ -9,10 +9,9 @@ is touched"):
     jaxlib's C++ reads the same fields: in the generated binders and keyers
     (`nbjit.core.binders`, `nbjit.core.keys`; their source text) and in
     `nbjit.core.keys.leaf_signature` and `nbjit.observe.explain`; off the
-    hit path, through `array_sharding` here (`nbjit.host.steps`);
-  * ``sharding._device_assignment`` in `nbjit.multiprocess.signature` (a
-    sharding's device ids); `nbjit.host.plan` reads a GSPMDSharding's
-    through `gspmd_parts` here.
+    hit path, through `array_sharding` here (`nbjit.host.steps`).
+A sharding's device order is read here (`device_assignment`,
+`addressable_device_assignment`, `gspmd_parts`).
 """
 
 from __future__ import annotations
@@ -162,6 +161,11 @@ def live_executables(backend=None) -> list:
 
 def addressable_device_assignment(sharding):
     return sharding._addressable_device_assignment
+
+
+def device_assignment(sharding):
+    """The devices of `sharding` in its own order (every process's, not only this one's)."""
+    return sharding._device_assignment
 
 
 def array_sharding(x):

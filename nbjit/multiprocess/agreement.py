@@ -51,6 +51,7 @@ from typing import Any
 from jax import tree_util
 
 from nbjit import _jax
+from nbjit.core import view as _view
 from nbjit.core.view import JitView
 from nbjit.multiprocess import exchange as _exchange
 from nbjit.multiprocess.exchange import (
@@ -94,9 +95,10 @@ def _function(jitted: JitView) -> FunctionInfo:
     if info is None:
         from nbjit._kernels import stable_text_hash  # deferred: importing numba is slow
 
-        name = function_name(jitted._fun)
+        facts = _view.info(jitted)
+        name = function_name(facts.fun)
         info = FunctionInfo(name, f"{stable_text_hash(name) & MASK64:016x}",
-                            _options_spans(jitted), encode(jitted._options))
+                            _options_spans(jitted), encode(facts.options))
         _functions[jitted] = info
     return info
 
@@ -105,7 +107,7 @@ def _options_spans(jitted: JitView) -> bool:
     spans = _options_span.get(jitted)
     if spans is None:
         spans = _options_span[jitted] = any(
-            _sharding_spans(s) for s in tree_util.tree_leaves(jitted._options)
+            _sharding_spans(s) for s in tree_util.tree_leaves(_view.info(jitted).options)
             if isinstance(s, _jax.Sharding))
     return spans
 
@@ -159,8 +161,9 @@ def _local_validation(jitted: JitView, args: tuple, kwargs: dict) -> Callable[[]
     get wrong on its own (incompatible devices, bad types) with JAX's message.
     """
     def validate() -> None:
-        upstream = _jax.jax_jit(jitted._fun, **jitted._options)  # as the dispatcher makes it
-        _jax.lower_as_called(upstream, jitted._fun, args, kwargs)
+        facts = _view.info(jitted)
+        upstream = _jax.jax_jit(facts.fun, **facts.options)  # as the dispatcher makes it
+        _jax.lower_as_called(upstream, facts.fun, args, kwargs)
 
     return validate
 

@@ -67,7 +67,7 @@ def _describe_sharding(sharding: Any) -> str:
     if isinstance(sharding, _jax.SingleDeviceSharding):
         device: Any = next(iter(sharding.device_set))  # (jax's stubs: Device has no id)
         return f"SingleDeviceSharding(device {device.id}{suffix})"
-    ids = [d.id for d in sharding._device_assignment]
+    ids = [d.id for d in _jax.device_assignment(sharding)]
     return f"{type(sharding).__name__}(devices {_ids_text(ids)}{suffix})"
 
 

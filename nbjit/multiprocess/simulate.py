@@ -156,10 +156,7 @@ def simulate(processes: int, scenario: str = "agree", *, leaves: int = 100,
     `odd` is the rank that is late, differs or never calls (default: the middle one);
     `latency_s`: each store call's round trip."""
     module = importlib.import_module(exchange)
-    # this exchange's public names, or those of the earlier ones (`--exchange`)
-    agree = getattr(module, "agree", None) or module._exchange
-    process_state = getattr(module, "ProcessState", None) or module._Process
-    function_info = getattr(module, "FunctionInfo", None) or module._Function
+    agree, process_state, function_info = module.agree, module.ProcessState, module.FunctionInfo
     odd = processes // 2 if odd is None else odd
     store = CountingStore(latency_s)
     info = function_info("step (train.py:41)", "00000000000000f1", True, "{}")
