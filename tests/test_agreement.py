@@ -565,3 +565,55 @@ def test_retries_after_a_decision_wait_for_each_other_and_agree(timeout):
     again = run_ranks(store, {q: signature("8") for q in range(3)}, 3, late={2: 0.5},
                       processes=processes)
     assert all("error" not in o for o in again.values()), again
+
+
+def test_a_late_count_completer_that_raises_takes_the_untold_waiters_with_it():
+    """Two processes time out on two missing ones and raise; the missing two
+    then arrive: one publishes after the decision was read (told nothing) and
+    waits on agreed/<sig>, the other completes the count. The completer follows
+    the decision (it did not call in time) and raises: so must the waiter,
+    which would otherwise wake on agreed/<sig> and run alone."""
+    from nbjit.multiprocess import exchange as X
+    from nbjit.multiprocess.signature import Signature
+    from nbjit.multiprocess.simulate import CountingStore
+
+    waiting, agreed = threading.Event(), threading.Event()
+
+    class Gate(CountingStore):  # holds rank 2's first wait on agreed/ until it is set
+        def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
+            if threading.current_thread().name == "p2" and "/agreed/" in key:
+                waiting.set()
+                agreed.wait(10)
+            return super().blocking_key_value_get(key, timeout_in_ms)
+
+        def key_value_set(self, key: str, value: str, allow_overwrite: bool = False) -> None:
+            super().key_value_set(key, value, allow_overwrite)
+            if "/agreed/" in key:
+                agreed.set()
+
+    old = X.configure(timeout_s=0.3)
+    try:
+        store, info = Gate(), X.FunctionInfo("f", "00000000000000ab", True, "{}")
+        signature = Signature(12345, [["args[0]", "float32[4]"]])
+        outcome: dict[int, str] = {}
+
+        def call(rank: int) -> None:
+            try:
+                X.agree(store, info, signature, f"s.py:{rank}", rank, 4, X.ProcessState())
+                outcome[rank] = "ran"
+            except X.AgreementError:
+                outcome[rank] = "AgreementError"
+
+        first = [threading.Thread(target=call, args=(r,), name=f"p{r}") for r in (0, 1)]
+        for t in first:
+            t.start()
+        for t in first:
+            t.join(10)
+        late = threading.Thread(target=call, args=(2,), name="p2")
+        late.start()
+        assert waiting.wait(10)
+        call(3)  # completes the count
+        late.join(10)
+    finally:
+        X.configure(**old)
+    assert outcome == dict.fromkeys(range(4), "AgreementError")

@@ -187,3 +187,20 @@ def test_a_static_function_is_named_without_its_address():
 def test_nothing_differs_gives_none():
     tree = tree_util.tree_structure({"a": [x, Net(x, 1.0)]})
     assert _names.structure_difference("args[0]", tree, tree, str, str) is None
+
+
+class Scaled(eqx.Module):
+    w: jax.Array
+    scale: float = eqx.field(static=True)
+
+    def __call__(self, y):
+        return self.w * y * self.scale
+
+
+def test_filter_jits_wrapped_module_named_by_its_field():
+    """filter_jit splits the wrapped callable too: a static field of a Module
+    used as the function is named by its path under `fun`."""
+    for scale in (1.0, 2.0):
+        nbjit.filter_jit(Scaled(x, scale))(x)
+    fields = [r.fields for r in nbjit.ranked_misses() if "Scaled" in r.function]
+    assert ("fun.scale (static field)",) in fields, fields

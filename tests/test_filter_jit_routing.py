@@ -78,3 +78,24 @@ def test_run_reports_filter_jit_functions(tmp_path, switch):
         assert "ran nbjit.filter.jit" in out.stdout
         step = rows["step (train.py:4)"]
         assert (step["calls"], step["hits"], step["misses"]) == (4, 2, 2)
+
+
+def test_an_unsupported_equinox_keeps_its_own_filter_jit():
+    """Routing must not break a user's equinox: outside the versions filter_jit
+    supports, patching warns and leaves equinox.filter_jit as it is."""
+    code = textwrap.dedent("""
+        import warnings
+        import equinox as eqx
+        eqx.__version__ = "0.13.7"  # below the supported range
+        own = eqx.filter_jit
+        import nbjit
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            nbjit.patch_jax()
+        print(eqx.filter_jit is own, float(eqx.filter_jit(lambda x: x + 1)(1.0)),
+              any("equinox.filter_jit left as it is" in str(w.message) for w in caught))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "2.0", "True"]

@@ -402,3 +402,26 @@ def test_a_deferred_package_loads_its_names_on_first_use():
                           timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["False", "True True True"]
+
+
+def test_run_after_jax_was_imported_gets_every_room(tmp_path):
+    """jax imported before `run` launches (a sitecustomize, a wrapper): the
+    deferred package loads whole when jax is patched, so host inputs get their
+    input steps (a fast path, private copies for JAX's path), not JAX's path."""
+    (tmp_path / "s.py").write_text(textwrap.dedent("""
+        import jax, numpy as np
+        f = jax.jit(lambda x: x + 0)
+        for i in range(4):
+            x = np.ones(1 << 16, np.float32)
+            y = f(x)
+            x[:] = 7  # a later write must not change y
+            assert float(y[0]) == 1.0 and float(y[-1]) == 1.0
+        print(type(f).__module__, f.stats().hits, f.stats().slow)
+    """))
+    code = ("import sys, jax; sys.argv = ['nbjit', 'run', 's.py']\n"
+            "from nbjit.__main__ import main\n"
+            "sys.exit(main(['run', '--no-report', 's.py']))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["nbjit.core.dispatch", "3", "0"]

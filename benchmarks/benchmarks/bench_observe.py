@@ -52,7 +52,9 @@ class ClosestEntry(common.Prepared):
         kernels, new, rows = _rows(entries, leaves)
         if impl == "python":
             new, rows = tuple(new.tolist()), [tuple(r.tolist()) for r in rows]
-            closest = kernels.closest_python
+            # the Python twin: nbjit.observe.distance (re-exported by _kernels on older commits)
+            closest = getattr(kernels, "closest_python", None) or _nbjit_module(
+                "nbjit.observe.distance").closest_python
         else:
             closest = kernels.closest_numba
         closest(new, rows)  # compile / load from cache

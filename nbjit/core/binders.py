@@ -441,6 +441,7 @@ class BinderTable(dict):
             "other_keywords": _other_keywords,
         }
         self.spanned: dict[Any, Callable[[Any, tuple, dict], Any]] = {}  # the traced flavour's
+        self.keyers: dict[Any, Callable[[Any, tuple, dict], Any]] = {}  # the key-only flavour's
         self.flavour = "plain"
         self.hit = _make_hit(self.env, "plain")
         flavour = _flavours.watch_table(self)
@@ -489,8 +490,16 @@ class BinderTable(dict):
         return binder
 
     def key_only(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
-        """A binder that keys a call and returns ``(leaves, key, shardings)``."""
-        return make_binder(self.split(shape), self.env, "key_only")
+        """A binder that keys a call and returns ``(leaves, key, shardings)``
+        (made once per call shape: building a binder's source costs far more
+        than running it)."""
+        binder = self.keyers.get(shape)
+        if binder is None:
+            binder = make_binder(self.split(shape), self.env, "key_only")
+            if len(self.keyers) >= MAX_CALL_SHAPES:
+                self.keyers.clear()
+            self.keyers[shape] = binder
+        return binder
 
     def source(self, shape: Any, flavour: str | None = None) -> str:
         return _source(self.split(shape), _flavours.flavour(flavour or self.flavour))

@@ -101,8 +101,13 @@ def watch_table(table: _Table) -> str:
 
 
 def use_flavour(name: str) -> None:
-    """Every binder table, live and future, switches to flavour `name`."""
+    """Every binder table, live and future, switches to flavour `name`: "plain",
+    or one that times the hit path ("timed"). "traced" is chosen per call (a
+    profiler session, `traced_call`) and "key_only" runs nothing: neither can be
+    every call's."""
     flavour(name)  # registered
+    if name in ("traced", "key_only"):
+        raise ValueError(f"flavour {name!r} cannot be switched on for every call")
     with _lock:
         _current[0] = name
         tables = list(_tables.values())

@@ -15,7 +15,6 @@ when it was made, rather than these private ones.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -41,17 +40,21 @@ class JitInfo:
     binders: Any  # its call shape -> binder table (`nbjit.core.binders.BinderTable`)
 
 
-_infos: weakref.WeakKeyDictionary[Any, JitInfo] = weakref.WeakKeyDictionary()
-
-
 def register_info(jitted: Any, facts: JitInfo) -> None:
-    """Called once by `PjitFunction.__init__`."""
-    _infos[jitted] = facts
+    """Called once by `PjitFunction.__init__`. The facts live on the function
+    itself, not in a module-level table: they hold the Python function, which
+    may be a bound method of an object that holds the jitted function (``self.step
+    = nbjit.jit(self._step)``); a table keyed weakly by the jitted function would
+    keep that object, and its executables, alive for good."""
+    jitted._jit_info = facts
 
 
 def info(jitted: Any) -> JitInfo:
     """The `JitInfo` of a `PjitFunction` (KeyError for anything else)."""
-    return _infos[jitted]
+    try:
+        return jitted._jit_info
+    except AttributeError:
+        raise KeyError(jitted) from None
 
 
 class JitView(Protocol):

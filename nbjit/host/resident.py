@@ -199,8 +199,9 @@ class ResidentSlots:
         if self.by_array.pop(id(slot[1]), None) is not None:
             self.made -= 1
             with _held_lock:  # (the runtime frees its memory once nothing reads it)
-                self.held[0] -= self.slot_bytes
-                _held[0] -= self.slot_bytes
+                if not self.broken:  # (given up: `give_up` released every slot's bytes)
+                    self.held[0] -= self.slot_bytes
+                    _held[0] -= self.slot_bytes
             self.retired += 1
             if self.retired >= self.MAX_RETIRED:
                 self.give_up()

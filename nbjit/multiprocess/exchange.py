@@ -42,9 +42,14 @@ after that read was not seen, but it polls ``verdict/S``, which is written
 after the outcomes, so it finds the decision at its next poll. It then reads
 its own outcome key (set: it was seen, follow it), else follows the verdict
 when the verdict covers it: this process has not acted on that decision
-before (else this attempt is a retry, and waits as a new round) and the
-process the decision turned on has made no attempt since (else it may have
-retried with S, and S may still be agreed), and ``agreed/S`` is still unset.
+before (else this attempt is a retry, and waits as a new round), and, for a
+decision that another signature differs, the process it turned on has made
+no attempt since (else it may have retried with S, and S may still be
+agreed), and ``agreed/S`` is still unset. A decision that some process did
+not call in time covers every attempt that meets it first: the processes it
+told have raised. An attempt that completes the count while such a decision
+covers it tells the attempts still waiting (their outcome keys) before it
+sets ``agreed/S``, then raises with them.
 A process that arrives after a decision thus raises the same error, within a
 poll or two, whether it differs or not, and so does a process that did not
 call within the timeout and calls afterwards. A waiting process that no
@@ -318,10 +323,38 @@ class _Attempt:
         # may still be covered by a decision made while it was on its way (say, it
         # is the process that did not call within the timeout).
         text = store.get(f"verdict/{me}")
+        if text is not None and self._covers(text):
+            # This attempt follows that decision (it raises below): so must the
+            # waiting attempts the decision did not reach, before agreed/<sig>
+            # wakes them, or they would run alone.
+            self._tell_waiting(text)
         store.set(f"agreed/{me}", "1")
         if text is not None:
             self._apply(text, agreed=True)
         return True
+
+    def _covers(self, text: str) -> bool:
+        """Whether the stored decision `text` covers this attempt (as `_apply` reads it
+        for the attempt that completed the count), acting on nothing."""
+        verdict = json.loads(text)
+        if (self.info.key, verdict["id"]) in self.process.followed:
+            return False
+        if self.store.get(self._outcome_key(self.rank, self.seq)) is not None:
+            return True
+        return self._holds(verdict)
+
+    def _tell_waiting(self, text: str) -> None:
+        """Sets the outcome key of every attempt waiting on this signature that has
+        none. Every process has published it (the count is complete), and each
+        sets latest/ before its increment, so this one read sees them all."""
+        store = self.store
+        for q, value in store.read("latest/").items():
+            entry = json.loads(value)
+            if (int(q) != self.rank and entry["sig"] == self.me
+                    and entry["state"] == "waiting"):
+                key = self._outcome_key(int(q), entry["seq"])
+                if store.get(key) is None:
+                    store.set(key, text)
 
     @staticmethod
     def _outcome_key(rank: int, seq: int) -> str:
@@ -363,14 +396,17 @@ class _Attempt:
         return True
 
     def _holds(self, verdict: dict) -> bool:
-        """Whether the process whose call the decision turned on has made no
-        attempt since (then this signature cannot be agreed without it), or is
-        this one, told nothing yet."""
+        """Whether a decision this process has not followed covers this attempt:
+        always for one that some process did not call in time (the processes it
+        told have raised, so every attempt that meets it first raises too); for
+        one that another signature differs, while the process whose call it
+        turned on has made no attempt since (then this signature cannot be
+        agreed without it), or when that process is this one."""
         q, seq = verdict["check"]
         if q == self.rank:
             return True  # it did not call, or called another signature, and is told now
-        if seq is None:  # alone: q had not published this signature
-            return self.store.get(f"seen/{self.me}/{q}") is None
+        if seq is None:  # alone: the processes told have raised; every attempt that
+            return True  # meets the decision first (late, or untold) raises with them
         other = self.store.get(f"latest/{q}")
         return other is not None and json.loads(other)["seq"] == seq
 

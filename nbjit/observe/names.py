@@ -189,7 +189,9 @@ def _has_argument(description: Any, path: str) -> bool:
     (``args[i]`` or ``kwargs['name']``)."""
     if path.startswith("args["):
         return int(path[5:path.index("]")]) < description.positional
-    return any(path == f"kwargs[{name!r}]" for name in description.keyword_names)
+    if path.startswith("kwargs["):
+        return any(path == f"kwargs[{name!r}]" for name in description.keyword_names)
+    return True  # not an argument (filter_jit's wrapped callable, "fun"): always there
 
 
 class _LeafNames:

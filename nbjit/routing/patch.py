@@ -123,6 +123,12 @@ def _apply_filter_jit(want: bool) -> None:
     if want and not _saved_filter:
         if not _filter.equinox_available():
             return
+        try:  # an equinox outside the versions filter_jit supports keeps its own
+            importlib.import_module("nbjit.filter.jit")
+        except ImportError as error:
+            warnings.warn(f"nbjit: equinox.filter_jit left as it is: {error}", RuntimeWarning,
+                          stacklevel=4)
+            return
         equinox = importlib.import_module("equinox")
         _saved_filter.append((equinox, equinox.filter_jit))
         setattr(equinox, "filter_jit", _filter.filter_jit)  # noqa: B010 (a module typed loosely)

@@ -55,7 +55,7 @@ def launching() -> bool:
         orig = list(getattr(sys, "orig_argv", []))
         return "-mnbjit" in orig or any(
             a == "-m" and b == "nbjit" for a, b in zip(orig, orig[1:], strict=False))
-    return os.path.basename(argv[0]).startswith("nbjit")
+    return os.path.basename(argv[0]) in ("nbjit", "nbjit-compare")  # the console scripts
 
 
 def run_script(argv: Sequence[str], module: bool = False,
@@ -200,6 +200,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         try:
             from nbjit.routing import patch
 
+            # The whole package, every room registered into the core (a package
+            # deferred while `run` launched loads here: jax was imported first).
+            _ = importlib.import_module("nbjit").jit
             first = "jax" not in self._done
             self._done.update(todo)
             self._watched -= self._done
