@@ -46,13 +46,13 @@ def register_info(jitted: Any, facts: JitInfo) -> None:
     may be a bound method of an object that holds the jitted function (``self.step
     = nbjit.jit(self._step)``); a table keyed weakly by the jitted function would
     keep that object, and its executables, alive for good."""
-    jitted._jit_info = facts
+    jitted._nbjit_info = facts
 
 
 def info(jitted: Any) -> JitInfo:
     """The `JitInfo` of a `PjitFunction` (KeyError for anything else)."""
     try:
-        return jitted._jit_info
+        return jitted._nbjit_info
     except AttributeError:
         raise KeyError(jitted) from None
 

@@ -23,15 +23,11 @@ something else). The wait ends early when q cannot catch up: q waits at a
 miss of its own that p never published (both processes wait on each other),
 or q raised against p's waiting call (p raises too even if q retries with
 p's signature). After the timeout p raises `AgreementError` when q published a
-differing signature, or when q never called the function (a process that
-skips a call would leave the others waiting in its collectives); q, calling
-afterwards, raises it too. A process that reaches a call after the others
-decided there learns that decision within a poll or two (exchange.py). A
-process that hits never publishes, so only the missing side can be told.
-`AgreementWarning`: the store itself failed, and the call went on unchecked.
-An error JAX raises for p's call on its own (say, committed arrays on
-incompatible devices) comes before `AgreementError`: agreement is for calls
-that are valid on each process.
+differing signature, and warns (`AgreementWarning`) and goes on when q never
+called the function. A process that hits never publishes, so only the
+missing side can be told. An error JAX raises for p's call on its own (say,
+committed arrays on incompatible devices) comes before `AgreementError`:
+agreement is for calls that are valid on each process.
 
 Configuration: ``NBJIT_AGREEMENT_TIMEOUT`` (seconds, default
 `DEFAULT_TIMEOUT_S`) and ``NBJIT_CHECK_AGREEMENT=1`` (host-value hashes; off
@@ -53,26 +49,33 @@ from jax import tree_util
 from nbjit import _jax
 from nbjit.core import view as _view
 from nbjit.core.view import JitView
-from nbjit.multiprocess import exchange as _exchange
 from nbjit.multiprocess.exchange import (
-    NOT_CALLER,
+    _MASK64,
+    _NOT_CALLER,
     AgreementError,
     AgreementWarning,
     Counters,
-    FunctionInfo,
+    _config,
+    _counters,
+    _exchange,
+    _Function,
     configure,
     counters,
 )
+from nbjit.multiprocess.exchange import _PREFIX as _PREFIX  # noqa: PLC0414
+from nbjit.multiprocess.exchange import _Process as _Process  # noqa: PLC0414
 from nbjit.multiprocess.signature import (
-    MASK64,
-    Memo,
     Signature,
+    _encode,
+    _Memo,
     describe_signature,
-    encode,
     first_difference,
 )
 from nbjit.observe import spans as _spans
 from nbjit.observe.names import call_site, function_name, process_label
+
+# `_exchange`, `_Process`, `_Function`, `Signature` and `_PREFIX` stay reachable here,
+# where the exchange lived before it moved to exchange.py (tests, simulations).
 
 __all__ = ["AgreementError", "AgreementWarning", "Counters", "Signature",
            "check", "configure", "counters", "describe_signature", "first_difference",
@@ -84,12 +87,12 @@ __all__ = ["AgreementError", "AgreementWarning", "Counters", "Signature",
 
 
 # sharding -> whether its devices span processes
-_sharding_spans = Memo(lambda sharding: _jax.sharding_process_count(sharding) > 1, 4096)
-_functions: weakref.WeakKeyDictionary[Any, FunctionInfo] = weakref.WeakKeyDictionary()
+_sharding_spans = _Memo(lambda sharding: _jax.sharding_process_count(sharding) > 1, 4096)
+_functions: weakref.WeakKeyDictionary[Any, _Function] = weakref.WeakKeyDictionary()
 _options_span: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
-def _function(jitted: JitView) -> FunctionInfo:
+def _function(jitted: JitView) -> _Function:
     """The function's name and store key (named only once it takes part)."""
     info = _functions.get(jitted)
     if info is None:
@@ -97,8 +100,8 @@ def _function(jitted: JitView) -> FunctionInfo:
 
         facts = _view.info(jitted)
         name = function_name(facts.fun)
-        info = FunctionInfo(name, f"{stable_text_hash(name) & MASK64:016x}",
-                            _options_spans(jitted), encode(facts.options))
+        info = _Function(name, f"{stable_text_hash(name) & _MASK64:016x}",
+                         _options_spans(jitted), _encode(facts.options))
         _functions[jitted] = info
     return info
 
@@ -125,8 +128,8 @@ def _spans_processes(jitted: JitView, leaves: Sequence) -> bool:
 
 def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
           description: Any) -> None:
-    """Returns when every process agrees on this call's signature; raises
-    `AgreementError` when one differs or did not call within the timeout (or
+    """Returns when every process agrees on this call's signature (or is
+    missing, after a warning); raises `AgreementError` when one differs (or
     the error JAX raises for this process's call on its own).
 
     Returns at once for a single process and for process-local functions.
@@ -141,16 +144,15 @@ def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
     info = _function(jitted)
     start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
-                                   _exchange.settings()["check_host_values"])
-    _exchange.count(describe_seconds=time.perf_counter() - start)
+                                   _config["check_host_values"])
+    _counters.describe_seconds += time.perf_counter() - start
     try:
         with _spans.span(_spans.AGREEMENT):  # in a profiler trace
-            _exchange.agree(client, info, signature, call_site(), _jax.process_index(),
-                            _jax.process_count(), validate=_local_validation(jitted, args, kwargs))
+            _exchange(client, info, signature, call_site(), _jax.process_index(),
+                      _jax.process_count(), validate=_local_validation(jitted, args, kwargs))
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
-        _exchange.count(warnings=1)
         warnings.warn(f"nbjit: multi-process agreement of {info.name} skipped: {error}",
-                      AgreementWarning, skip_file_prefixes=NOT_CALLER)
+                      AgreementWarning, skip_file_prefixes=_NOT_CALLER)
 
 
 def _local_validation(jitted: JitView, args: tuple, kwargs: dict) -> Callable[[], None]:
@@ -167,3 +169,5 @@ def _local_validation(jitted: JitView, args: tuple, kwargs: dict) -> Callable[[]
 
     return validate
 
+
+_first_difference = first_difference  # its name before the move to signature.py

@@ -6,62 +6,42 @@ mismatch, and every wait is a single-key blocking get.
 
 Store layout, under ``nbjit/agreement/<function key>/`` (``<sig>``: a
 signature key in hex):
-  ``seen/<sig>/<rank>``: `rank` published `<sig>` (at any time; its call site);
+  ``seen/<sig>/<rank>``: `rank` published `<sig>` (at any time);
   ``count/<sig>``: how many processes published it (an atomic increment by
       each, on its first publication);
   ``agreed/<sig>``: set by the process whose increment reached N: every
       process published it, so every later miss of it passes at once;
   ``desc/<sig>``: its described entries, set once by its *leader*, the process
       whose increment returned 1;
-  ``latest/<rank>``: `rank`'s latest attempt (a small JSON: its sequence
-      number, signature, state and call site);
+  ``latest/<rank>``: `rank`'s latest attempt that waited (a small JSON: its
+      sequence number, signature, state and call site);
   ``out/<rank>.<seq>``: the outcome of `rank`'s waiting attempt `seq`, set by
-      the process that decided it (differs, rejected, not called);
-  ``verdict/<sig>``: the last decision about `<sig>` (with an id, and the
-      process whose next attempt makes it stale), set after the outcomes.
+      the process that decided it (differs, rejected, alone);
+  ``verdict/<sig>``: the last decision about `<sig>`, for a process that
+      arrives after it (naming one process whose next attempt makes it stale).
 
-A miss of signature S: publish the marker and the latest entry, increment the
-count (the leader also sets ``desc/S``); the process that completes the count
-sets ``agreed/S`` and goes on. The others block on ``agreed/S`` in growing
-polls (20 ms to 0.5 s) and between polls read ``verdict/S``. The leader alone
-also watches who is missing, one process per poll (its marker, then its
-latest attempt): a process waiting on a signature the leader never published
-cannot catch up (each waits for the other), so the leader decides at once.
-Deciding reads ``latest/`` and ``seen/S/`` once (N small entries each) and
-the described entries of each differing signature once, writes the outcome
-of every waiting attempt it sees (a rejection for those of other signatures:
-they raise even if this process calls again with theirs, so both sides skip
-the same call; the same verdict for those of its own), then ``verdict/<sig>``
-for every signature involved, and raises. After the timeout the leader
-decides the same way: a missing process that published another signature
-differs; one that never called is named as not calling.
+A miss of signature S: publish the marker, increment the count (the leader
+also sets ``desc/S``); the process that completes the count sets
+``agreed/S`` and goes on. The others block on ``agreed/S`` in growing polls
+(20 ms to 0.5 s) and between polls read their own outcome key. The leader
+alone also watches who is missing, one process per poll (its marker, then
+its latest attempt): a process waiting on a signature the leader never
+published cannot catch up (each waits for the other), so the leader decides
+at once. Deciding reads ``latest/`` and ``seen/S/`` once (N small entries
+each) and the described entries of each differing signature once, raises or
+warns, and writes the outcome of every waiting attempt it sees: a rejection
+for those of other signatures (they raise even if this process calls again
+with theirs, so both sides skip the same call), the same verdict for those
+of its own. After the timeout the leader decides as the old exchange did:
+raise when a missing process published another signature, warn when it
+never called. A process that nobody told anything by its timeout and a
+grace (it arrived after the decision, or its leader hits or crashed)
+follows ``verdict/<sig>`` while that holds, and otherwise decides itself.
 
-Nobody is left waiting once a decision is made. The decider tells through
-``out/`` the attempts its read of ``latest/`` showed; an attempt published
-after that read was not seen, but it polls ``verdict/S``, which is written
-after the outcomes, so it finds the decision at its next poll. It then reads
-its own outcome key (set: it was seen, follow it), else follows the verdict
-when the verdict covers it: this process has not acted on that decision
-before (else this attempt is a retry, and waits as a new round), and, for a
-decision that another signature differs, the process it turned on has made
-no attempt since (else it may have retried with S, and S may still be
-agreed), and ``agreed/S`` is still unset. A decision that some process did
-not call in time covers every attempt that meets it first: the processes it
-told have raised. An attempt that completes the count while such a decision
-covers it tells the attempts still waiting (their outcome keys) before it
-sets ``agreed/S``, then raises with them.
-A process that arrives after a decision thus raises the same error, within a
-poll or two, whether it differs or not, and so does a process that did not
-call within the timeout and calls afterwards. A waiting process that no
-decision reaches by its timeout and a grace (its leader hits or crashed)
-follows the verdict on the same terms, or decides itself.
-
-Per miss when every process agrees: N markers, latest entries and
-increments, one get of ``agreed/S`` and of the outcome key per waiting
-process, and the leader's N-entry read and marker checks: at most 4N small
-entries served. Waiting adds O(1) per process per poll (the wait and the get
-of ``verdict/S``, which serves nothing until a decision).
-docs/multi-controller.md has the cost model and the simulated table
+Per miss when every process agrees: N markers and increments, one get of
+``agreed/S`` per waiting process, and the leader's N-entry read and marker
+checks: at most 4N small entries served. Waiting adds O(1) per process per
+poll. docs/multi-controller.md has the cost model and the simulated table
 (`python -m nbjit.multiprocess.simulate`).
 """
 
@@ -71,24 +51,23 @@ import json
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from nbjit import _jax
-from nbjit.multiprocess.signature import MASK64, Signature, first_difference, published_entries
+from nbjit.multiprocess.signature import _MASK64, Signature, first_difference, published_entries
 
-__all__ = ["DEFAULT_TIMEOUT_S", "NOT_CALLER", "PREFIX", "AgreementError", "AgreementWarning",
-           "Counters", "FunctionInfo", "ProcessState", "agree", "configure", "count",
-           "counters", "settings"]
+__all__ = ["AgreementError", "AgreementWarning", "Counters", "configure", "counters"]
 
 DEFAULT_TIMEOUT_S = 60.0
-PREFIX = "nbjit/agreement"
+_PREFIX = "nbjit/agreement"
 _FIRST_POLL_S = 0.02
 _MAX_POLL_S = 0.5
 _GRACE_S = 2.0  # a waiting process decides for itself this long after its timeout
 _DESCRIPTION_WAIT_S = 5.0  # a leader sets its description right after its increment
-NOT_CALLER = (_jax.NBJIT_DIR + os.sep,)  # warnings point past nbjit's frames
+_NOT_CALLER = (_jax.NBJIT_DIR + os.sep,)  # warnings point past nbjit's frames
 
 
 class AgreementError(ValueError):
@@ -106,7 +85,7 @@ class AgreementError(ValueError):
 
 
 class AgreementWarning(RuntimeWarning):
-    """Agreement of a call was skipped: the key-value store itself failed."""
+    """A process did not call a function that spans processes within the timeout."""
 
 
 def _env_timeout() -> float:
@@ -144,7 +123,7 @@ class Counters:
     waited_seconds: float = 0.0  # of which waiting for other processes
     max_wait_seconds: float = 0.0
     errors: int = 0  # AgreementErrors raised (not the errors JAX raised first)
-    warnings: int = 0  # agreements skipped because the store failed
+    warnings: int = 0
 
 
 _counters = Counters()
@@ -155,37 +134,23 @@ def counters() -> Counters:
     return _counters
 
 
-def settings() -> dict[str, Any]:
-    """The current settings (a copy): `timeout_s`, `check_host_values`."""
-    return dict(_config)
-
-
-def count(**added: float) -> None:
-    """Adds to this process's counters (agreement's own: describing, warnings)."""
-    with _counters_lock:
-        for name, value in added.items():
-            setattr(_counters, name, getattr(_counters, name) + value)
-
-
 @dataclass(frozen=True)
-class FunctionInfo:
+class _Function:
     name: str
     key: str  # hex of the name's stable hash: the store's directory for it
     options_span: bool  # explicit in/out shardings span processes
     options_text: str
 
 
-class ProcessState:
+class _Process:
     """What this process published, per function key: signature keys, the
-    ones it leads, its exchange count, the waiting attempts it rejected, and
-    the decisions it followed."""
+    ones it leads, its exchange count, and the waiting attempts it rejected."""
 
     def __init__(self) -> None:
         self.published: dict[str, set[int]] = {}
         self.leads: set[tuple[str, int]] = set()
         self.sequence: dict[str, int] = {}
         self.rejected: set[tuple[str, int, int]] = set()  # (function, rank, seq) raised against
-        self.followed: set[tuple[str, str]] = set()  # (function, decision id) acted on
         self.lock = threading.Lock()
 
     def publish(self, function: str, key: int) -> tuple[set[int], int, bool]:
@@ -199,7 +164,7 @@ class ProcessState:
         return published, seq, first
 
 
-_this_process = ProcessState()
+_this_process = _Process()
 
 
 class _Store:
@@ -231,17 +196,17 @@ class _Store:
         return {key.rsplit("/", 1)[1]: value for key, value in found}
 
 
-def agree(client: Any, info: FunctionInfo, signature: Signature, site: str, rank: int,
-          n: int, process: ProcessState = _this_process,
-          validate: Callable[[], None] | None = None) -> None:
+def _exchange(client: Any, info: _Function, signature: Signature, site: str, rank: int,
+              n: int, process: _Process = _this_process,
+              validate: Callable[[], None] | None = None) -> None:
     """Publishes `signature`, then waits for the others (see the module docstring).
 
-    Returns when every process published it; raises `AgreementError` when one
-    differs or did not call within the timeout, or the error `validate` raises
-    for this process's own call (JAX's, which comes first).
+    Returns when every process published it (or, after a warning, when some
+    never called); raises `AgreementError` when one differs, or the error
+    `validate` raises for this process's own call (JAX's, which comes first).
     """
     start = time.perf_counter()
-    store = _Store(client, f"{PREFIX}/{info.key}/")
+    store = _Store(client, f"{_PREFIX}/{info.key}/")
     attempt = _Attempt(store, info, signature, site, rank, n, process, validate)
     at_once = False
     try:
@@ -263,17 +228,16 @@ def agree(client: Any, info: FunctionInfo, signature: Signature, site: str, rank
 class _Attempt:
     """One exchange of one process: publish, wait, and decide when it must."""
 
-    def __init__(self, store: _Store, info: FunctionInfo, signature: Signature, site: str,
-                 rank: int, n: int, process: ProcessState, validate: Callable | None) -> None:
+    def __init__(self, store: _Store, info: _Function, signature: Signature, site: str,
+                 rank: int, n: int, process: _Process, validate: Callable | None) -> None:
         self.store, self.info, self.signature, self.site = store, info, signature, site
         self.rank, self.n, self.process, self.validate = rank, n, process, validate
-        self.key = signature.key & MASK64
+        self.key = signature.key & _MASK64
         self.me = f"{self.key:016x}"
         self.published, self.seq, self.first = process.publish(info.key, self.key)
         self.leads = False
         self.missing: list[int] | None = None  # the leader's view of who has not published
         self.turn = 0
-        self.passed: str | None = None  # the last verdict found not to apply to this attempt
 
     def run(self, deadline: float) -> bool:
         """Returns whether the processes agreed at once (no poll timed out)."""
@@ -292,11 +256,12 @@ class _Attempt:
                     self._fallback()
                 return False
             if store.wait(f"agreed/{me}", min(poll, end - now)) is not None:
-                # a decider may have rejected this attempt before a retry completed it
                 self._follow(store.get(self._outcome_key(self.rank, self.seq)))
                 return at_once
             at_once = False
-            if self._told():
+            outcome = store.get(self._outcome_key(self.rank, self.seq))
+            if outcome is not None:
+                self._follow(outcome)
                 return False
             if self.leads and self._watch():
                 return False
@@ -311,7 +276,7 @@ class _Attempt:
                 return True  # a re-miss of an agreed signature
             self._set_latest("waiting")
             return False
-        store.set(f"seen/{me}/{self.rank}", self.site)  # before latest: see _decide
+        store.set(f"seen/{me}/{self.rank}", str(self.seq))  # before latest: see _stuck
         self._set_latest("waiting")
         count = store.increment(f"count/{me}")
         if count == 1:
@@ -319,42 +284,10 @@ class _Attempt:
             store.set(f"desc/{me}", json.dumps(published_entries(self.signature.entries)))
         if count < self.n:
             return False
-        # Every process has published S now, so later attempts of it pass; this one
-        # may still be covered by a decision made while it was on its way (say, it
-        # is the process that did not call within the timeout).
-        text = store.get(f"verdict/{me}")
-        if text is not None and self._covers(text):
-            # This attempt follows that decision (it raises below): so must the
-            # waiting attempts the decision did not reach, before agreed/<sig>
-            # wakes them, or they would run alone.
-            self._tell_waiting(text)
         store.set(f"agreed/{me}", "1")
-        if text is not None:
-            self._apply(text, agreed=True)
+        # a process that decided while this one published may have written its outcome
+        self._follow(store.get(self._outcome_key(self.rank, self.seq)))
         return True
-
-    def _covers(self, text: str) -> bool:
-        """Whether the stored decision `text` covers this attempt (as `_apply` reads it
-        for the attempt that completed the count), acting on nothing."""
-        verdict = json.loads(text)
-        if (self.info.key, verdict["id"]) in self.process.followed:
-            return False
-        if self.store.get(self._outcome_key(self.rank, self.seq)) is not None:
-            return True
-        return self._holds(verdict)
-
-    def _tell_waiting(self, text: str) -> None:
-        """Sets the outcome key of every attempt waiting on this signature that has
-        none. Every process has published it (the count is complete), and each
-        sets latest/ before its increment, so this one read sees them all."""
-        store = self.store
-        for q, value in store.read("latest/").items():
-            entry = json.loads(value)
-            if (int(q) != self.rank and entry["sig"] == self.me
-                    and entry["state"] == "waiting"):
-                key = self._outcome_key(int(q), entry["seq"])
-                if store.get(key) is None:
-                    store.set(key, text)
 
     @staticmethod
     def _outcome_key(rank: int, seq: int) -> str:
@@ -363,52 +296,6 @@ class _Attempt:
     def _set_latest(self, state: str) -> None:
         self.store.set(f"latest/{self.rank}", json.dumps(
             {"seq": self.seq, "sig": self.me, "state": state, "site": self.site}))
-
-    def _told(self) -> bool:
-        """Acts on a decision about this attempt's signature, if one applies (one
-        get per poll: `verdict/<sig>`, which every decision sets after telling the
-        attempts it saw waiting). Raises when it applies; returns False otherwise."""
-        text = self.store.get(f"verdict/{self.me}")
-        if text is None or text == self.passed:
-            return False
-        return self._apply(text)
-
-    def _apply(self, text: str, agreed: bool = False) -> bool:
-        """Follows the stored decision `text` about this signature when it covers this
-        attempt; remembers it otherwise (it cannot come to cover it later).
-        `agreed`: this attempt completed the count itself."""
-        store, verdict = self.store, json.loads(text)
-        if (self.info.key, verdict["id"]) in self.process.followed:
-            self.passed = text  # this process was told already: this attempt is a retry
-            return False
-        outcome = store.get(self._outcome_key(self.rank, self.seq))
-        if outcome is not None:  # the decider saw this attempt waiting
-            self._follow(outcome)
-            return True
-        if not self._holds(verdict):
-            self.passed = text
-            return False
-        # It arrived after the decider read latest/: the decision covers it unless
-        # the signature has been agreed since (a process that differed retried).
-        if not agreed and store.get(f"agreed/{self.me}") is not None:
-            return False  # the next wait returns at once
-        self._follow(text)
-        return True
-
-    def _holds(self, verdict: dict) -> bool:
-        """Whether a decision this process has not followed covers this attempt:
-        always for one that some process did not call in time (the processes it
-        told have raised, so every attempt that meets it first raises too); for
-        one that another signature differs, while the process whose call it
-        turned on has made no attempt since (then this signature cannot be
-        agreed without it), or when that process is this one."""
-        q, seq = verdict["check"]
-        if q == self.rank:
-            return True  # it did not call, or called another signature, and is told now
-        if seq is None:  # alone: the processes told have raised; every attempt that
-            return True  # meets the decision first (late, or untold) raises with them
-        other = self.store.get(f"latest/{q}")
-        return other is not None and json.loads(other)["seq"] == seq
 
     def _watch(self) -> bool:
         """The leader's look at one missing process: decides (and returns True)
@@ -440,20 +327,16 @@ class _Attempt:
                 and (self.info.key, q, other["seq"]) not in self.process.rejected)
 
     def _decide(self, early: bool) -> str | None:
-        """Reads who published what, once; raises, and tells the waiting.
+        """Reads who published what, once; raises or warns, and tells the waiting.
 
         Returns None when there is nothing to decide yet (early: no process is
         stuck after all), "agreed" when every process has published meanwhile.
-        Tells every attempt that latest/ shows waiting through its outcome key,
-        then sets `verdict/<sig>` for each signature involved: the attempts that
-        published after that read find it at their next poll (`_told`).
         """
         store = self.store
         # latest before seen: a process shown waiting on a later miss had already
         # set its marker for ours, if it had one, so the seen read shows it.
         latest = {int(q): json.loads(v) for q, v in store.read("latest/").items()}
-        seen_sites = {int(q): v for q, v in store.read(f"seen/{self.me}/").items()}
-        seen = set(seen_sites) | {self.rank}
+        seen = {int(q) for q in store.read(f"seen/{self.me}/")} | {self.rank}
         missing = [q for q in range(self.n) if q not in seen]
         if not missing:
             store.set(f"agreed/{self.me}", "1")
@@ -463,46 +346,47 @@ class _Attempt:
             return None
         waiting = {q: e for q, e in latest.items() if q != self.rank
                    and e["state"] == "waiting" and (q in differing or e["sig"] == self.me)}
-        decision = f"{self.rank}.{self.seq}"
-        sites = seen_sites | {self.rank: self.site}
         if not differing:
-            first = missing[0]
             verdict = json.dumps({"kind": "alone", "missing": missing, "by": self.rank,
-                                  "id": decision, "sites": _group(sites),
-                                  "timeout": _config["timeout_s"], "check": [first, None]})
+                                  "check": [missing[0], None]})
             verdicts = {self.me: verdict}
         else:
             signatures = {q: self.me for q in seen} | {q: e["sig"] for q, e in differing.items()}
-            sites |= {q: e["site"] for q, e in differing.items()}
+            sites = {q: e["site"] for q, e in latest.items() if signatures.get(q) == e["sig"]}
             first = min(differing)  # a process whose next attempt makes these verdicts stale
             checks = {self.me: [first, differing[first]["seq"]]}
-            verdicts = _verdicts(self._entries(differing), signatures, sites, self.n, early,
-                                 _config["timeout_s"], self.rank, checks, [self.rank, self.seq],
-                                 decision)
+            verdicts = _verdicts(self._entries(differing), signatures,
+                                 sites | {self.rank: self.site}, self.n, early,
+                                 _config["timeout_s"], self.rank, checks, [self.rank, self.seq])
         for q, e in waiting.items():
             if q in differing:
                 self.process.rejected.add((self.info.key, q, e["seq"]))
             store.set(self._outcome_key(q, e["seq"]), verdicts[e["sig"]])
-        for sig, verdict in verdicts.items():  # for those that published after the read
+        for sig, verdict in verdicts.items():  # for those that arrive after this read
             store.set(f"verdict/{sig}", verdict)
         self._follow(verdicts[self.me])
-        return "decided"  # not reached: following a decision raises
+        return "alone"  # when it did not raise
 
     def _fallback(self) -> None:
-        """A waiting process that no decision reached by its timeout and a grace
-        (its leader hits or crashed): agreed when the count is complete, else
-        follows the last decision about its signature while it holds, or decides
-        itself."""
+        """A waiting process that no leader told anything in time: follows the last
+        decision about its signature while it still holds (three small gets; the
+        leader decided before this process arrived), or decides itself."""
         store, me = self.store, self.me
         count = store.get(f"count/{me}")
         if count is not None and int(count) >= self.n:
             return  # every process published it: agreed
         text = store.get(f"verdict/{me}")
-        if text is not None and text != self.passed:
+        if text is not None:
             verdict = json.loads(text)
-            if (self.info.key, verdict["id"]) not in self.process.followed and self._holds(
-                    verdict):
+            q, seq = verdict["check"]
+            if seq is None:  # alone: q had not called
+                holds = store.get(f"seen/{me}/{q}") is None
+            else:  # differs: q has made no attempt since
+                other = store.get(f"latest/{q}")
+                holds = other is not None and json.loads(other)["seq"] == seq
+            if holds:
                 self._follow(text)
+                return
         self._decide(early=False)
 
     def _entries(self, differing: dict[int, dict]) -> dict[str, list]:
@@ -515,20 +399,23 @@ class _Attempt:
         return entries
 
     def _follow(self, outcome: str | None) -> None:
-        """Acts on a decided outcome: raises AgreementError (differs, or some process
-        did not call), or returns (None)."""
+        """Acts on a decided outcome: raises (differs), warns (alone), or returns (None)."""
         if outcome is None:
             return
         verdict = json.loads(outcome)
-        with self.process.lock:
-            self.process.followed.add((self.info.key, verdict["id"]))
+        if verdict["kind"] == "alone":
+            self._set_latest("alone")
+            with _counters_lock:
+                _counters.warnings += 1
+            warnings.warn(_missing_message(self.info, self.rank, verdict["missing"],
+                                           _config["timeout_s"]),
+                          AgreementWarning, skip_file_prefixes=_NOT_CALLER)
+            return
         self._set_latest("differs")
         if self.validate is not None:
             self.validate()  # an error JAX raises for this process's call alone comes first
         with _counters_lock:
             _counters.errors += 1  # AgreementErrors raised
-        if verdict["kind"] == "alone":
-            raise _missing_error(self.info, self.rank, self.n, verdict)
         raise _error(self.info, self.rank, self.n, verdict)
 
 
@@ -538,7 +425,7 @@ class _Attempt:
 
 def _verdicts(entries: dict[str, list], signatures: dict[int, str], sites: dict[int, str],
               n: int, early: bool, timeout: float, by: int, checks: dict[str, list],
-              check: list, decision: str) -> dict[str, str]:
+              check: list) -> dict[str, str]:
     """Signature -> the verdict (JSON) its callers raise with, seen from it: the
     first difference in its entry order, each process's value there (ranks
     grouped), and the call sites. `signatures`: rank -> the signature it
@@ -554,8 +441,7 @@ def _verdicts(entries: dict[str, list], signatures: dict[int, str], sites: dict[
                    else "(not called yet)" for q in range(n)}
         out[sig] = json.dumps({"kind": "differs", "path": path, "values": _group(by_rank),
                                "own": own, "sites": _group(sites), "early": early,
-                               "timeout": timeout, "by": by, "check": checks.get(sig, check),
-                               "id": decision})
+                               "timeout": timeout, "by": by, "check": checks.get(sig, check)})
     return out
 
 
@@ -583,7 +469,7 @@ def _ranks_text(ranges: list[list[int]]) -> str:
     return "processes " + ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in ranges)
 
 
-def _error(info: FunctionInfo, rank: int, n: int, verdict: dict) -> AgreementError:
+def _error(info: _Function, rank: int, n: int, verdict: dict) -> AgreementError:
     path, values = verdict["path"], _expand(verdict["values"])
     values[rank] = verdict["own"]  # this process may have called after the decision
     groups = _group(values)
@@ -603,22 +489,9 @@ def _error(info: FunctionInfo, rank: int, n: int, verdict: dict) -> AgreementErr
     return AgreementError(message, info.name, path, values)
 
 
-def _missing_error(info: FunctionInfo, rank: int, n: int, verdict: dict) -> AgreementError:
-    """The error of every process when some never called within the timeout; the
-    missing process that calls afterwards raises it too (all skip the call)."""
-    missing, timeout = verdict["missing"], verdict["timeout"]
+def _missing_message(info: _Function, rank: int, missing: list[int], timeout: float) -> str:
     who = _ranks_text([r for _, r in _group(dict.fromkeys(missing, ""))][0])
-    values = {q: "not called" if q in missing else "called" for q in range(n)}
-    if rank in missing:
-        values[rank] = "called after the others stopped waiting"
-    called = ", ".join(f"{_ranks_text(r)}: {s}" for s, r in verdict["sites"])
-    message = (
-        f"{who} did not call {info.name}, whose arrays span processes, within {timeout:g} s "
-        f"(NBJIT_AGREEMENT_TIMEOUT); nothing was compiled or run"
-        + (" (this process called it after the others had stopped waiting)"
-           if rank in missing else "")
-        + f". Called at: {called}. Every process must make the same calls of such a "
-        "function in the same order (a process that skips one leaves the others waiting "
-        "in its collectives). A process that is only late (still compiling) needs a longer "
-        f"NBJIT_AGREEMENT_TIMEOUT (now {timeout:g} s).")
-    return AgreementError(message, info.name, "call", values)
+    return (f"nbjit: process {rank} called {info.name}, whose arrays span processes, and "
+            f"{who} did not call it within {timeout:g} s (NBJIT_AGREEMENT_TIMEOUT); going on. "
+            "If that function runs collectives, this process will wait in them: every "
+            "process must make the same calls in the same order.")

@@ -7,12 +7,12 @@ entries and bytes served. One miss of one function per run, its signature
 with `leaves` array leaves (the issue's 100: a path, an aval and a sharding
 each). Scenarios: every process agrees at once ("agree"); one process calls
 `late_s` seconds after the others ("late"); one calls with another shape
-("shape"); one never calls ("never": the others raise after the timeout).
+("shape"); one never calls ("never").
 
     python -m nbjit.multiprocess.simulate [--processes 8 32 128 256 1024] [--late 2]
 
 prints the table that docs/multi-controller.md shows. ``--exchange MODULE``
-runs another implementation with the same `agree` (earlier: `_exchange`) signature, e.g. the
+runs another implementation with the same `_exchange` signature, e.g. the
 one before this exchange: ``PYTHONPATH=<old checkout> python
 nbjit/multiprocess/simulate.py --exchange nbjit._agreement`` (this file
 imports nothing of nbjit's for that reason, only the module named).
@@ -156,10 +156,9 @@ def simulate(processes: int, scenario: str = "agree", *, leaves: int = 100,
     `odd` is the rank that is late, differs or never calls (default: the middle one);
     `latency_s`: each store call's round trip."""
     module = importlib.import_module(exchange)
-    agree, process_state, function_info = module.agree, module.ProcessState, module.FunctionInfo
     odd = processes // 2 if odd is None else odd
     store = CountingStore(latency_s)
-    info = function_info("step (train.py:41)", "00000000000000f1", True, "{}")
+    info = module._Function("step (train.py:41)", "00000000000000f1", True, "{}")
     agreed, other = (_signature(module, leaves, processes, rows) for rows in (4096, 2048))
     callers = [r for r in range(processes) if not (scenario == "never" and r == odd)]
     barrier = threading.Barrier(len(callers))
@@ -173,8 +172,8 @@ def simulate(processes: int, scenario: str = "agree", *, leaves: int = 100,
         if scenario == "late" and rank == odd:
             time.sleep(late_s)
         try:
-            agree(store, info, signature, f"train.py:{88 + (rank == odd)}", rank, processes,
-                  process_state())
+            module._exchange(store, info, signature, f"train.py:{88 + (rank == odd)}", rank,
+                             processes, module._Process())
             run.outcomes[rank] = "ok"
         except Exception as error:  # noqa: BLE001 (reported per process)
             run.outcomes[rank], run.errors[rank] = type(error).__name__, error
