@@ -121,15 +121,9 @@ def test_no_two_rooms_import_each_other():
     assert not pairs, sorted(pairs)
 
 
-# Private names imported across modules inside nbjit/multiprocess (agreement
-# from exchange and signature), left while issue 36's rewrite of the exchange
-# is open. Nothing may be added here.
-PENDING_PRIVATE_IMPORTS = {"nbjit.multiprocess.agreement", "nbjit.multiprocess.exchange"}
-
-
 def test_no_private_name_imported_across_modules():
     bad = [f"{MODULES[name].relative_to(ROOT)}:{line}: from {target} import {imported}"
-           for name, path in MODULES.items() if name not in PENDING_PRIVATE_IMPORTS
+           for name, path in MODULES.items()
            for target, line, imported in imports_of(path)
            if imported and imported.startswith("_") and not imported.startswith("__")]
     assert not bad, "\n".join(bad)
@@ -182,11 +176,8 @@ def private_field_reads() -> list[str]:
 # namedtuple's `_fields` (public API, named so as not to clash with fields) in
 # nbjit.observe.names. A new one must go through a method or nbjit/_jax.py.
 PRIVATE_READS_MAX = 3
-# simulate.py names the exchange's private classes (as agreement imports them)
-# until issue 36's rewrite of the exchange lands.
-PRIVATE_READS_PENDING = ("nbjit/multiprocess/simulate.py",)
 
 
 def test_few_reads_of_other_objects_private_fields():
-    reads = [r for r in private_field_reads() if not r.startswith(PRIVATE_READS_PENDING)]
+    reads = private_field_reads()
     assert len(reads) <= PRIVATE_READS_MAX, "\n".join(reads)

@@ -49,28 +49,26 @@ from jax import tree_util
 from nbjit import _jax
 from nbjit.core import view as _view
 from nbjit.core.view import JitView
+from nbjit.multiprocess.exchange import COUNTERS as _counters
+from nbjit.multiprocess.exchange import MASK64 as _MASK64
+from nbjit.multiprocess.exchange import NOT_CALLER as _NOT_CALLER
 from nbjit.multiprocess.exchange import (
-    _MASK64,
-    _NOT_CALLER,
     AgreementError,
     AgreementWarning,
     Counters,
-    _config,
-    _counters,
-    _exchange,
-    _Function,
     configure,
     counters,
 )
-from nbjit.multiprocess.exchange import _PREFIX as _PREFIX  # noqa: PLC0414
-from nbjit.multiprocess.exchange import _Process as _Process  # noqa: PLC0414
+from nbjit.multiprocess.exchange import FunctionInfo as _Function
+from nbjit.multiprocess.exchange import agree as _exchange
+from nbjit.multiprocess.exchange import settings as _config
+from nbjit.multiprocess.signature import Memo as _Memo
 from nbjit.multiprocess.signature import (
     Signature,
-    _encode,
-    _Memo,
     describe_signature,
     first_difference,
 )
+from nbjit.multiprocess.signature import encode as _encode
 from nbjit.observe import spans as _spans
 from nbjit.observe.names import call_site, function_name, process_label
 

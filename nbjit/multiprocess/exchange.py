@@ -57,9 +57,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from nbjit import _jax
-from nbjit.multiprocess.signature import _MASK64, Signature, first_difference, published_entries
+from nbjit.multiprocess.signature import MASK64 as _MASK64
+from nbjit.multiprocess.signature import Signature, first_difference, published_entries
 
-__all__ = ["AgreementError", "AgreementWarning", "Counters", "configure", "counters"]
+__all__ = ["COUNTERS", "MASK64", "NOT_CALLER", "PREFIX", "AgreementError", "AgreementWarning",
+           "Counters", "FunctionInfo", "ProcessState", "agree", "configure", "counters",
+           "settings"]
 
 DEFAULT_TIMEOUT_S = 60.0
 _PREFIX = "nbjit/agreement"
@@ -495,3 +498,15 @@ def _missing_message(info: _Function, rank: int, missing: list[int], timeout: fl
             f"{who} did not call it within {timeout:g} s (NBJIT_AGREEMENT_TIMEOUT); going on. "
             "If that function runs collectives, this process will wait in them: every "
             "process must make the same calls in the same order.")
+
+
+# The names the room's front (`nbjit.multiprocess.agreement`) and the simulation
+# use: this module's own objects, public.
+MASK64 = _MASK64
+NOT_CALLER = _NOT_CALLER
+PREFIX = _PREFIX
+settings = _config  # the timeout and the host-value switch (`configure` sets them)
+COUNTERS = _counters  # what agreement did in this process (`counters()` copies it)
+agree = _exchange
+FunctionInfo = _Function
+ProcessState = _Process

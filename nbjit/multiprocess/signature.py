@@ -206,3 +206,7 @@ def first_difference(mine: list, others: dict[Any, list]) -> tuple[str, dict[Any
     return "signature", {}
 
 
+# The names the room's front (`nbjit.multiprocess.agreement`) and the exchange use.
+MASK64 = _MASK64
+Memo = _Memo
+encode = _encode

@@ -158,7 +158,7 @@ def simulate(processes: int, scenario: str = "agree", *, leaves: int = 100,
     module = importlib.import_module(exchange)
     odd = processes // 2 if odd is None else odd
     store = CountingStore(latency_s)
-    info = module._Function("step (train.py:41)", "00000000000000f1", True, "{}")
+    info = module.FunctionInfo("step (train.py:41)", "00000000000000f1", True, "{}")
     agreed, other = (_signature(module, leaves, processes, rows) for rows in (4096, 2048))
     callers = [r for r in range(processes) if not (scenario == "never" and r == odd)]
     barrier = threading.Barrier(len(callers))
@@ -172,8 +172,8 @@ def simulate(processes: int, scenario: str = "agree", *, leaves: int = 100,
         if scenario == "late" and rank == odd:
             time.sleep(late_s)
         try:
-            module._exchange(store, info, signature, f"train.py:{88 + (rank == odd)}", rank,
-                             processes, module._Process())
+            module.agree(store, info, signature, f"train.py:{88 + (rank == odd)}", rank,
+                             processes, module.ProcessState())
             run.outcomes[rank] = "ok"
         except Exception as error:  # noqa: BLE001 (reported per process)
             run.outcomes[rank], run.errors[rank] = type(error).__name__, error
