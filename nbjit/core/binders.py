@@ -481,24 +481,22 @@ class BinderTable(dict):
         it is not plain (a `nbjit.profile()` needs every hit's clock stamps)."""
         if self.flavour != "plain":
             return self.get(shape) or self.build(shape)
-        binder = self.spanned.get(shape)
-        if binder is None:
-            binder = make_binder(self.split(shape), self.env, "traced")
-            if len(self.spanned) >= MAX_CALL_SHAPES:
-                self.spanned.clear()
-            self.spanned[shape] = binder
-        return binder
+        return self._kept(self.spanned, shape, "traced")
 
     def key_only(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
         """A binder that keys a call and returns ``(leaves, key, shardings)``
         (made once per call shape: building a binder's source costs far more
         than running it)."""
-        binder = self.keyers.get(shape)
+        return self._kept(self.keyers, shape, "key_only")
+
+    def _kept(self, kept: dict, shape: Any, flavour: str) -> Callable[[Any, tuple, dict], Any]:
+        """The binder of `shape` in `flavour`, made once and kept in `kept`."""
+        binder = kept.get(shape)
         if binder is None:
-            binder = make_binder(self.split(shape), self.env, "key_only")
-            if len(self.keyers) >= MAX_CALL_SHAPES:
-                self.keyers.clear()
-            self.keyers[shape] = binder
+            binder = make_binder(self.split(shape), self.env, flavour)
+            if len(kept) >= MAX_CALL_SHAPES:
+                kept.clear()
+            kept[shape] = binder
         return binder
 
     def source(self, shape: Any, flavour: str | None = None) -> str:
