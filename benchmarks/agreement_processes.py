@@ -6,9 +6,20 @@ Starts P processes joined by jax.distributed (gloo collectives), each with 2
 CPU devices, and runs the scenarios of the simulation for real: all agree
 (ten misses), one process 2 s late, one with another global shape, one that
 passes a locally committed array beside a global one (each process alone is
-invalid: jax.jit's error must come first), one that never calls. Each process
+invalid: jax.jit's error must come first), one that never calls (the others
+raise). Each process
 prints one JSON line of what it saw; the parent prints them and exits 1 when
 a process failed or disagreed with what is expected.
+
+    python benchmarks/agreement_processes.py --scenarios agree differ late after never \
+        --processes 8 --repeat 3 [--linger 10]
+
+runs instead the real-process scenarios of tests/_agreement_worker.py (1 CPU
+device per process, one `jnp.sum` over a global array, every process staying up
+`--linger` seconds after its outcome), `--repeat` times each with another
+start-up skew, and prints per run how many processes got the expected outcome
+(the same sum, or an AgreementError naming both shapes; a late process within
+5 s of its call) and what the others got.
 """
 
 from __future__ import annotations
@@ -69,7 +80,7 @@ def _worker(port: int, rank: int, count: int) -> None:
     seen["shape_then_agrees"] = float(h(x)) == float(jnp.sum(x))
 
     seen["local_error_as_jax"] = _local_error_as_jax(x)
-    seen["never_warned"] = _never_called_warns(x, skip=rank == count - 1)
+    seen["never_raised"] = _never_called_raises(x, skip=rank == count - 1)
     counters = _agreement.counters()
     seen["round_trips"], seen["checks"] = counters.round_trips, counters.checks
     print("RESULT " + json.dumps(seen), flush=True)
@@ -93,20 +104,20 @@ def _local_error_as_jax(x) -> bool:
     return errors[0] == errors[1] and errors[0].startswith("ValueError")
 
 
-def _never_called_warns(x, skip: bool) -> int:
-    """One process skips a call: the others warn after the (2 s) timeout."""
-    import warnings
-
+def _never_called_raises(x, skip: bool) -> bool:
+    """One process skips a call: the others raise AgreementError after the (2 s) timeout."""
     import nbjit
     from nbjit.multiprocess import agreement as _agreement
 
     _agreement.configure(timeout_s=2)
     k = nbjit.jit(lambda x: x + 1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if not skip:
-            k(x).block_until_ready()
-    return sum(issubclass(w.category, _agreement.AgreementWarning) for w in caught)
+    if skip:
+        return False
+    try:
+        k(x).block_until_ready()
+    except _agreement.AgreementError:
+        return True
+    return False
 
 
 def main() -> int:
@@ -114,7 +125,14 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--scenarios", nargs="+", default=None)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--linger", type=float, default=10.0)
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="NBJIT_AGREEMENT_TIMEOUT of the scenario runs")
     args = parser.parse_args()
+    if args.scenarios:
+        return _scenarios(args)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -143,9 +161,33 @@ def main() -> int:
                                 for q in range(n)}]
         ok &= (seen["agree"] and seen["shape"] == expected and seen["shape_then_agrees"]
                and seen["local_error_as_jax"]
-               and seen["never_warned"] == (0 if seen["rank"] == last else 1))
+               and seen["never_raised"] == (seen["rank"] != last))
     print("all as expected" if ok else "NOT as expected")
     return 0 if ok else 1
+
+
+def _scenarios(args) -> int:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _agreement_worker import run_scenario
+
+    bad = 0
+    for scenario in args.scenarios:
+        for i in range(args.repeat):
+            start = time.perf_counter()
+            timeout = 4.0 if scenario == "never" else args.timeout
+            r = run_scenario(args.processes, scenario, seed=i, timeout_s=timeout,
+                             linger_s=args.linger, bound_s=timeout + args.linger + 60)
+            failures = r.failures()
+            bad += bool(failures)
+            seconds = {q: (o or {}).get("seconds") for q, o in r.outcomes.items()}
+            trips = {q: (o or {}).get("round_trips") for q, o in r.outcomes.items()}
+            print(f"{scenario} N={args.processes} run {i}: "
+                  f"{args.processes - len(failures)}/{args.processes} as expected "
+                  f"({time.perf_counter() - start:.1f} s); seconds to outcome {seconds}; "
+                  f"round trips {trips}; exit codes {r.codes}"
+                  + (f"; NOT as expected: {failures}" if failures else ""), flush=True)
+    print("all as expected" if not bad else f"{bad} runs NOT as expected")
+    return 0 if not bad else 1
 
 
 if __name__ == "__main__":

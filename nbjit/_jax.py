@@ -359,13 +359,13 @@ def kv_try_get(client, key: str) -> str | None:
         raise
 
 
-def kv_increment(client, key: str) -> int:
-    """Adds 1 to the counter at `key` (atomically, in the store); returns the new count."""
+def kv_increment(client, key: str, amount: int = 1) -> int:
+    """Adds `amount` to the counter at `key` (atomically, in the store); returns the new count."""
     increment = getattr(client, "key_value_increment", None)
     if increment is None:  # the caller treats it as a store that failed: skipped, with a warning
         raise JaxRuntimeError(f"UNIMPLEMENTED: {type(client).__name__} has no "
                               "key_value_increment")
-    return int(increment(key, 1))
+    return int(increment(key, amount))
 
 
 from jax._src import stages as _stages  # noqa: E402

@@ -536,24 +536,38 @@ def agreement_host_values_differ_switch_on() -> None:
 
 
 @separate
-def agreement_skipped_call_warns() -> None:
-    """Only process 0 calls an elementwise function over a global array: it warns after
-    the timeout and goes on (no hang); process 1 never waits."""
-    import warnings
-
+def agreement_skipped_call_raises() -> None:
+    """Only process 0 calls an elementwise function over a global array: it raises
+    AgreementError naming process 1 after the timeout (no hang, nothing compiled);
+    process 1 never waits. Then both call it: process 1, arriving after process 0
+    stopped waiting, raises too (both skipped that call), and the next call agrees."""
     _agreement.configure(timeout_s=2)
     x = global_array((8, 4), P("x"))
     nb, jx = pair(lambda: lambda x: x + 1)
     if RANK == 0:
         start = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = nb(x)
+        try:
+            nb(x)
+        except _agreement.AgreementError as error:
+            assert error.values == {0: "called", 1: "not called"}, str(error)
+            assert "process 1 did not call" in str(error), str(error)
+        else:
+            raise AssertionError("no AgreementError")
         waited = time.perf_counter() - start
         assert 2 <= waited < 15, waited
-        found = [w for w in caught if issubclass(w.category, _agreement.AgreementWarning)]
-        assert len(found) == 1 and "process 1 did not call" in str(found[0].message), caught
-        same_outputs(out, jx(x))
+        assert nb.miss_count == 0
+    time.sleep(5 if RANK == 1 else 0)  # process 0 has decided (after 2 s)
+    _agreement.configure(timeout_s=AGREEMENT_TIMEOUT_S)
+    if RANK == 1:
+        start = time.perf_counter()
+        try:
+            nb(x)
+        except _agreement.AgreementError as error:
+            assert error.values[1] == "called after the others stopped waiting", str(error)
+        else:
+            raise AssertionError("no AgreementError")
+        assert time.perf_counter() - start < 10
+    then_agrees(nb, jx, x)
 
 
 @separate

@@ -121,7 +121,7 @@ def _report(logs: list[str], codes: list) -> str:
 def test_check_names_found():
     assert {"devices", "psum_in_shard_map", "other_process_device_pytree"} <= set(CHECKS)
     assert {"agreement_global_shapes_replicated_output",
-            "agreement_skipped_call_warns"} <= set(SEPARATE)
+            "agreement_skipped_call_raises"} <= set(SEPARATE)
     assert not set(CHECKS) & set(SEPARATE)
 
 

@@ -14,20 +14,23 @@ Identity. A function is named by `_names.function_name` (qualified name,
 definition site, ordinal), equal in every process running the same program;
 its signature (`signature.py`) is equal in every process making the same call.
 
-Agreement (`exchange.py` has the store protocol). Process p agrees with
-process q when q has published p's key for this function at any time: a
-re-miss of an agreed signature, say after an eviction or `clear_cache` on one
-side, passes at once even when q has since published others. Otherwise p
-waits, up to the timeout, for q to catch up (q may lag, still compiling
-something else). The wait ends early when q cannot catch up: q waits at a
-miss of its own that p never published (both processes wait on each other),
-or q raised against p's waiting call (p raises too even if q retries with
-p's signature). After the timeout p raises `AgreementError` when q published a
-differing signature, and warns (`AgreementWarning`) and goes on when q never
-called the function. A process that hits never publishes, so only the
-missing side can be told. An error JAX raises for p's call on its own (say,
-committed arrays on incompatible devices) comes before `AgreementError`:
-agreement is for calls that are valid on each process.
+Agreement (`exchange.py` has the store protocol). A signature is agreed once
+every process has published it: a re-miss of an agreed signature, say after
+an eviction or `clear_cache` on one side, passes at once even when the others
+have since published others. Otherwise p waits, up to the timeout, for q to
+catch up (q may lag, still compiling something else). The wait ends early
+when q cannot catch up: q waits at a miss of its own that p never published
+(both processes wait on each other), or q raised against p's waiting call (p
+raises too even if q retries with p's signature). After the timeout p raises
+`AgreementError` when q published a differing signature, and also when q
+never called the function (a skipped call would leave p in its collectives;
+q raises too if it calls afterwards). A decision reaches every process
+waiting on that call, including those that publish after it is made. A
+process that hits never publishes, so only the missing side can be told. An
+error JAX raises for p's call on its own (say, committed arrays on
+incompatible devices) comes before `AgreementError`: agreement is for calls
+that are valid on each process. `AgreementWarning` means the store itself
+failed: that call's agreement was skipped.
 
 Configuration: ``NBJIT_AGREEMENT_TIMEOUT`` (seconds, default
 `DEFAULT_TIMEOUT_S`) and ``NBJIT_CHECK_AGREEMENT=1`` (host-value hashes; off
@@ -126,8 +129,8 @@ def _spans_processes(jitted: JitView, leaves: Sequence) -> bool:
 
 def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
           description: Any) -> None:
-    """Returns when every process agrees on this call's signature (or is
-    missing, after a warning); raises `AgreementError` when one differs (or
+    """Returns when every process agrees on this call's signature; raises
+    `AgreementError` when one differs or did not call within the timeout (or
     the error JAX raises for this process's call on its own).
 
     Returns at once for a single process and for process-local functions.

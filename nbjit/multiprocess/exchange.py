@@ -5,44 +5,60 @@ agree only small markers travel, the described entries are read only on a
 mismatch, and every wait is a single-key blocking get.
 
 Store layout, under ``nbjit/agreement/<function key>/`` (``<sig>``: a
-signature key in hex):
-  ``seen/<sig>/<rank>``: `rank` published `<sig>` (at any time);
-  ``count/<sig>``: how many processes published it (an atomic increment by
-      each, on its first publication);
+signature key in hex; ``<g>``: its generation, see below):
+  ``seen/<sig>.<g>/<rank>``: `rank` published `<sig>` in generation `g`;
+  ``count/<sig>.<g>``: how many processes published it in generation `g` (an
+      atomic increment by each), plus `CLOSED` once a decision that some
+      process did not call closed the generation;
   ``agreed/<sig>``: set by the process whose increment reached N: every
       process published it, so every later miss of it passes at once;
-  ``desc/<sig>``: its described entries, set once by its *leader*, the process
+  ``desc/<sig>``: its described entries, set by its *leader*, the process
       whose increment returned 1;
   ``latest/<rank>``: `rank`'s latest attempt that waited (a small JSON: its
-      sequence number, signature, state and call site);
-  ``out/<rank>.<seq>``: the outcome of `rank`'s waiting attempt `seq`, set by
-      the process that decided it (differs, rejected, alone);
-  ``verdict/<sig>``: the last decision about `<sig>`, for a process that
-      arrives after it (naming one process whose next attempt makes it stale).
+      sequence number, signature, generation, state and call site);
+  ``out/<rank>.<seq>``: the decision about `rank`'s waiting attempt `seq`, set
+      by the process that decided while that attempt was waiting;
+  ``verdict/<sig>``: the last decision about `<sig>`, written after the
+      ``out/`` keys, for the attempts the decider did not see;
+  ``closed/<sig>.<g>``: the decision that closed generation `g`.
 
-A miss of signature S: publish the marker, increment the count (the leader
-also sets ``desc/S``); the process that completes the count sets
-``agreed/S`` and goes on. The others block on ``agreed/S`` in growing polls
-(20 ms to 0.5 s) and between polls read their own outcome key. The leader
-alone also watches who is missing, one process per poll (its marker, then
-its latest attempt): a process waiting on a signature the leader never
-published cannot catch up (each waits for the other), so the leader decides
-at once. Deciding reads ``latest/`` and ``seen/S/`` once (N small entries
-each) and the described entries of each differing signature once, raises or
-warns, and writes the outcome of every waiting attempt it sees: a rejection
-for those of other signatures (they raise even if this process calls again
-with theirs, so both sides skip the same call), the same verdict for those
-of its own. After the timeout the leader decides as the old exchange did:
-raise when a missing process published another signature, warn when it
-never called. A process that nobody told anything by its timeout and a
-grace (it arrived after the decision, or its leader hits or crashed)
-follows ``verdict/<sig>`` while that holds, and otherwise decides itself.
+A miss of signature S: publish the marker and the latest entry, increment the
+count (the leader also sets ``desc/S``); the process that completes the count
+sets ``agreed/S`` and goes on. The others block on ``agreed/S`` in growing
+polls (20 ms to 0.5 s) and between polls read ``verdict/S``: one small get,
+which serves nothing until something is decided. The leader alone also
+watches who is missing, one process per poll (its marker, then its latest
+attempt): a process waiting on a signature the leader never published cannot
+catch up (each waits for the other), so the leader decides at once. After
+its timeout the leader decides anyway (a waiting process whose leader never
+decides, say because it hits, decides a grace later).
 
-Per miss when every process agrees: N markers and increments, one get of
-``agreed/S`` per waiting process, and the leader's N-entry read and marker
-checks: at most 4N small entries served. Waiting adds O(1) per process per
-poll. docs/multi-controller.md has the cost model and the simulated table
-(`python -m nbjit.multiprocess.simulate`).
+Deciding reads ``latest/`` and ``seen/S.g/`` once (N small entries each) and
+the described entries of each differing signature once. It writes the
+decision for every waiting attempt it read (``out/``), then ``verdict/<sig>``
+for each signature involved, then raises. Every decision has an id, and a
+process acts on each decision once. Who follows a decision:
+- an attempt the decider read: its ``out/`` key (it reads that key when it
+  sees a verdict it has not acted on);
+- an attempt the decider did not read (it published just after the read, or
+  arrived later): the verdict of its signature, while the decision still
+  stands, that is while the decider and the first differing process have
+  made no attempt since (``latest/``). Once one of them calls again, the
+  attempt is a retry and waits for the others as a new miss.
+- A process that did not call within the timeout is a decision too, and an
+  AgreementError: the others skip the call, so the late process must skip it
+  as well. It may be publishing as the decider decides, so the decider
+  closes the generation with one atomic increment of ``count/S.g`` (by
+  `CLOSED`): whichever of the last publication and the close comes first
+  wins, and a process whose increment finds the generation closed follows
+  ``closed/S.g``. Everyone who followed that decision publishes S in the
+  next generation when it calls again.
+
+Per miss when every process agrees: N markers, latest entries and
+increments, one get of ``agreed/S`` per waiting process, and the leader's
+N-entry read and marker checks: at most 4N small entries served. Waiting adds
+O(1) per process per poll. docs/multi-controller.md has the cost model and
+the simulated table (`python -m nbjit.multiprocess.simulate`).
 """
 
 from __future__ import annotations
@@ -51,7 +67,6 @@ import json
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +85,9 @@ _FIRST_POLL_S = 0.02
 _MAX_POLL_S = 0.5
 _GRACE_S = 2.0  # a waiting process decides for itself this long after its timeout
 _DESCRIPTION_WAIT_S = 5.0  # a leader sets its description right after its increment
+# added to a generation's count by the decision that closes it: more than any number
+# of processes, and small enough that the store's int32 counter holds one per process
+CLOSED = 1 << 16
 _NOT_CALLER = (_jax.NBJIT_DIR + os.sep,)  # warnings point past nbjit's frames
 
 
@@ -88,7 +106,7 @@ class AgreementError(ValueError):
 
 
 class AgreementWarning(RuntimeWarning):
-    """A process did not call a function that spans processes within the timeout."""
+    """Agreement was skipped: the key-value store failed (the call went on unchecked)."""
 
 
 def _env_timeout() -> float:
@@ -146,25 +164,43 @@ class _Function:
 
 
 class _Process:
-    """What this process published, per function key: signature keys, the
-    ones it leads, its exchange count, and the waiting attempts it rejected."""
+    """What this process did, per function key: the signatures it published
+    (and in which generation), the ones it leads, its attempt count, each
+    signature's generation, the decisions it acted on, and the waiting
+    attempts it raised against."""
 
     def __init__(self) -> None:
-        self.published: dict[str, set[int]] = {}
-        self.leads: set[tuple[str, int]] = set()
+        self.published: dict[str, set[int]] = {}  # function -> signatures, any generation
+        self.published_in: set[tuple[str, int, int]] = set()  # (function, signature, generation)
+        self.leads: set[tuple[str, int, int]] = set()
         self.sequence: dict[str, int] = {}
+        self.generation: dict[tuple[str, int], int] = {}
+        self.followed: set[tuple[str, str]] = set()  # (function, decision id) acted on
         self.rejected: set[tuple[str, int, int]] = set()  # (function, rank, seq) raised against
         self.lock = threading.Lock()
 
-    def publish(self, function: str, key: int) -> tuple[set[int], int, bool]:
-        """Records an exchange: (the function's published keys, its sequence
-        number, whether `key` is new)."""
+    def publish(self, function: str, key: int) -> tuple[set[int], int, int, bool]:
+        """Records an exchange: (the function's published keys, its sequence number,
+        the signature's generation, whether `key` is new in that generation)."""
         with self.lock:
             published = self.published.setdefault(function, set())
-            first = key not in published
             published.add(key)
+            generation = self.generation.get((function, key), 0)
+            first = (function, key, generation) not in self.published_in
+            self.published_in.add((function, key, generation))
             seq = self.sequence[function] = self.sequence.get(function, 0) + 1
-        return published, seq, first
+        return published, seq, generation, first
+
+    def follow(self, function: str, verdict: dict) -> bool:
+        """Records that this process acts on `verdict`; False when it already did."""
+        with self.lock:
+            if (function, verdict["id"]) in self.followed:
+                return False
+            self.followed.add((function, verdict["id"]))
+            if verdict["kind"] == "not called":  # its generation is closed: the next is new
+                key = (function, int(verdict["sig"], 16))
+                self.generation[key] = max(self.generation.get(key, 0), verdict["gen"] + 1)
+            return True
 
 
 _this_process = _Process()
@@ -188,9 +224,9 @@ class _Store:
         self.trips += 1
         return _jax.kv_wait(self.client, self.prefix + key, seconds * 1e3)
 
-    def increment(self, key: str) -> int:
+    def increment(self, key: str, amount: int = 1) -> int:
         self.trips += 1
-        return _jax.kv_increment(self.client, self.prefix + key)
+        return _jax.kv_increment(self.client, self.prefix + key, amount)
 
     def read(self, directory: str) -> dict[str, str]:
         """Last key component -> value, of every key under `directory`."""
@@ -204,9 +240,9 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str, ran
               validate: Callable[[], None] | None = None) -> None:
     """Publishes `signature`, then waits for the others (see the module docstring).
 
-    Returns when every process published it (or, after a warning, when some
-    never called); raises `AgreementError` when one differs, or the error
-    `validate` raises for this process's own call (JAX's, which comes first).
+    Returns when every process published it; raises `AgreementError` when one
+    differs or did not call within the timeout, or the error `validate` raises
+    for this process's own call (JAX's, which comes first).
     """
     start = time.perf_counter()
     store = _Store(client, f"{_PREFIX}/{info.key}/")
@@ -237,35 +273,36 @@ class _Attempt:
         self.rank, self.n, self.process, self.validate = rank, n, process, validate
         self.key = signature.key & _MASK64
         self.me = f"{self.key:016x}"
-        self.published, self.seq, self.first = process.publish(info.key, self.key)
+        self.published, self.seq, self.gen, self.first = process.publish(info.key, self.key)
+        self.round = f"{self.me}.{self.gen}"  # this generation's directory names
         self.leads = False
         self.missing: list[int] | None = None  # the leader's view of who has not published
         self.turn = 0
+        self.passed: set[str] = set()  # decisions seen that do not cover this attempt
 
     def run(self, deadline: float) -> bool:
         """Returns whether the processes agreed at once (no poll timed out)."""
         if self._publish():
             return True
         store, me = self.store, self.me
-        self.leads = (self.info.key, self.key) in self.process.leads
+        self.leads = (self.info.key, self.key, self.gen) in self.process.leads
         end = deadline if self.leads else deadline + min(_config["timeout_s"], _GRACE_S)
         poll, at_once = _FIRST_POLL_S, True
         while True:
             now = time.perf_counter()
             if now >= end:  # the leader's timeout, or no leader decided: decide here
-                if self.leads:
-                    self._decide(early=False)
-                else:
-                    self._fallback()
-                return False
+                if self._decide(early=False) == "agreed":
+                    return False
+                end = now + _MAX_POLL_S  # every process published: the count settles it
             if store.wait(f"agreed/{me}", min(poll, end - now)) is not None:
+                # a decision that rejected this attempt stands even if the peer it
+                # turned on retried with this signature and completed it
                 self._follow(store.get(self._outcome_key(self.rank, self.seq)))
                 return at_once
             at_once = False
-            outcome = store.get(self._outcome_key(self.rank, self.seq))
-            if outcome is not None:
-                self._follow(outcome)
-                return False
+            text = store.get(f"verdict/{me}")
+            if text is not None:
+                self._apply(text)  # raises when the decision covers this attempt
             if self.leads and self._watch():
                 return False
             poll = min(poll * 2, _MAX_POLL_S)
@@ -279,16 +316,20 @@ class _Attempt:
                 return True  # a re-miss of an agreed signature
             self._set_latest("waiting")
             return False
-        store.set(f"seen/{me}/{self.rank}", str(self.seq))  # before latest: see _stuck
+        store.set(f"seen/{self.round}/{self.rank}", str(self.seq))  # before latest: see _stuck
         self._set_latest("waiting")
-        count = store.increment(f"count/{me}")
+        count = store.increment(f"count/{self.round}")
+        if count > CLOSED:  # a process decided that some did not call: this one is late
+            # (a close that found the count complete came after every increment)
+            self._follow(store.wait(f"closed/{self.round}", _DESCRIPTION_WAIT_S))
+            return False  # the decider died before writing it: wait as usual
         if count == 1:
-            self.process.leads.add((self.info.key, self.key))
+            self.process.leads.add((self.info.key, self.key, self.gen))
             store.set(f"desc/{me}", json.dumps(published_entries(self.signature.entries)))
         if count < self.n:
             return False
         store.set(f"agreed/{me}", "1")
-        # a process that decided while this one published may have written its outcome
+        # a process that decided while this one published may have rejected it
         self._follow(store.get(self._outcome_key(self.rank, self.seq)))
         return True
 
@@ -298,18 +339,44 @@ class _Attempt:
 
     def _set_latest(self, state: str) -> None:
         self.store.set(f"latest/{self.rank}", json.dumps(
-            {"seq": self.seq, "sig": self.me, "state": state, "site": self.site}))
+            {"seq": self.seq, "sig": self.me, "gen": self.gen, "state": state,
+             "site": self.site}))
+
+    def _apply(self, text: str) -> None:
+        """Follows (raises) the stored decision `text` about this signature when it
+        covers this attempt; returns when it does not: a decision made before this
+        attempt that no longer stands, so that this attempt is a retry."""
+        verdict = json.loads(text)
+        decision = verdict["id"]
+        if decision in self.passed or (self.info.key, decision) in self.process.followed:
+            return
+        # the decider wrote the outcome of every waiting attempt it read before this
+        # verdict: this attempt's, if it read it
+        self._follow(self.store.get(self._outcome_key(self.rank, self.seq)))
+        if verdict["kind"] == "not called":
+            stands = verdict["gen"] >= self.gen
+        else:  # differs: while neither the decider nor the process it turned on called again
+            stands = all(self._no_attempt_since(q, seq) for q, seq in verdict["check"])
+        if stands:
+            self._follow(text)
+        self.passed.add(decision)
+
+    def _no_attempt_since(self, q: int, seq: int) -> bool:
+        if q == self.rank:
+            return self.seq == seq
+        text = self.store.get(f"latest/{q}")
+        return text is not None and json.loads(text)["seq"] == seq
 
     def _watch(self) -> bool:
         """The leader's look at one missing process: decides (and returns True)
         when it waits on a signature of its own that this process never published."""
-        store, me = self.store, self.me
+        store = self.store
         if self.missing is None:
-            seen = {int(q) for q in store.read(f"seen/{me}/")}
+            seen = {int(q) for q in store.read(f"seen/{self.round}/")}
             self.missing = [q for q in range(self.n) if q not in seen and q != self.rank]
         while self.missing:
             q = self.missing[self.turn % len(self.missing)]
-            if store.get(f"seen/{me}/{q}") is None:
+            if store.get(f"seen/{self.round}/{q}") is None:
                 break
             self.missing.remove(q)
         else:
@@ -330,67 +397,78 @@ class _Attempt:
                 and (self.info.key, q, other["seq"]) not in self.process.rejected)
 
     def _decide(self, early: bool) -> str | None:
-        """Reads who published what, once; raises or warns, and tells the waiting.
+        """Reads who published what, once; raises and tells the waiting.
 
-        Returns None when there is nothing to decide yet (early: no process is
-        stuck after all), "agreed" when every process has published meanwhile.
+        Returns None when there is nothing to decide: no process is stuck after
+        all (early), or every process has published this generation (the last
+        one's increment settles it: it completes the count, or finds it
+        closed); "agreed" when the count was complete when this process closed it.
         """
         store = self.store
         # latest before seen: a process shown waiting on a later miss had already
         # set its marker for ours, if it had one, so the seen read shows it.
         latest = {int(q): json.loads(v) for q, v in store.read("latest/").items()}
-        seen = {int(q) for q in store.read(f"seen/{self.me}/")} | {self.rank}
+        seen = {int(q) for q in store.read(f"seen/{self.round}/")} | {self.rank}
         missing = [q for q in range(self.n) if q not in seen]
         if not missing:
-            store.set(f"agreed/{self.me}", "1")
-            return "agreed"
-        differing = {q: latest[q] for q in missing if q in latest}
+            return None
+        # a missing process whose latest attempt is of this signature (an earlier
+        # generation's) has not called this time: it is not a difference
+        differing = {q: latest[q] for q in missing if q in latest
+                     and latest[q]["sig"] != self.me}
         if early and not any(self._stuck(q, e) for q, e in differing.items()):
             return None
-        waiting = {q: e for q, e in latest.items() if q != self.rank
-                   and e["state"] == "waiting" and (q in differing or e["sig"] == self.me)}
-        if not differing:
-            verdict = json.dumps({"kind": "alone", "missing": missing, "by": self.rank,
-                                  "check": [missing[0], None]})
+        decision = f"{self.rank}.{self.seq}.{self.gen}"
+        sites = {self.rank: self.site}
+        if not differing:  # the missing have not called: close the generation
+            if self._close() == "agreed":
+                return "agreed"
+            sites |= {q: e["site"] for q, e in latest.items() if e["sig"] == self.me}
+            verdict = json.dumps({"kind": "not called", "missing": missing, "id": decision,
+                                  "by": self.rank, "sig": self.me, "gen": self.gen,
+                                  "timeout": _config["timeout_s"], "sites": _group(sites)})
+            store.set(f"closed/{self.round}", verdict)
             verdicts = {self.me: verdict}
         else:
             signatures = {q: self.me for q in seen} | {q: e["sig"] for q, e in differing.items()}
-            sites = {q: e["site"] for q, e in latest.items() if signatures.get(q) == e["sig"]}
-            first = min(differing)  # a process whose next attempt makes these verdicts stale
-            checks = {self.me: [first, differing[first]["seq"]]}
-            verdicts = _verdicts(self._entries(differing), signatures,
-                                 sites | {self.rank: self.site}, self.n, early,
-                                 _config["timeout_s"], self.rank, checks, [self.rank, self.seq])
-        for q, e in waiting.items():
-            if q in differing:
-                self.process.rejected.add((self.info.key, q, e["seq"]))
-            store.set(self._outcome_key(q, e["seq"]), verdicts[e["sig"]])
-        for sig, verdict in verdicts.items():  # for those that arrive after this read
+            sites |= {q: e["site"] for q, e in latest.items() if signatures.get(q) == e["sig"]}
+            first = min(differing)  # the decision stands until it or this process calls again
+            check = [[self.rank, self.seq], [first, differing[first]["seq"]]]
+            verdicts = _verdicts(self._entries(differing), signatures, sites, self.n, early,
+                                 _config["timeout_s"], decision, check)
+        for q, e in latest.items():
+            if q != self.rank and e["state"] == "waiting" and e["sig"] in verdicts:
+                if q in differing:
+                    self.process.rejected.add((self.info.key, q, e["seq"]))
+                store.set(self._outcome_key(q, e["seq"]), verdicts[e["sig"]])
+        for sig, verdict in verdicts.items():  # after the outcomes: see _apply
             store.set(f"verdict/{sig}", verdict)
         self._follow(verdicts[self.me])
-        return "alone"  # when it did not raise
+        return None  # not reached: following a decision raises
 
-    def _fallback(self) -> None:
-        """A waiting process that no leader told anything in time: follows the last
-        decision about its signature while it still holds (three small gets; the
-        leader decided before this process arrived), or decides itself."""
-        store, me = self.store, self.me
-        count = store.get(f"count/{me}")
-        if count is not None and int(count) >= self.n:
-            return  # every process published it: agreed
-        text = store.get(f"verdict/{me}")
-        if text is not None:
-            verdict = json.loads(text)
-            q, seq = verdict["check"]
-            if seq is None:  # alone: q had not called
-                holds = store.get(f"seen/{me}/{q}") is None
-            else:  # differs: q has made no attempt since
-                other = store.get(f"latest/{q}")
-                holds = other is not None and json.loads(other)["seq"] == seq
-            if holds:
-                self._follow(text)
-                return
-        self._decide(early=False)
+    def _close(self) -> str | None:
+        """Closes this generation, one atomic step against the last publication.
+
+        The first close decides: "agreed" when every process had counted itself
+        in before it (it says so in ``closed/``), else None: the caller decides
+        that some did not call. A later close follows the first one's decision
+        (raises), or returns "agreed"; None when the first closer died
+        before writing it."""
+        store = self.store
+        text = store.get(f"closed/{self.round}")
+        if text is None:
+            count = store.increment(f"count/{self.round}", CLOSED)
+            if count < 2 * CLOSED:  # the first close
+                if count - CLOSED < self.n:
+                    return None
+                store.set(f"closed/{self.round}", "agreed")
+                store.set(f"agreed/{self.me}", "1")
+                return "agreed"
+            text = store.wait(f"closed/{self.round}", _DESCRIPTION_WAIT_S)
+        if text == "agreed":
+            return text
+        self._follow(text)
+        return None
 
     def _entries(self, differing: dict[int, dict]) -> dict[str, list]:
         """Signature -> its described entries: this one's and each differing one's
@@ -402,23 +480,18 @@ class _Attempt:
         return entries
 
     def _follow(self, outcome: str | None) -> None:
-        """Acts on a decided outcome: raises (differs), warns (alone), or returns (None)."""
-        if outcome is None:
+        """Acts on a decision: raises AgreementError, or returns when there is none."""
+        if outcome is None or outcome == "agreed":
             return
         verdict = json.loads(outcome)
-        if verdict["kind"] == "alone":
-            self._set_latest("alone")
-            with _counters_lock:
-                _counters.warnings += 1
-            warnings.warn(_missing_message(self.info, self.rank, verdict["missing"],
-                                           _config["timeout_s"]),
-                          AgreementWarning, skip_file_prefixes=_NOT_CALLER)
-            return
+        self.process.follow(self.info.key, verdict)
         self._set_latest("differs")
         if self.validate is not None:
             self.validate()  # an error JAX raises for this process's call alone comes first
         with _counters_lock:
             _counters.errors += 1  # AgreementErrors raised
+        if verdict["kind"] == "not called":
+            raise _missing_error(self.info, self.rank, self.n, verdict)
         raise _error(self.info, self.rank, self.n, verdict)
 
 
@@ -427,7 +500,7 @@ class _Attempt:
 
 
 def _verdicts(entries: dict[str, list], signatures: dict[int, str], sites: dict[int, str],
-              n: int, early: bool, timeout: float, by: int, checks: dict[str, list],
+              n: int, early: bool, timeout: float, decision: str,
               check: list) -> dict[str, str]:
     """Signature -> the verdict (JSON) its callers raise with, seen from it: the
     first difference in its entry order, each process's value there (ranks
@@ -444,7 +517,8 @@ def _verdicts(entries: dict[str, list], signatures: dict[int, str], sites: dict[
                    else "(not called yet)" for q in range(n)}
         out[sig] = json.dumps({"kind": "differs", "path": path, "values": _group(by_rank),
                                "own": own, "sites": _group(sites), "early": early,
-                               "timeout": timeout, "by": by, "check": checks.get(sig, check)})
+                               "timeout": timeout, "id": decision, "check": check,
+                               "by": int(decision.split(".")[0])})
     return out
 
 
@@ -492,12 +566,25 @@ def _error(info: _Function, rank: int, n: int, verdict: dict) -> AgreementError:
     return AgreementError(message, info.name, path, values)
 
 
-def _missing_message(info: _Function, rank: int, missing: list[int], timeout: float) -> str:
+def _missing_error(info: _Function, rank: int, n: int, verdict: dict) -> AgreementError:
+    """The error of every process when some did not call within the timeout; a
+    missing process that calls afterwards raises it too (every process skips it)."""
+    missing, timeout = verdict["missing"], verdict["timeout"]
     who = _ranks_text([r for _, r in _group(dict.fromkeys(missing, ""))][0])
-    return (f"nbjit: process {rank} called {info.name}, whose arrays span processes, and "
-            f"{who} did not call it within {timeout:g} s (NBJIT_AGREEMENT_TIMEOUT); going on. "
-            "If that function runs collectives, this process will wait in them: every "
-            "process must make the same calls in the same order.")
+    values = {q: "not called" if q in missing else "called" for q in range(n)}
+    late = rank in missing
+    if late:
+        values[rank] = "called after the others stopped waiting"
+    called = ", ".join(f"{_ranks_text(r)}: {s}" for s, r in verdict["sites"])
+    message = (
+        f"{who} did not call {info.name}, whose arrays span processes, within {timeout:g} s "
+        "(NBJIT_AGREEMENT_TIMEOUT); nothing was compiled or run"
+        + (" (this process called it after the others had stopped waiting)" if late else "")
+        + f". Called at: {called}. Every process must make the same calls of such a "
+        "function in the same order (a process that skips one leaves the others waiting "
+        "in its collectives). A process that is only late (still compiling) needs a longer "
+        f"NBJIT_AGREEMENT_TIMEOUT (now {timeout:g} s).")
+    return AgreementError(message, info.name, "call", values)
 
 
 # The names the room's front (`nbjit.multiprocess.agreement`) and the simulation

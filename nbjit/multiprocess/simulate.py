@@ -7,7 +7,7 @@ entries and bytes served. One miss of one function per run, its signature
 with `leaves` array leaves (the issue's 100: a path, an aval and a sharding
 each). Scenarios: every process agrees at once ("agree"); one process calls
 `late_s` seconds after the others ("late"); one calls with another shape
-("shape"); one never calls ("never").
+("shape"); one never calls ("never": the others raise after the timeout).
 
     python -m nbjit.multiprocess.simulate [--processes 8 32 128 256 1024] [--late 2]
 
@@ -90,6 +90,9 @@ class CountingStore:
         with self._lock:
             self.round_trips += 1
             value = int(self._data.get(key, "0")) + increment
+            if not -2**31 <= value < 2**31:  # the coordination service's counters are int32
+                raise JaxRuntimeError(f'FAILED_PRECONDITION: Failed to parse value "{value}" '
+                                      "as an integer.")
             self._write(key, str(value))
             self._serve(1, len(str(value)))
             return value

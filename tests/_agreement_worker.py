@@ -1,0 +1,191 @@
+"""Real processes disagreeing at one call: N processes on loopback, 1 CPU device each.
+
+    python tests/_agreement_worker.py --worker PORT RANK N SCENARIO SKEW_S LINGER_S
+
+is one process; `run_scenario` (used by tests/test_agreement_processes.py and
+benchmarks/agreement_processes.py) starts N of them, joined by
+`jax.distributed.initialize` on a free port, and collects what each saw.
+
+Every process calls one process-spanning function, `nbjit.jit(jnp.sum)` over a
+global array (an all-reduce), once, after a start-up skew of its own
+(`SKEW_S`, so that the order in which processes publish varies), then a second
+time (a hit) when the first agreed. Scenarios (`odd` is the last process):
+
+- ``agree``: every process passes the same global shape; each gets the sum.
+- ``differ``: `odd` passes another global shape; each raises AgreementError
+  naming both shapes.
+- ``late``: as ``differ``, `odd` calls 3 s after the others.
+- ``after``: as ``differ``, and process 1 (same shape as the others) calls 3 s
+  late, when the others have already decided: it must still raise, at once.
+- ``never``: `odd` never calls; the others raise AgreementError after the
+  agreement timeout (the parent sets it short).
+
+Each process prints one line ``OUTCOME {json}`` as soon as it has its outcome
+(with the seconds from its call to it), stays up `LINGER_S` seconds (a real
+program goes on or exits; a process that exits takes the coordinator with it
+when it is process 0), and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ("agree", "differ", "late", "after", "never")
+LATE_S = 3.0
+# seconds from a call to its AgreementError when processes differ: a few polls,
+# plus the 3 s of the late cases and a loaded machine; far below the timeout
+OUTCOME_BOUND_S = 20.0
+
+
+def _worker(port: int, rank: int, n: int, scenario: str, skew_s: float, linger_s: float) -> None:
+    import jax
+
+    jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=n,
+                               process_id=rank, initialization_timeout=120)
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import nbjit
+
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    odd = n - 1
+    rows = 2 * n * (2 if scenario in ("differ", "late", "after") and rank == odd else 1)
+    data = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    x = jax.make_array_from_callback((rows, 4), NamedSharding(mesh, P("x")),
+                                     lambda i: data[i])
+    f = nbjit.jit(lambda x: jnp.sum(x))
+    seen: dict = {"rank": rank}
+    late = (scenario == "late" and rank == odd) or (scenario == "after" and rank == 1)
+    time.sleep(skew_s + (LATE_S if late else 0.0))
+    if not (scenario == "never" and rank == odd):
+        start = time.perf_counter()
+        try:
+            first = float(f(x))
+            second = float(f(x))
+            seen["outcome"] = "ok" if first == second == float(data.sum()) else (
+                f"wrong {first} {second}")
+        except nbjit.AgreementError as error:
+            seen["outcome"] = "AgreementError"
+            seen["path"], seen["values"] = error.path, error.values
+            seen["message"] = str(error)
+        except Exception as error:  # noqa: BLE001 (reported to the parent)
+            seen["outcome"] = f"{type(error).__name__}: {error}"
+        seen["seconds"] = round(time.perf_counter() - start, 3)
+    else:
+        seen["outcome"] = "not called"
+    from nbjit.multiprocess import agreement
+
+    seen["round_trips"] = agreement.counters().round_trips
+    print("OUTCOME " + json.dumps(seen), flush=True)
+    time.sleep(linger_s)
+
+
+@dataclass
+class Result:
+    """One run: per rank, what it printed (None: it printed nothing) and how it ended."""
+
+    n: int
+    scenario: str
+    timeout_s: float
+    outcomes: dict[int, dict | None] = field(default_factory=dict)
+    codes: dict[int, int | str] = field(default_factory=dict)
+    logs: dict[int, str] = field(default_factory=dict)
+
+    def expected(self, rank: int) -> str | None:
+        """What `rank` should have seen; None when it holds, else what went wrong."""
+        seen, n = self.outcomes.get(rank), self.n
+        if seen is None:
+            return f"no outcome (exit {self.codes.get(rank)})"
+        odd = n - 1
+        if self.scenario == "agree":
+            return None if seen["outcome"] == "ok" else seen["outcome"]
+        if self.scenario == "never":
+            if rank == odd:
+                return None
+            if seen["outcome"] != "AgreementError" or f"process {odd}" not in seen["message"]:
+                return str(seen["outcome"])
+            if seen["seconds"] > self.timeout_s + OUTCOME_BOUND_S:
+                return f"raised {seen['seconds']} s after its call"
+            return None
+        if seen["outcome"] != "AgreementError":
+            return str(seen["outcome"])
+        # both shapes, each on the right processes (those that had not called when
+        # the others decided are named so), this process's own among them
+        want = {str(q): f"float32[{4 * n if q == odd else 2 * n},4]" for q in range(n)}
+        values = seen["values"]
+        if (seen["path"] != "args[0]" or set(values) != set(want)
+                or any(v not in (want[q], "(not called yet)") for q, v in values.items())
+                or values[str(rank)] != want[str(rank)]
+                or len(set(values.values()) - {"(not called yet)"}) != 2):
+            return f"AgreementError {seen['path']} {values}"
+        late = (self.scenario == "late" and rank == odd) or (self.scenario == "after"
+                                                             and rank == 1)
+        if late and seen["seconds"] > 5.0:
+            return f"late process raised {seen['seconds']} s after its call"
+        if seen["seconds"] > OUTCOME_BOUND_S:  # it waited for its timeout: nobody told it
+            return f"raised {seen['seconds']} s after its call"
+        return None
+
+    def failures(self) -> dict[int, str]:
+        found = {q: self.expected(q) for q in range(self.n)}
+        return {q: why for q, why in found.items() if why is not None}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_scenario(n: int, scenario: str, *, seed: int = 0, timeout_s: float = 60.0,
+                 linger_s: float = 1.0, bound_s: float = 90.0) -> Result:
+    """Starts `n` processes for `scenario`; each gets a start-up skew of up to 0.5 s
+    drawn from `seed`; every process is killed `bound_s` after the start."""
+    import random
+
+    rng = random.Random(seed)
+    port = _free_port()
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=1"])
+    env["JAX_PLATFORMS"] = "cpu"
+    env["NBJIT_AGREEMENT_TIMEOUT"] = str(timeout_s)
+    env.pop("NBJIT_CHECK_AGREEMENT", None)
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    procs = [subprocess.Popen(
+        [sys.executable, __file__, "--worker", str(port), str(r), str(n), scenario,
+         f"{rng.uniform(0, 0.5):.3f}", str(linger_s)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        for r in range(n)]
+    result = Result(n, scenario, timeout_s)
+    deadline = time.monotonic() + bound_s
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            result.codes[r] = p.returncode
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            result.codes[r] = "killed"
+        lines = [ln for ln in out.splitlines() if ln.startswith("OUTCOME ")]
+        result.outcomes[r] = json.loads(lines[-1][8:]) if lines else None
+        result.logs[r] = out
+    return result
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        port, rank, n = map(int, sys.argv[2:5])
+        _worker(port, rank, n, sys.argv[5], float(sys.argv[6]), float(sys.argv[7]))
