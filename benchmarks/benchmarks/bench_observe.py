@@ -11,6 +11,7 @@
 """
 
 import functools
+import inspect
 
 from . import common  # first: 8 host devices before jax starts
 
@@ -81,21 +82,28 @@ def _args_1():
 
 
 def _without_hit_counter(jitted, *args):
-    """Rebuilds `jitted`'s binder for `args` from the hit-path template minus its counter."""
-    try:  # the templates' module: nbjit.core.binders, nbjit.core.keys on older commits
+    """Rebuilds `jitted`'s binder for `args` from the hit path minus its counter line."""
+    try:  # the hit path's module: nbjit.core.binders, nbjit.core.keys on older commits
         keys = _nbjit_module("nbjit.core.binders")
     except NotImplementedError:
         keys = _nbjit_module("nbjit.core.keys")
-    template = getattr(keys, "_HIT_TEMPLATE", "")
     counter = "    node.hits += 1\n"
-    if counter not in template:
-        raise NotImplementedError("this commit's hit path has no hit counter line")
-    keys._HIT_TEMPLATE = template.replace(counter, "")
+    if callable(getattr(keys, "_hit", None)):  # the hit path emitted by one function
+        name, original = "_hit", keys._hit
+        edited = lambda *a, **k: original(*a, **k).replace(counter, "")  # noqa: E731
+        if counter not in inspect.getsource(original):
+            raise NotImplementedError("this commit's hit path has no hit counter line")
+    else:  # earlier commits: one template string
+        name, original = "_HIT_TEMPLATE", getattr(keys, "_HIT_TEMPLATE", "")
+        if counter not in original:
+            raise NotImplementedError("this commit's hit path has no hit counter line")
+        edited = original.replace(counter, "")
+    setattr(keys, name, edited)
     try:
         jitted._binders.clear()
-        jitted(*args)  # builds the binder of this call shape from the edited template
+        jitted(*args)  # builds the binder of this call shape from the edited hit path
     finally:
-        keys._HIT_TEMPLATE = template
+        setattr(keys, name, original)
 
 
 class StatsCost:
