@@ -11,6 +11,7 @@ Tracing, lowering and compiling are JAX's own; nbjit owns the cache-hit path.
 
 import importlib
 import sys
+import threading
 
 from nbjit.routing import run as _run  # imports no jax
 
@@ -41,12 +42,21 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+# one lock across the reload below (which runs this file again)
+_load_lock = globals().get("_load_lock") or threading.Lock()
+
+
 def __getattr__(name: str) -> object:
     global _deferred
-    if _deferred and name in __all__:  # the imports above, deferred: run them now
-        _deferred = False
-        importlib.reload(sys.modules[__name__])
-        return getattr(sys.modules[__name__], name)
+    if name in __all__ and name not in ("compare", "CompareResult"):
+        # The imports above, deferred: one thread runs them; a thread that asks
+        # meanwhile waits for it (the reload sets _deferred before the imports end).
+        with _load_lock:
+            if _deferred:
+                importlib.reload(sys.modules[__name__])
+                _deferred = False
+        if name in globals():
+            return globals()[name]
     # `compare` and `CompareResult` live in the benchmark lab (nbjit.bench),
     # imported on first use so that `import nbjit` does not load it.
     if name in ("compare", "CompareResult"):

@@ -425,3 +425,30 @@ def test_run_after_jax_was_imported_gets_every_room(tmp_path):
                           text=True, timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["nbjit.core.dispatch", "3", "0"]
+
+
+def test_a_deferred_package_loads_once_for_threads_that_race_to_it():
+    """Eight threads ask the deferred package for public names at once: each gets
+    them (none an AttributeError while another thread loads the package)."""
+    code = textwrap.dedent("""
+        import sys, threading; sys.argv = ['nbjit', 'run']
+        import nbjit
+        barrier, got = threading.Barrier(8), []
+        names = ['jit', 'stats', 'filter_jit', 'device_put', 'profile', 'PjitFunction',
+                 'AgreementError', 'patch_jax']
+        def ask(name):
+            barrier.wait()
+            try:
+                got.append(getattr(nbjit, name) is not None)
+            except AttributeError as error:
+                got.append(repr(error))
+        threads = [threading.Thread(target=ask, args=(n,)) for n in names]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        print(got.count(True), [g for g in got if g is not True])
+    """)
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split("\n")[0] == "8 []", done.stdout
