@@ -7,6 +7,18 @@ its result (block_until_ready), paired rounds with rotating order, median of
 the per-round ratios and its p10-p90 (`nbjit.bench.measure`). The results are
 checked equal first.
 
+A third contender, `floor`, is jax.jit called with the same values already
+device arrays (no put, no copy, no compare): the executable and its output
+alone. `floor/jax` is the lowest ratio any dispatcher that runs this
+executable can reach; where it is above a row's target, no host-input
+design meets that target in this process. jax.jit's put of a misaligned
+array costs its copy plus an allocation, and what the allocation costs
+depends on the C library's state: glibc reuses freed heap for 1 MiB
+buffers after its first free (cheap), but with
+``MALLOC_MMAP_THRESHOLD_=131072`` in the environment every such buffer is
+a new mapping whose pages fault in (docs/host-inputs.md, "Where the ratios
+stand").
+
     python benchmarks/host_arrays.py [--fn sum|linear] [--seconds S] [--only TEXT]
 
 Run it against another checkout of nbjit by putting that first on PYTHONPATH
@@ -63,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                                 max_seconds=args.seconds, warmup_calls=20)
     print(f"nbjit {os.path.dirname(nbjit.__file__)}, f = {args.fn}, "
           f"load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
-    print(f"{'row':<24} {'nbjit us':>9} {'jax.jit us':>10} {'ratio':>6}  p10-p90")
+    print(f"{'row':<24} {'nbjit us':>9} {'jax.jit us':>10} {'floor us':>9} {'ratio':>6}  p10-p90"
+          f"   {'floor/jax':>9}")
     for size, nbytes in SIZES.items():
         for kind in KINDS:
             name = f"{kind} {size}"
@@ -72,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             offset = 0 if kind == "same aligned" else 16
             xs = [_placed(nbytes, offset, rng) for _ in range(4 if kind == "fresh" else 1)]
             f, g = nbjit.jit(fn), jax.jit(fn)
+            on_device = [jax.device_put(x) for x in xs]
 
             def caller(h, xs=xs):
                 state = [0]
@@ -86,10 +100,12 @@ def main(argv: list[str] | None = None) -> int:
                 if not np.array_equal(np.asarray(f(params, x)), np.asarray(g(params, x))):
                     print(f"{name}: OUTPUTS DIFFER")
                     return 1
-            result = measure.interleave([("a", caller(f)), ("b", caller(g))], settings)
-            r = result.ratio("a", "b")
+            result = measure.interleave([("a", caller(f)), ("b", caller(g)),
+                                         ("floor", caller(g, on_device))], settings)
+            r, floor = result.ratio("a", "b"), result.ratio("floor", "b")
             print(f"{name:<24} {result.median_us('a'):9.1f} {result.median_us('b'):10.1f} "
-                  f"{r.median:6.2f}  {r.p10:.2f}-{r.p90:.2f}", flush=True)
+                  f"{result.median_us('floor'):9.1f} {r.median:6.2f}  {r.p10:.2f}-{r.p90:.2f}"
+                  f"   {floor.median:9.2f}", flush=True)
     print(f"load {os.getloadavg()[0]:.2f}")
     return 0
 
