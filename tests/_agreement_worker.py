@@ -147,6 +147,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_env(devices: int, timeout_s: float) -> dict[str, str]:
+    """The environment of a worker process: `devices` CPU devices, the agreement
+    timeout, and the nbjit under test (this checkout) first on its path."""
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
+    env["JAX_PLATFORMS"] = "cpu"
+    env["NBJIT_AGREEMENT_TIMEOUT"] = str(timeout_s)
+    env.pop("NBJIT_CHECK_AGREEMENT", None)
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def run_scenario(n: int, scenario: str, *, seed: int = 0, timeout_s: float = 60.0,
                  linger_s: float = 1.0, bound_s: float = 90.0) -> Result:
     """Starts `n` processes for `scenario`; each gets a start-up skew of up to 0.5 s
@@ -155,15 +170,7 @@ def run_scenario(n: int, scenario: str, *, seed: int = 0, timeout_s: float = 60.
 
     rng = random.Random(seed)
     port = _free_port()
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=1"])
-    env["JAX_PLATFORMS"] = "cpu"
-    env["NBJIT_AGREEMENT_TIMEOUT"] = str(timeout_s)
-    env.pop("NBJIT_CHECK_AGREEMENT", None)
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env = worker_env(1, timeout_s)
     procs = [subprocess.Popen(
         [sys.executable, __file__, "--worker", str(port), str(r), str(n), scenario,
          f"{rng.uniform(0, 0.5):.3f}", str(linger_s)],

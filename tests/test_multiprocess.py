@@ -15,7 +15,6 @@ in a pair each.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _agreement_worker import worker_env
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_multiproc_worker.py"
@@ -39,17 +39,7 @@ def _free_port() -> int:
 
 
 def _worker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
-    env["JAX_PLATFORMS"] = "cpu"
-    env["NBJIT_AGREEMENT_TIMEOUT"] = str(AGREEMENT_TIMEOUT_S)
-    env.pop("NBJIT_CHECK_AGREEMENT", None)
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    root = str(HERE.parent)  # the nbjit under test, wherever pytest imported it from
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    return env
+    return worker_env(4, AGREEMENT_TIMEOUT_S)
 
 
 def _run_pair(tmp: Path, checks: list[str]) -> tuple[list[dict | None], list[str], list[int]]:
