@@ -75,9 +75,6 @@ from nbjit.multiprocess.signature import encode as _encode
 from nbjit.observe import spans as _spans
 from nbjit.observe.names import call_site, function_name, process_label
 
-# `_exchange`, `_Process`, `_Function`, `Signature` and `_PREFIX` stay reachable here,
-# where the exchange lived before it moved to exchange.py (tests, simulations).
-
 __all__ = ["AgreementError", "AgreementWarning", "Counters", "Signature",
            "check", "configure", "counters", "describe_signature", "first_difference",
            "process_label"]
@@ -169,6 +166,3 @@ def _local_validation(jitted: JitView, args: tuple, kwargs: dict) -> Callable[[]
         _jax.lower_as_called(upstream, facts.fun, args, kwargs)
 
     return validate
-
-
-_first_difference = first_difference  # its name before the move to signature.py
