@@ -414,6 +414,39 @@ def test_unchanged_big_arrays_run_before_their_compare():
     assert f.stats().misses == 1 and f.stats().slow == 0
 
 
+def test_new_values_every_call_are_written_without_a_compare():
+    """After WRITE_AFTER calls in a row with new values, leaves are written
+    without a compare; one in PROBE_EVERY calls still compares, so values that
+    then stay the same are noticed and run before their compare again."""
+    def fn(x):
+        return jnp.sum(x, axis=0)
+
+    n = _resident.COMPARE_MIN_BYTES // 4 // 128
+    xs = [np.full((n, 128), i, np.float32) for i in range(3)]
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    for i in range(4):
+        assert_same_outputs(f(xs[i % 3]), g(xs[i % 3]))
+    prepare = _node(f, xs[0]).record.prepare
+    compares = []
+    original = _resident._unchanged
+
+    def counting(address, value, nbytes, dtype):
+        compares.append(1)
+        return original(address, value, nbytes, dtype)
+
+    prepare.__globals__["same"] = counting
+    try:
+        for i in range(2 * _resident.PROBE_EVERY):
+            assert_same_outputs(f(xs[i % 3]), g(xs[i % 3]))
+        assert 1 <= len(compares) <= 2 * 2 + _resident.WRITE_AFTER, len(compares)
+        ran, _ = _speculations(f, xs[0])
+        for _ in range(_resident.PROBE_EVERY + _resident.SPECULATE_AFTER + 2):
+            assert_same_outputs(f(xs[1]), g(xs[1]))
+        assert _speculations(f, xs[0])[0] > ran
+    finally:
+        prepare.__globals__["same"] = original
+
+
 def test_runs_before_their_compare_never_see_later_writes():
     """Values that stay the same for a few calls and then change, the caller
     overwriting its arrays right after every call and restoring them before

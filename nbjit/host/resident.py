@@ -49,8 +49,9 @@ from nbjit.host.layout import (
     write_statement,
 )
 
-__all__ = ["COMPARE_MIN_BYTES", "PROCESS_MAX_BYTES", "RESIDENT_CAP", "SIGNATURE_MAX_BYTES",
-           "SPECULATE_AFTER", "ResidentSlots", "resident_bytes", "resident_record"]
+__all__ = ["COMPARE_MIN_BYTES", "PROBE_EVERY", "PROCESS_MAX_BYTES", "RESIDENT_CAP",
+           "SIGNATURE_MAX_BYTES", "SPECULATE_AFTER", "WRITE_AFTER", "ResidentSlots",
+           "resident_bytes", "resident_record"]
 
 RESIDENT_CAP = 32  # slots per signature (calls in flight beyond: per-leaf puts)
 # What one signature's slots may hold, their fences (the outputs they keep
@@ -101,7 +102,7 @@ def prepare(leaves):
 {writes}    except BaseException:
         append(slot)  # (its fence still holds: no call reads it)
         raise
-{count}    return {finish}
+    return {finish}
 """
 
 # Every leaf compared, and unchanged for SPECULATE_AFTER calls in a row: the
@@ -124,7 +125,7 @@ _SPECULATE = """    if streak[0] >= SPECULATE_AFTER:
             unchanged = {compare}
         finally:
             if not unchanged:
-                streak[0] = 0
+                streak[0], streak[1] = 0, 1
                 counts[1] += 1
                 slot[0] = consume(results, handlers)[FENCE]
                 append(slot)
@@ -177,7 +178,9 @@ class ResidentSlots:
         self.on_broken = on_broken
         self.fence = self._make_fence()
         self.speculative = False  # set by resident_record (see `speculates`)
-        self.streak = [0]  # calls in a row whose compared leaves were all unchanged
+        # Calls in a row whose compared leaves were all unchanged, and calls
+        # in a row with one that changed (or written without a compare).
+        self.streak = [0, 0]
         self.counts = [0, 0]  # runs before the compare; of those, compares that differed
 
     def new_slot(self) -> list | None:
@@ -371,37 +374,50 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
     m = len(layouts)
     # A slot is [fence, *arrays, *views, *addresses, staging]: leaf j's view is
     # slot[1 + m + j], its address slot[1 + 2 * m + j].
-    writes, compares = "", []
+    plain, checked, compares = "", "", []
     for j, s in enumerate(layouts):
         write = write_statement(s, f"slot[{1 + m + j}]", names[s.leaf])
+        plain += write
         if s.python is None and s.nbytes >= COMPARE_MIN_BYTES and _memcmp is not None:
             # The same bytes as the slot holds already: no write (see COMPARE_MIN_BYTES).
             compare = f"same(slot[{1 + 2 * m + j}], {names[s.leaf]}, {s.nbytes}, D{j})"
             compares.append(compare)
-            write = (f"        if not {compare}:\n            changed = True\n    "
-                     + write.replace("\n        ", "\n            "))
-        writes += write
+            write = f"        if not {compare}:\n            changed = True\n" + _indent(write)
+        checked += write
+    writes = plain
+    if compares:  # new values on every recent call: written without a compare (WRITE_AFTER)
+        writes = ("        if streak[1] >= WRITE_AFTER and streak[1] % PROBE_EVERY:\n"
+                  "            streak[1] += 1\n" + _indent(plain)
+                  + "        else:\n            changed = False\n" + _indent(checked)
+                  + "            if changed:\n                streak[0] = 0\n"
+                  "                streak[1] += 1\n"
+                  "            else:\n                streak[0] += 1\n"
+                  "                streak[1] = 0\n")
     arrays = {s.leaf: f"slot[{1 + j}]" for j, s in enumerate(layouts)}
     new_leaves = [arrays.get(j, names[j]) for j in range(n_leaves)]
     finish = (f"[{', '.join(new_leaves)}]" if inner.leaves_are_inputs
               else f"inner([{', '.join(new_leaves)}])")
-    speculate = count = ""
+    speculate = ""
     if pool.speculative:  # (every leaf compared: see speculates)
-        writes = "        changed = False\n" + writes
         speculate = _SPECULATE.format(finish=finish, compare=" and ".join(compares))
-        count = "    streak[0] = 0 if changed else streak[0] + 1\n"
     source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish,
-                                       speculate=speculate, count=count)
+                                       speculate=speculate)
     scope = {"unguarded": _jax.host_transfers_unguarded,
              "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,
              "popleft": pool.free.popleft, "append": pool.free.append, "claim": pool.claim,
              "ready": _jax.ArrayImpl.is_ready, "RETIRED": _RETIRED, "fallback": fallback,
              "F32MAX": FLOAT32_MAX, "inner": inner.prepare, "pool": pool, "same": _unchanged,
              "streak": pool.streak, "counts": pool.counts, "SPECULATE_AFTER": SPECULATE_AFTER,
+             "WRITE_AFTER": WRITE_AFTER, "PROBE_EVERY": PROBE_EVERY,
              "run": inner.execute, "consume": _jax.ExecuteResults.consume_with_handlers,
              "handlers": inner.out_handlers, "FENCE": pool.fence_index,
              **{f"D{j}": s.dtype for j, s in enumerate(layouts)}}
     return run_source(source, "resident prepare", scope)["prepare"]
+
+
+def _indent(source: str) -> str:
+    """Generated statements one level deeper."""
+    return "".join("    " + line if line.strip() else line for line in source.splitlines(True))
 
 
 def _speculating_execute(run: Callable[[Any], Any], n_inputs: int) -> Callable[[list], Any]:
@@ -432,6 +448,12 @@ COMPARE_MIN_BYTES = 64 << 10
 # results are dropped, its outputs fence the slot, the call takes the puts)
 # and ends the streak.
 SPECULATE_AFTER = 4
+# After this many calls in a row with a compared leaf changed, leaves are
+# written without a compare (a compare that finds a difference costs ~3 us
+# of Python before the dispatch, enough to let the worker thread sleep), and
+# compared again every PROBE_EVERY calls to notice values that stay.
+WRITE_AFTER = 4
+PROBE_EVERY = 16
 
 
 def _libc_memcmp() -> Callable[[int, int, int], int] | None:
