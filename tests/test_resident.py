@@ -447,6 +447,29 @@ def test_new_values_every_call_are_written_without_a_compare():
         prepare.__globals__["same"] = original
 
 
+def test_a_record_that_runs_before_its_compare_dies_with_its_function():
+    """Its prepare calls the executable itself: still no cycle holds it, so
+    the function's death frees the executable without a gc pass."""
+    import gc
+
+    from nbjit import _jax
+
+    gc.collect()
+    gc.disable()
+    try:
+        live = len(_jax.live_executables())
+        f = nbjit.jit(lambda x: jnp.sum(x) * 2)
+        x = np.ones(_resident.COMPARE_MIN_BYTES // 4, np.float32)
+        for _ in range(_resident.SPECULATE_AFTER + 4):
+            jax.block_until_ready(f(x))  # (one slot: a busy one would make another)
+        assert _speculations(f, x)[0] >= 1
+        assert len(_jax.live_executables()) == live + 1
+        del f
+        assert len(_jax.live_executables()) == live
+    finally:
+        gc.enable()
+
+
 def test_runs_before_their_compare_never_see_later_writes():
     """Values that stay the same for a few calls and then change, the caller
     overwriting its arrays right after every call and restoring them before

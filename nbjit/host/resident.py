@@ -407,12 +407,16 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
              "popleft": pool.free.popleft, "append": pool.free.append, "claim": pool.claim,
              "ready": _jax.ArrayImpl.is_ready, "RETIRED": _RETIRED, "fallback": fallback,
              "F32MAX": FLOAT32_MAX, "inner": inner.prepare, "pool": pool, "same": _unchanged,
-             "streak": pool.streak, "counts": pool.counts, "SPECULATE_AFTER": SPECULATE_AFTER,
-             "WRITE_AFTER": WRITE_AFTER, "PROBE_EVERY": PROBE_EVERY,
-             "run": inner.execute, "consume": _jax.ExecuteResults.consume_with_handlers,
-             "handlers": inner.out_handlers, "FENCE": pool.fence_index,
+             "streak": pool.streak, "WRITE_AFTER": WRITE_AFTER, "PROBE_EVERY": PROBE_EVERY,
              **{f"D{j}": s.dtype for j, s in enumerate(layouts)}}
-    return run_source(source, "resident prepare", scope)["prepare"]
+    if speculate:
+        scope.update(counts=pool.counts, SPECULATE_AFTER=SPECULATE_AFTER, run=inner.execute,
+                     consume=_jax.ExecuteResults.consume_with_handlers,
+                     handlers=inner.out_handlers, FENCE=pool.fence_index)
+    # Out of its own scope: a function in its globals is a cycle, and this
+    # scope may hold the executable (`run`), which must die with the record
+    # without waiting for a gc pass.
+    return run_source(source, "resident prepare", scope).pop("prepare")
 
 
 def _indent(source: str) -> str:
