@@ -470,6 +470,25 @@ def test_a_record_that_runs_before_its_compare_dies_with_its_function():
         gc.enable()
 
 
+def test_the_floor_of_a_record_that_runs_before_its_compare():
+    """compare's floor (the executable alone on prepared inputs) works on a
+    record whose prepare ran the executable already."""
+    from nbjit.bench.floor import floor_call
+
+    def fn(x):
+        return jnp.sum(x) * 2
+
+    f = nbjit.jit(fn)
+    x = np.arange(_resident.COMPARE_MIN_BYTES // 4, dtype=np.float32)
+    for _ in range(_resident.SPECULATE_AFTER + 4):
+        jax.block_until_ready(f(x))
+    ran, _ = _speculations(f, x)
+    run = floor_call(f, x)
+    assert _speculations(f, x)[0] > ran  # (its prepare ran before its compare)
+    for _ in range(2):
+        assert_same_outputs(run()[0], jax.jit(fn)(x))
+
+
 def test_runs_before_their_compare_never_see_later_writes():
     """Values that stay the same for a few calls and then change, the caller
     overwriting its arrays right after every call and restoring them before

@@ -424,10 +424,11 @@ def _indent(source: str) -> str:
     return "".join("    " + line if line.strip() else line for line in source.splitlines(True))
 
 
-def _speculating_execute(run: Callable[[Any], Any], n_inputs: int) -> Callable[[list], Any]:
-    """The resident record's `execute`: a speculative prepare left the results
-    of its run at the end of the inputs (one more than `n_inputs`)."""
-    def execute(inputs: list) -> Any:
+def _speculating_execute(run: Callable[[Any], Any], n_inputs: int) -> Callable[[Any], Any]:
+    """The resident record's `execute`: a prepare that ran before its compare
+    left the run's results at the end of the inputs (one more than `n_inputs`),
+    and this takes them (the list is the prepare's own)."""
+    def execute(inputs: Any) -> Any:
         if len(inputs) == n_inputs:
             return run(inputs)
         return inputs.pop()
