@@ -442,7 +442,8 @@ def _speculating_execute(run: Callable[[Any], Any], n_inputs: int) -> Callable[[
 # this core's cache, and the computation, on another thread, then reads them
 # from there. Below this size the copy measured cheaper, from it the compare
 # (docs/host-inputs.md). A new value usually differs in its first bytes,
-# where the compare stops: it then costs the copy and little more.
+# where the compare stops: it then costs the copy and the compare's Python
+# (which WRITE_AFTER spares values that are new on every call).
 COMPARE_MIN_BYTES = 64 << 10
 # After this many calls in a row in which every leaf (each one compared) was
 # unchanged, a call runs the executable on the slot first and compares while
@@ -454,9 +455,10 @@ COMPARE_MIN_BYTES = 64 << 10
 # and ends the streak.
 SPECULATE_AFTER = 4
 # After this many calls in a row with a compared leaf changed, leaves are
-# written without a compare (a compare that finds a difference costs ~3 us
-# of Python before the dispatch, enough to let the worker thread sleep), and
-# compared again every PROBE_EVERY calls to notice values that stay.
+# written without a compare (a compare that finds a difference still costs
+# its Python before the dispatch, which can be enough to let the worker
+# thread sleep), and compared again every PROBE_EVERY calls to notice
+# values that stay.
 WRITE_AFTER = 4
 PROBE_EVERY = 16
 
