@@ -340,10 +340,12 @@ def test_caller_overwrites_big_arrays_in_flight():
     assert max(made) > 1, made
 
 
-def test_an_unchanged_big_array_is_compared_not_written():
+def test_an_unchanged_big_array_is_compared_not_written(monkeypatch):
     """From COMPARE_MIN_BYTES a slot already holding the leaf's bytes is not
     written again; one byte changed anywhere (the last one here), another
     dtype converted into the same signature, or another layout, is written."""
+    monkeypatch.setattr(_resident, "SPECULATE_AFTER", 1 << 30)  # (compare first: tested below)
+
     def fn(x):
         return jnp.sum(x, axis=0), x[-1, -1] * 1
 
@@ -375,6 +377,173 @@ def test_an_unchanged_big_array_is_compared_not_written():
         assert writes[3:] == [True, True, True, True]
     finally:
         prepare.__globals__["same"] = original
+
+
+def _speculations(f, *args) -> tuple[int, int]:
+    """(runs before their compare, of those the ones whose compare differed)."""
+    return tuple(_pool(f, *args).counts)
+
+
+def test_unchanged_big_arrays_run_before_their_compare():
+    """After SPECULATE_AFTER calls with every leaf unchanged, a call runs on the
+    slot first and compares while it runs; a byte changed anywhere (first,
+    last) drops that run, and the call's result is the new value's. Results
+    as jax.jit's throughout; no second compile."""
+    def fn(x, y):
+        return jnp.sum(x, axis=0) + y[0], x[-1, -1] * y[-1, -1]
+
+    n = _resident.COMPARE_MIN_BYTES // 4 // 128
+    x = np.ones((n, 128), np.float32)
+    y = np.arange(n * 128, dtype=np.float32).reshape(n, 128)
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    for _ in range(_resident.SPECULATE_AFTER + 4):
+        assert_same_outputs(f(x, y), g(x, y))
+    assert _is_resident(f, x, y)
+    ran, differed = _speculations(f, x, y)
+    assert ran >= 1 and differed == 0
+    for where in ((0, 0), (-1, -1), (n // 2, 5)):
+        x[where] += 1.0  # in place: the same array object, new bytes
+        assert_same_outputs(f(x, y), g(x, y))
+        # The next call writes the slot, then the streak builds again.
+        for _ in range(_resident.SPECULATE_AFTER + 2):
+            assert_same_outputs(f(x, y), g(x, y))
+    y2 = y.copy()  # another array with the same bytes: still unchanged
+    assert_same_outputs(f(x, y2), g(x, y2))
+    ran_after, differed_after = _speculations(f, x, y)
+    assert differed_after == 3 and ran_after == ran + 3 * 2 + 1
+    assert f.stats().misses == 1 and f.stats().slow == 0
+
+
+def test_new_values_every_call_are_written_without_a_compare():
+    """After WRITE_AFTER calls in a row with new values, leaves are written
+    without a compare; one in PROBE_EVERY calls still compares, so values that
+    then stay the same are noticed and run before their compare again."""
+    def fn(x):
+        return jnp.sum(x, axis=0)
+
+    n = _resident.COMPARE_MIN_BYTES // 4 // 128
+    xs = [np.full((n, 128), i, np.float32) for i in range(3)]
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    for i in range(4):
+        assert_same_outputs(f(xs[i % 3]), g(xs[i % 3]))
+    prepare = _node(f, xs[0]).record.prepare
+    compares = []
+    original = _resident._unchanged
+
+    def counting(address, value, nbytes, dtype):
+        compares.append(1)
+        return original(address, value, nbytes, dtype)
+
+    prepare.__globals__["same"] = counting
+    try:
+        for i in range(2 * _resident.PROBE_EVERY):
+            assert_same_outputs(f(xs[i % 3]), g(xs[i % 3]))
+        assert 1 <= len(compares) <= 2 * 2 + _resident.WRITE_AFTER, len(compares)
+        ran, _ = _speculations(f, xs[0])
+        for _ in range(_resident.PROBE_EVERY + _resident.SPECULATE_AFTER + 2):
+            assert_same_outputs(f(xs[1]), g(xs[1]))
+        assert _speculations(f, xs[0])[0] > ran
+    finally:
+        prepare.__globals__["same"] = original
+
+
+def test_a_record_that_runs_before_its_compare_dies_with_its_function():
+    """Its prepare calls the executable itself: still no cycle holds it, so
+    the function's death frees the executable without a gc pass."""
+    import gc
+
+    from nbjit import _jax
+
+    gc.collect()
+    gc.disable()
+    try:
+        live = len(_jax.live_executables())
+        f = nbjit.jit(lambda x: jnp.sum(x) * 2)
+        x = np.ones(_resident.COMPARE_MIN_BYTES // 4, np.float32)
+        for _ in range(_resident.SPECULATE_AFTER + 4):
+            jax.block_until_ready(f(x))  # (one slot: a busy one would make another)
+        assert _speculations(f, x)[0] >= 1
+        assert len(_jax.live_executables()) == live + 1
+        del f
+        assert len(_jax.live_executables()) == live
+    finally:
+        gc.enable()
+
+
+def test_the_floor_of_a_record_that_runs_before_its_compare():
+    """compare's floor (the executable alone on prepared inputs) works on a
+    record whose prepare ran the executable already."""
+    from nbjit.bench.floor import floor_call
+
+    def fn(x):
+        return jnp.sum(x) * 2
+
+    f = nbjit.jit(fn)
+    x = np.arange(_resident.COMPARE_MIN_BYTES // 4, dtype=np.float32)
+    for _ in range(_resident.SPECULATE_AFTER + 4):
+        jax.block_until_ready(f(x))
+    ran, _ = _speculations(f, x)
+    run = floor_call(f, x)
+    assert _speculations(f, x)[0] > ran  # (its prepare ran before its compare)
+    for _ in range(2):
+        assert_same_outputs(run()[0], jax.jit(fn)(x))
+
+
+def test_runs_before_their_compare_never_see_later_writes():
+    """Values that stay the same for a few calls and then change, the caller
+    overwriting its arrays right after every call and restoring them before
+    the next, computations in flight: 0 results wrong, and calls both ran
+    before their compare and found a difference there."""
+    def fn(a, b):
+        x = a
+        for _ in range(3):
+            x = jnp.sin(x) * 1.0001 + b
+        return x.reshape(-1, 256).sum(0), jnp.sum(b)
+
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    n = _resident.COMPARE_MIN_BYTES // 4 * 2
+    raw = np.zeros(4 * n + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    a = raw[start:start + 4 * n].view(np.float32)  # 64-byte aligned: jax.jit aliases
+    b = np.zeros(n, np.float32)
+    results, expected = [], []
+    for i in range(200):
+        value = i // 7  # a new value every 7 calls
+        a[:] = value
+        b[:] = -value / 7
+        expected.append(g(a.copy(), b.copy()))
+        results.append(f(a, b))
+        a[:] = 12345.0
+        b[:] = -99.0
+    wrong = sum(not np.array_equal(np.asarray(r[0]), np.asarray(e[0]))
+                or not np.array_equal(np.asarray(r[1]), np.asarray(e[1]))
+                for r, e in zip(results, expected, strict=True))
+    assert wrong == 0
+    ran, differed = _speculations(f, a, b)
+    assert ran > 0 and differed > 0, (ran, differed)
+
+
+def test_same_big_arrays_from_threads():
+    """Threads, each with the same array every call and its own values, share
+    one signature's slots: a slot holding another thread's bytes differs at
+    the compare. Results as jax.jit's."""
+    def fn(a, s):
+        return jnp.sum(a * s, axis=0)
+
+    f, g = nbjit.jit(fn), jax.jit(fn)
+
+    def worker(seed):
+        a = np.full((256, 256), seed, np.float32)  # 256 KiB
+        for i in range(60):
+            if i % 20 == 19:
+                a[seed % 256, :] += 1.0
+            s = jnp.float32(i % 3)
+            assert_same_outputs(f(a, s), g(a.copy(), s))
+
+    errors = run_threads(worker, 4)
+    assert not errors, errors[0]
+    a = np.zeros((256, 256), np.float32)
+    assert _is_resident(f, a, jnp.float32(0)) and f.stats().misses == 1
 
 
 def test_big_arrays_from_threads():

@@ -16,6 +16,11 @@ least) and, for every pool of the process together, `PROCESS_MAX_BYTES`; a
 call that finds none free takes the per-leaf path. The first
 resident call checks that no output aliases a slot (XLA's outputs are new
 buffers unless donated, and nothing here donates).
+
+A leaf of `COMPARE_MIN_BYTES` or more is compared with what its slot holds
+and written only if it differs. Once every leaf has been unchanged for
+`SPECULATE_AFTER` calls in a row, a call runs first and compares while the
+computation runs; a difference drops that run and takes the puts.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ from nbjit.host.layout import (
     write_statement,
 )
 
-__all__ = ["PROCESS_MAX_BYTES", "RESIDENT_CAP", "SIGNATURE_MAX_BYTES", "ResidentSlots",
+__all__ = ["COMPARE_MIN_BYTES", "PROBE_EVERY", "PROCESS_MAX_BYTES", "RESIDENT_CAP",
+           "SIGNATURE_MAX_BYTES", "SPECULATE_AFTER", "WRITE_AFTER", "ResidentSlots",
            "resident_bytes", "resident_record"]
 
 RESIDENT_CAP = 32  # slots per signature (calls in flight beyond: per-leaf puts)
@@ -92,11 +98,41 @@ def prepare(leaves):
                 slot = claim(slot)
     if slot is None:  # every slot still read by a call in flight: a put per leaf
         return fallback(leaves)
-    try:
+{speculate}    try:
 {writes}    except BaseException:
         append(slot)  # (its fence still holds: no call reads it)
         raise
     return {finish}
+"""
+
+# Every leaf compared, and unchanged for SPECULATE_AFTER calls in a row: the
+# executable runs first, on the bytes the slot holds, and the compare runs
+# while it does. Equal: its results ride at the end of the inputs, where the
+# record's `execute` takes them. Not equal: that run's outputs fence the slot
+# (it reads it), and this call takes the per-leaf puts. Either way the result
+# is the executable's on the bytes the caller's arrays held during the call.
+_SPECULATE = """    if streak[0] >= SPECULATE_AFTER:
+        try:
+            inputs = {finish}
+            results = run(inputs)
+        except Exception:  # (the puts' path raises what it raises, or runs)
+            append(slot)
+            streak[0] = 0
+            return fallback(leaves)
+        counts[0] += 1
+        unchanged = False
+        try:
+            unchanged = {compare}
+        finally:
+            if not unchanged:
+                streak[0], streak[1] = 0, 1
+                counts[1] += 1
+                slot[0] = consume(results, handlers)[FENCE]
+                append(slot)
+        if not unchanged:
+            return fallback(leaves)
+        inputs.append(results)
+        return inputs
 """
 
 
@@ -115,7 +151,7 @@ class ResidentSlots:
 
     __slots__ = ("layouts", "avals", "sharding", "devices", "nbytes", "slot_bytes", "cap", "free",
                  "by_array", "made", "retired", "fence_index", "input_index", "broken", "on_broken",
-                 "fence", "held", "__weakref__")
+                 "fence", "held", "speculative", "streak", "counts", "__weakref__")
 
     MAX_RETIRED = 8  # slots retired (deleted fences) before the signature gives slots up
 
@@ -141,6 +177,11 @@ class ResidentSlots:
         self.broken = False
         self.on_broken = on_broken
         self.fence = self._make_fence()
+        self.speculative = False  # set by resident_record (see `speculates`)
+        # Calls in a row whose compared leaves were all unchanged, and calls
+        # in a row with one that changed (or written without a compare).
+        self.streak = [0, 0]
+        self.counts = [0, 0]  # runs before the compare; of those, compares that differed
 
     def new_slot(self) -> list | None:
         """A new slot, or None where a zero-copy put does not alias its view
@@ -297,9 +338,20 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
     if any(n_consts + (s.leaf if kept is None else kept.index(s.leaf)) in moved
            for s in layouts):
         return None  # a slot array would be moved: not where the executable wants it
+    pool.speculative = speculates(layouts)
     prepare = _resident_preparer(layouts, watched.n_leaves, inner, pool, record.prepare)
     resident = dataclasses.replace(record, steps=inner.steps, prepare=prepare, fence=pool.fence)
+    if pool.speculative:
+        resident = dataclasses.replace(resident, execute=_speculating_execute(
+            record.execute, n_consts + (watched.n_leaves if kept is None else len(kept))))
     return resident, pool
+
+
+def speculates(layouts: list[LeafLayout]) -> bool:
+    """Whether a resident record over `layouts` may run before it compares
+    (every leaf is an array compared with its slot: see SPECULATE_AFTER)."""
+    return _memcmp is not None and all(
+        s.python is None and s.nbytes >= COMPARE_MIN_BYTES for s in layouts)
 
 
 def _fence(out_avals: list) -> tuple[int, int] | None:
@@ -322,36 +374,93 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
     m = len(layouts)
     # A slot is [fence, *arrays, *views, *addresses, staging]: leaf j's view is
     # slot[1 + m + j], its address slot[1 + 2 * m + j].
-    writes = ""
+    plain, checked, compares = "", "", []
     for j, s in enumerate(layouts):
         write = write_statement(s, f"slot[{1 + m + j}]", names[s.leaf])
+        plain += write
         if s.python is None and s.nbytes >= COMPARE_MIN_BYTES and _memcmp is not None:
             # The same bytes as the slot holds already: no write (see COMPARE_MIN_BYTES).
-            write = (f"        if not same(slot[{1 + 2 * m + j}], {names[s.leaf]}, "
-                     f"{s.nbytes}, D{j}):\n    " + write.replace("\n        ", "\n            "))
-        writes += write
+            compare = f"same(slot[{1 + 2 * m + j}], {names[s.leaf]}, {s.nbytes}, D{j})"
+            compares.append(compare)
+            write = f"        if not {compare}:\n            changed = True\n" + _indent(write)
+        checked += write
+    writes = plain
+    if compares:  # new values on every recent call: written without a compare (WRITE_AFTER)
+        writes = ("        if streak[1] >= WRITE_AFTER and streak[1] % PROBE_EVERY:\n"
+                  "            streak[1] += 1\n" + _indent(plain)
+                  + "        else:\n            changed = False\n" + _indent(checked)
+                  + "            if changed:\n                streak[0] = 0\n"
+                  "                streak[1] += 1\n"
+                  "            else:\n                streak[0] += 1\n"
+                  "                streak[1] = 0\n")
     arrays = {s.leaf: f"slot[{1 + j}]" for j, s in enumerate(layouts)}
     new_leaves = [arrays.get(j, names[j]) for j in range(n_leaves)]
     finish = (f"[{', '.join(new_leaves)}]" if inner.leaves_are_inputs
               else f"inner([{', '.join(new_leaves)}])")
-    source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish)
+    speculate = ""
+    if pool.speculative:  # (every leaf compared: see speculates)
+        speculate = _SPECULATE.format(finish=finish, compare=" and ".join(compares))
+    source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish,
+                                       speculate=speculate)
     scope = {"unguarded": _jax.host_transfers_unguarded,
              "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,
              "popleft": pool.free.popleft, "append": pool.free.append, "claim": pool.claim,
              "ready": _jax.ArrayImpl.is_ready, "RETIRED": _RETIRED, "fallback": fallback,
              "F32MAX": FLOAT32_MAX, "inner": inner.prepare, "pool": pool, "same": _unchanged,
+             "streak": pool.streak, "WRITE_AFTER": WRITE_AFTER, "PROBE_EVERY": PROBE_EVERY,
              **{f"D{j}": s.dtype for j, s in enumerate(layouts)}}
-    return run_source(source, "resident prepare", scope)["prepare"]
+    if speculate:
+        scope.update(counts=pool.counts, SPECULATE_AFTER=SPECULATE_AFTER, run=inner.execute,
+                     consume=_jax.ExecuteResults.consume_with_handlers,
+                     handlers=inner.out_handlers, FENCE=pool.fence_index)
+    # Out of its own scope: a function in its globals is a cycle, and this
+    # scope may hold the executable (`run`), which must die with the record
+    # without waiting for a gc pass.
+    return run_source(source, "resident prepare", scope).pop("prepare")
+
+
+def _indent(source: str) -> str:
+    """Generated statements one level deeper."""
+    return "".join("    " + line if line.strip() else line for line in source.splitlines(True))
+
+
+def _speculating_execute(run: Callable[[Any], Any], n_inputs: int) -> Callable[[Any], Any]:
+    """The resident record's `execute`: a prepare that ran before its compare
+    left the run's results at the end of the inputs (one more than `n_inputs`),
+    and this takes them (the list is the prepare's own)."""
+    def execute(inputs: Any) -> Any:
+        if len(inputs) == n_inputs:
+            return run(inputs)
+        return inputs.pop()
+
+    return execute
 
 
 # From this size a leaf is compared with what its slot holds before it is
 # written, and not written when equal. A compare costs about what a copy
 # does, but leaves the slot's cache lines clean: a copy leaves them dirty in
 # this core's cache, and the computation, on another thread, then reads them
-# from there. Below this size the copy measured cheaper, above it the
-# compare (docs/host-inputs.md). A new value usually differs in its first
-# bytes, where the compare stops: it then costs the copy and little more.
-COMPARE_MIN_BYTES = 256 << 10
+# from there. Below this size the copy measured cheaper, from it the compare
+# (docs/host-inputs.md). A new value usually differs in its first bytes,
+# where the compare stops: it then costs the copy and the compare's Python
+# (which WRITE_AFTER spares values that are new on every call).
+COMPARE_MIN_BYTES = 64 << 10
+# After this many calls in a row in which every leaf (each one compared) was
+# unchanged, a call runs the executable on the slot first and compares while
+# it runs. The runtime's worker thread, idle between calls, waits a few
+# microseconds for new work and then sleeps; waking it costs far more than
+# the compare (docs/host-inputs.md), so the call dispatches before anything
+# that grows with the array. A leaf that then differs costs that run (its
+# results are dropped, its outputs fence the slot, the call takes the puts)
+# and ends the streak.
+SPECULATE_AFTER = 4
+# After this many calls in a row with a compared leaf changed, leaves are
+# written without a compare (a compare that finds a difference still costs
+# its Python before the dispatch, which can be enough to let the worker
+# thread sleep), and compared again every PROBE_EVERY calls to notice
+# values that stay.
+WRITE_AFTER = 4
+PROBE_EVERY = 16
 
 
 def _libc_memcmp() -> Callable[[int, int, int], int] | None:
