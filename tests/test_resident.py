@@ -306,36 +306,46 @@ def test_big_arrays_any_alignment_and_layout_as_jax(nbytes, aligned):
     assert f.stats().misses == 1
 
 
+def _overwritten_after_each_call(n: int, value_of) -> tuple:
+    """200 calls of a slow function of two float32 arrays of `n` (the first
+    64-byte aligned: jax.jit would alias it), holding `value_of(i)` at call i
+    and overwritten by the caller right after it, computations in flight.
+    Returns (the nbjit function, its two arrays, how many results were wrong)."""
+    def fn(a, b):
+        x = a
+        for _ in range(3):
+            x = jnp.sin(x) * 1.0001 + b
+        return x.reshape(-1, 256).sum(0), jnp.sum(b)
+
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    raw = np.zeros(4 * n + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    a = raw[start:start + 4 * n].view(np.float32)
+    b = np.zeros(n, np.float32)
+    results, expected = [], []
+    for i in range(200):
+        a[:] = value_of(i)
+        b[:] = -value_of(i) / 7
+        expected.append(g(a.copy(), b.copy()))
+        results.append(f(a, b))
+        a[:] = 12345.0
+        b[:] = -99.0
+    wrong = sum(not np.array_equal(np.asarray(r[0]), np.asarray(e[0]))
+                or not np.array_equal(np.asarray(r[1]), np.asarray(e[1]))
+                for r, e in zip(results, expected, strict=True))
+    return f, a, b, wrong
+
+
 def test_caller_overwrites_big_arrays_in_flight():
     """The same big arrays (256 KiB, 1 MiB) every call, overwritten right after
     each call while slow computations are in flight: 0 wrong of 400, and
     several slots made (calls really were in flight)."""
     wrong, made = 0, []
     for n in (1 << 16, 1 << 18):
-        def fn(a, b):
-            x = a
-            for _ in range(3):
-                x = jnp.sin(x) * 1.0001 + b
-            return x.reshape(-1, 256).sum(0), jnp.sum(b)
-
-        f, g = nbjit.jit(fn), jax.jit(fn)
-        raw = np.zeros(2 * 4 * n + 256, np.uint8)
-        start = (-raw.ctypes.data) % 64
-        a = raw[start:start + 4 * n].view(np.float32)  # 64-byte aligned: jax.jit aliases
-        b = np.zeros(n, np.float32)
-        results, expected = [], []
-        for i in range(200):
-            a[:] = i
-            b[:] = -i / 7
-            expected.append(g(a.copy(), b.copy()))
-            results.append(f(a, b))
-            a[:] = 12345.0
-            b[:] = -99.0
+        f, a, b, w = _overwritten_after_each_call(n, lambda i: i)
         assert _is_resident(f, a, b)
         made.append(_pool(f, a, b).made)
-        wrong += sum(not np.array_equal(np.asarray(r[0]), np.asarray(e[0]))
-                     or not np.array_equal(np.asarray(r[1]), np.asarray(e[1]))
-                     for r, e in zip(results, expected, strict=True))
+        wrong += w
     assert wrong == 0
     assert max(made) > 1, made
 
@@ -494,30 +504,8 @@ def test_runs_before_their_compare_never_see_later_writes():
     overwriting its arrays right after every call and restoring them before
     the next, computations in flight: 0 results wrong, and calls both ran
     before their compare and found a difference there."""
-    def fn(a, b):
-        x = a
-        for _ in range(3):
-            x = jnp.sin(x) * 1.0001 + b
-        return x.reshape(-1, 256).sum(0), jnp.sum(b)
-
-    f, g = nbjit.jit(fn), jax.jit(fn)
     n = _resident.COMPARE_MIN_BYTES // 4 * 2
-    raw = np.zeros(4 * n + 128, np.uint8)
-    start = (-raw.ctypes.data) % 64
-    a = raw[start:start + 4 * n].view(np.float32)  # 64-byte aligned: jax.jit aliases
-    b = np.zeros(n, np.float32)
-    results, expected = [], []
-    for i in range(200):
-        value = i // 7  # a new value every 7 calls
-        a[:] = value
-        b[:] = -value / 7
-        expected.append(g(a.copy(), b.copy()))
-        results.append(f(a, b))
-        a[:] = 12345.0
-        b[:] = -99.0
-    wrong = sum(not np.array_equal(np.asarray(r[0]), np.asarray(e[0]))
-                or not np.array_equal(np.asarray(r[1]), np.asarray(e[1]))
-                for r, e in zip(results, expected, strict=True))
+    f, a, b, wrong = _overwritten_after_each_call(n, lambda i: i // 7)  # new every 7 calls
     assert wrong == 0
     ran, differed = _speculations(f, a, b)
     assert ran > 0 and differed > 0, (ran, differed)
