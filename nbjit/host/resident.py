@@ -151,7 +151,7 @@ class ResidentSlots:
 
     __slots__ = ("layouts", "avals", "sharding", "devices", "nbytes", "slot_bytes", "cap", "free",
                  "by_array", "made", "retired", "fence_index", "input_index", "broken", "on_broken",
-                 "fence", "held", "speculative", "streak", "counts", "__weakref__")
+                 "fence", "held", "streak", "counts", "__weakref__")
 
     MAX_RETIRED = 8  # slots retired (deleted fences) before the signature gives slots up
 
@@ -177,7 +177,6 @@ class ResidentSlots:
         self.broken = False
         self.on_broken = on_broken
         self.fence = self._make_fence()
-        self.speculative = False  # set by resident_record (see `speculates`)
         # Calls in a row whose compared leaves were all unchanged, and calls
         # in a row with one that changed (or written without a compare).
         self.streak = [0, 0]
@@ -338,20 +337,20 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
     if any(n_consts + (s.leaf if kept is None else kept.index(s.leaf)) in moved
            for s in layouts):
         return None  # a slot array would be moved: not where the executable wants it
-    pool.speculative = speculates(layouts)
-    prepare = _resident_preparer(layouts, watched.n_leaves, inner, pool, record.prepare)
+    speculative = all(map(_compared, layouts))  # (runs before its compare: SPECULATE_AFTER)
+    prepare = _resident_preparer(layouts, watched.n_leaves, inner, pool, record.prepare,
+                                 speculative)
     resident = dataclasses.replace(record, steps=inner.steps, prepare=prepare, fence=pool.fence)
-    if pool.speculative:
+    if speculative:
         resident = dataclasses.replace(resident, execute=_speculating_execute(
             record.execute, n_consts + (watched.n_leaves if kept is None else len(kept))))
     return resident, pool
 
 
-def speculates(layouts: list[LeafLayout]) -> bool:
-    """Whether a resident record over `layouts` may run before it compares
-    (every leaf is an array compared with its slot: see SPECULATE_AFTER)."""
-    return _memcmp is not None and all(
-        s.python is None and s.nbytes >= COMPARE_MIN_BYTES for s in layouts)
+def _compared(layout: LeafLayout) -> bool:
+    """Whether the leaf is compared with its slot before it is written (an
+    array of COMPARE_MIN_BYTES or more, with a C library to compare)."""
+    return layout.python is None and layout.nbytes >= COMPARE_MIN_BYTES and _memcmp is not None
 
 
 def _fence(out_avals: list) -> tuple[int, int] | None:
@@ -368,7 +367,7 @@ def _fence(out_avals: list) -> tuple[int, int] | None:
 
 
 def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath,
-                       pool: ResidentSlots, fallback: Any) -> Any:
+                       pool: ResidentSlots, fallback: Any, speculative: bool) -> Any:
     names = [f"x{j}" for j in range(n_leaves)]
     unpack = f"    {', '.join(names)}, = leaves\n"
     m = len(layouts)
@@ -378,7 +377,7 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
     for j, s in enumerate(layouts):
         write = write_statement(s, f"slot[{1 + m + j}]", names[s.leaf])
         plain += write
-        if s.python is None and s.nbytes >= COMPARE_MIN_BYTES and _memcmp is not None:
+        if _compared(s):
             # The same bytes as the slot holds already: no write (see COMPARE_MIN_BYTES).
             compare = f"same(slot[{1 + 2 * m + j}], {names[s.leaf]}, {s.nbytes}, D{j})"
             compares.append(compare)
@@ -398,7 +397,7 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
     finish = (f"[{', '.join(new_leaves)}]" if inner.leaves_are_inputs
               else f"inner([{', '.join(new_leaves)}])")
     speculate = ""
-    if pool.speculative:  # (every leaf compared: see speculates)
+    if speculative:  # (every leaf compared)
         speculate = _SPECULATE.format(finish=finish, compare=" and ".join(compares))
     source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish,
                                        speculate=speculate)
