@@ -499,3 +499,10 @@ def traced_callbacks() -> bool:
         return _eqns_call_back(list(eqns), set())
     except Exception:
         return True
+
+
+def compiled_execute(compiled):
+    """The runtime's ``execute_sharded`` of an ahead-of-time compiled
+    function (``jax.jit(f).lower(...).compile()``): a call with a list of
+    device arrays dispatches it, nothing else."""
+    return compiled._executable.xla_executable.execute_sharded

@@ -595,6 +595,9 @@ def test_packed_executables_and_slots_die_with_the_function_and_clear_cache(mode
         assert getattr(f.stats(), "packed_compiles" if mode == "packed" else "resident") == 2
         return f
 
+    from nbjit.host import resident as _resident
+
+    _resident._waker(jax.devices()[0])  # (made once per device, kept by the process)
     gc.collect()
     gc.disable()
     try:

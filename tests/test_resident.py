@@ -227,23 +227,24 @@ def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatc
 
     f, args = _run_fresh(lambda a, b: a - b, _fresh_pair)
     text = str(f.stats())
-    assert (f"new host values on most calls of {f.stats().name}: 1 signature now write them "
-            "into reused device buffers (resident: no transfer)") in text
-    assert "1 signature now write them" in f.stats()._repr_html_()
+    resident = ("1 signature keeps them in reused device buffers (resident: no transfer, "
+                "written when they change)")
+    assert f"host inputs of {f.stats().name}: {resident}" in text
+    assert resident in f.stats()._repr_html_()
     monkeypatch.setattr(_policy, "RESIDENT", False)
     g, args = _run_fresh(lambda a, b: a * b - 1, _fresh_pair)
     assert _packing.wait(120)
-    assert "1 signature pack them into one transfer per call (" in str(g.stats())
+    assert "1 signature packs new values into one transfer per call (" in str(g.stats())
     assert "(resident: " not in str(g.stats())
     report = _report.build(None)
     rows = {r["name"]: r for r in report["functions"]}
     assert rows[f.stats().name]["resident"] == 1 and rows[g.stats().name]["packed_compiles"] == 1
     out = _report.format_text(report)
-    assert f"new host values on most calls of {f.stats().name}: 1 signature now write" in out
-    assert f"new host values on most calls of {g.stats().name}: 1 signature pack" in out
+    assert f"host inputs of {f.stats().name}: {resident}" in out
+    assert f"host inputs of {g.stats().name}: 1 signature packs" in out
     h = nbjit.jit(lambda a: a + 1)
     h(jnp.ones(2))
-    assert "new host values" not in str(h.stats())
+    assert "host inputs of" not in str(h.stats())
 
 
 def test_the_same_big_arrays_every_call_get_slots():
@@ -306,13 +307,14 @@ def test_big_arrays_any_alignment_and_layout_as_jax(nbytes, aligned):
     assert f.stats().misses == 1
 
 
-def _overwritten_after_each_call(n: int, value_of) -> tuple:
-    """200 calls of a slow function of two float32 arrays of `n` (the first
-    64-byte aligned: jax.jit would alias it), holding `value_of(i)` at call i
-    and overwritten by the caller right after it, computations in flight.
+def _overwritten_after_each_call(n: int, value_of, b_value_of=None, n_b: int = 0) -> tuple:
+    """200 calls of a slow function of two float32 arrays of `n` and `n_b` (or
+    `n`; the first 64-byte aligned: jax.jit would alias it), holding
+    `value_of(i)` and `b_value_of(i)` (or ``-value_of(i) / 7``) at call i and
+    overwritten by the caller right after it, computations in flight.
     Returns (the nbjit function, its two arrays, how many results were wrong)."""
     def fn(a, b):
-        x = a
+        x = a.reshape(-1, b.shape[0])
         for _ in range(3):
             x = jnp.sin(x) * 1.0001 + b
         return x.reshape(-1, 256).sum(0), jnp.sum(b)
@@ -321,11 +323,11 @@ def _overwritten_after_each_call(n: int, value_of) -> tuple:
     raw = np.zeros(4 * n + 128, np.uint8)
     start = (-raw.ctypes.data) % 64
     a = raw[start:start + 4 * n].view(np.float32)
-    b = np.zeros(n, np.float32)
+    b = np.zeros(n_b or n, np.float32)
     results, expected = [], []
     for i in range(200):
         a[:] = value_of(i)
-        b[:] = -value_of(i) / 7
+        b[:] = -value_of(i) / 7 if b_value_of is None else b_value_of(i)
         expected.append(g(a.copy(), b.copy()))
         results.append(f(a, b))
         a[:] = 12345.0
@@ -424,6 +426,56 @@ def test_unchanged_big_arrays_run_before_their_compare():
     assert f.stats().misses == 1 and f.stats().slow == 0
 
 
+def test_small_leaves_beside_an_unchanged_big_one():
+    """A big array that stays the same runs before its compare even beside
+    small leaves (an array, Python scalars) that change every call: those are
+    written first. Results as jax.jit's, a float too big for float32 as
+    jax.jit treats it, no second compile."""
+    def fn(x, y, s, k):
+        return jnp.sum(x, axis=0) * s + jnp.sum(y) + k, x[-1, -1] - s
+
+    n = _resident.COMPARE_MIN_BYTES // 4 // 128
+    x = np.ones((n, 128), np.float32)
+    f, g = nbjit.jit(fn), jax.jit(fn)
+
+    def call(i):
+        y = np.full(7, i, np.float32)
+        assert_same_outputs(f(x, y, 0.5 * i, i), g(x, y, 0.5 * i, i))
+
+    for i in range(_resident.SPECULATE_AFTER + 8):
+        call(i)
+    y = np.zeros(7, np.float32)
+    assert _is_resident(f, x, y, 1.0, 1)
+    ran, differed = _speculations(f, x, y, 1.0, 1)
+    assert ran >= 3 and differed == 0, (ran, differed)
+    x[n // 2, 3] = 5.0  # in place: the big leaf changes under a run
+    call(20)
+    for i in range(_resident.SPECULATE_AFTER + 2):
+        call(30 + i)
+    big = 1e39  # above float32's range: whatever jax.jit does with it
+    try:
+        expected = g(x, y, big, 1)
+    except Exception as e:
+        with pytest.raises(type(e)):
+            f(x, y, big, 1)
+    else:
+        assert_same_outputs(f(x, y, big, 1), expected)
+    call(40)
+    assert _speculations(f, x, y, 1.0, 1)[1] == 1
+    # (the float too big for float32 is refused by the slot and takes JAX's path)
+    assert f.stats().misses == 1 and f.stats().slow <= 1
+
+
+def test_small_leaves_overwritten_beside_an_unchanged_big_one():
+    """The big array unchanged, a small one new every call, both overwritten by
+    the caller right after each call, computations in flight: 0 wrong of 200,
+    and calls ran before their compare."""
+    n = _resident.COMPARE_MIN_BYTES // 4 * 2
+    f, a, b, wrong = _overwritten_after_each_call(n, lambda i: 1.0, lambda i: i, n_b=256)
+    assert wrong == 0
+    assert _speculations(f, a, b)[0] > 0
+
+
 def test_new_values_every_call_are_written_without_a_compare():
     """After WRITE_AFTER calls in a row with new values, leaves are written
     without a compare; one in PROBE_EVERY calls still compares, so values that
@@ -432,10 +484,10 @@ def test_new_values_every_call_are_written_without_a_compare():
         return jnp.sum(x, axis=0)
 
     n = _resident.COMPARE_MIN_BYTES // 4 // 128
-    xs = [np.full((n, 128), i, np.float32) for i in range(3)]
+    xs = [np.full((n, 128), i, np.float32) for i in range(4)]  # (4: not a multiple of ROTATE_SLOTS)
     f, g = nbjit.jit(fn), jax.jit(fn)
     for i in range(4):
-        assert_same_outputs(f(xs[i % 3]), g(xs[i % 3]))
+        assert_same_outputs(f(xs[i % 4]), g(xs[i % 4]))
     prepare = _node(f, xs[0]).record.prepare
     compares = []
     original = _resident._unchanged
@@ -447,7 +499,7 @@ def test_new_values_every_call_are_written_without_a_compare():
     prepare.__globals__["same"] = counting
     try:
         for i in range(2 * _resident.PROBE_EVERY):
-            assert_same_outputs(f(xs[i % 3]), g(xs[i % 3]))
+            assert_same_outputs(f(xs[i % 4]), g(xs[i % 4]))
         assert 1 <= len(compares) <= 2 * 2 + _resident.WRITE_AFTER, len(compares)
         ran, _ = _speculations(f, xs[0])
         for _ in range(_resident.PROBE_EVERY + _resident.SPECULATE_AFTER + 2):
@@ -457,6 +509,110 @@ def test_new_values_every_call_are_written_without_a_compare():
         prepare.__globals__["same"] = original
 
 
+def test_signatures_that_write_every_call_rotate_through_slots():
+    """A signature written on every call (leaves below the compare, or new
+    values WRITE_AFTER calls in a row) from ROTATE_MIN_BYTES keeps ROTATE_SLOTS
+    slots and takes them in turn; smaller ones, and the same big array every
+    call, keep one. Results as jax.jit's."""
+    def made(nbytes, n_values, calls=16):
+        def fn(x):  # (a function of its own: nbjit functions of one function share entries)
+            return jnp.sum(x, axis=0) * 2
+
+        xs = [np.full((nbytes // 4 // 64, 64), i, np.float32) for i in range(n_values)]
+        f, g = nbjit.jit(fn), jax.jit(fn)
+        for i in range(calls):
+            assert_same_outputs(jax.block_until_ready(f(xs[i % n_values])), g(xs[i % n_values]))
+        assert _is_resident(f, xs[0])
+        pool = _pool(f, xs[0])
+        return pool.made, pool.free
+
+    rotate, slots = _resident.ROTATE_MIN_BYTES, _resident.ROTATE_SLOTS
+    assert made(rotate // 2, 4)[0] == 1
+    written, free = made(rotate, 4)  # (below the compare: written every call)
+    assert written == slots and len(free) == slots
+    assert made(_resident.COMPARE_MIN_BYTES, 4)[0] == slots  # new values: written
+    assert made(_resident.COMPARE_MIN_BYTES, 1)[0] == 1  # the same array: compared, not written
+    # In turn: the slot a call takes is the one used longest ago.
+    xs = [np.full((rotate // 4 // 64, 64), i, np.float32) for i in range(5)]
+    f = nbjit.jit(lambda x: jnp.sum(x, axis=0) * 3)
+    for x in xs:
+        jax.block_until_ready(f(x))
+    pool = _pool(f, xs[0])
+    order = [id(slot) for slot in pool.free]
+    jax.block_until_ready(f(xs[0]))
+    assert [id(slot) for slot in pool.free] == order[1:] + order[:1]
+
+
+def _counting_wakes(f, *args) -> list:
+    """Replaces the record's wake with one that counts (and still wakes)."""
+    prepare = _node(f, *args).record.prepare
+    wake = prepare.__globals__["wake"]
+    wakes: list = []
+
+    def counting():
+        wakes.append(1)
+        return wake()
+
+    prepare.__globals__["wake"] = counting
+    return wakes
+
+
+def test_writes_wake_the_worker_first_while_it_is_idle():
+    """A call writing WAKE_MIN_BYTES to WAKE_MAX_BYTES, while the signature's
+    last computation is done, dispatches the trivial computation first; not
+    while that computation is still running, and never outside the range.
+    Results as jax.jit's."""
+    def slow(x):
+        y = x
+        for _ in range(40):
+            y = jnp.sin(y) * 1.0001
+        return jnp.sum(y, axis=0)
+
+    xs = [np.full((_resident.WAKE_MIN_BYTES // 4 // 64, 64), i, np.float32) for i in range(4)]
+    f, g = nbjit.jit(slow), jax.jit(slow)
+    for i in range(16):
+        assert_same_outputs(jax.block_until_ready(f(xs[i % 4])), g(xs[i % 4]))
+    assert _is_resident(f, xs[0])
+    wakes = _counting_wakes(f, xs[0])
+    for i in range(8):
+        assert_same_outputs(jax.block_until_ready(f(xs[i % 4])), g(xs[i % 4]))
+    assert len(wakes) == 8
+    big = [np.full((1024, 256), i, np.float32) for i in range(4)]  # 1 MiB: no wake
+    h = nbjit.jit(slow)
+    for i in range(16):
+        jax.block_until_ready(h(big[i % 4]))
+    assert _node(h, big[0]).record.prepare.__globals__.get("wake") is None
+    small = [np.full((8, 64), i, np.float32) for i in range(4)]  # 2 KiB: no wake
+    k = nbjit.jit(slow)
+    for i in range(16):
+        jax.block_until_ready(k(small[i % 4]))
+    assert _node(k, small[0]).record.prepare.__globals__.get("wake") is None
+    f(xs[1])
+    wakes.clear()
+    # In flight: a call that finds the last one still running does not wake.
+    outs = [f(xs[i % 4]) for i in range(2, 6)]
+    for i, out in enumerate(outs):
+        assert_same_outputs(out, g(xs[(i + 2) % 4]))
+    assert len(wakes) < 4
+
+
+def test_no_wake_where_none_can_be_made(monkeypatch):
+    """A runtime where the trivial computation cannot be made: calls write and
+    run without it, results as jax.jit's."""
+    def broken(compiled):
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(_resident, "_wakers", {})
+    monkeypatch.setattr(_jax, "compiled_execute", broken)
+    xs = [np.full((64, 64), i, np.float32) for i in range(4)]
+    f, g = nbjit.jit(lambda x: jnp.sum(x, axis=0)), jax.jit(lambda x: jnp.sum(x, axis=0))
+    for i in range(20):
+        assert_same_outputs(f(xs[i % 4]), g(xs[i % 4]))
+    assert _is_resident(f, xs[0])
+    assert _node(f, xs[0]).record.prepare.__globals__["wake"] is None
+    assert _resident._wakers == {jax.devices()[0]: None}
+
+
 def test_a_record_that_runs_before_its_compare_dies_with_its_function():
     """Its prepare calls the executable itself: still no cycle holds it, so
     the function's death frees the executable without a gc pass."""
@@ -464,6 +620,7 @@ def test_a_record_that_runs_before_its_compare_dies_with_its_function():
 
     from nbjit import _jax
 
+    _resident._waker(jax.devices()[0])  # (made once per device, kept by the process)
     gc.collect()
     gc.disable()
     try:

@@ -18,15 +18,17 @@ resident call checks that no output aliases a slot (XLA's outputs are new
 buffers unless donated, and nothing here donates).
 
 A leaf of `COMPARE_MIN_BYTES` or more is compared with what its slot holds
-and written only if it differs. Once every leaf has been unchanged for
-`SPECULATE_AFTER` calls in a row, a call runs first and compares while the
-computation runs; a difference drops that run and takes the puts.
+and written only if it differs. Once every compared leaf has been unchanged
+for `SPECULATE_AFTER` calls in a row, a call writes only the other leaves, runs,
+and compares while the computation runs; a difference drops that run and
+takes the puts.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -50,7 +52,9 @@ from nbjit.host.layout import (
 )
 
 __all__ = ["COMPARE_MIN_BYTES", "PROBE_EVERY", "PROCESS_MAX_BYTES", "RESIDENT_CAP",
-           "SIGNATURE_MAX_BYTES", "SPECULATE_AFTER", "WRITE_AFTER", "ResidentSlots",
+           "ROTATE_MIN_BYTES", "ROTATE_SLOTS",
+           "SIGNATURE_MAX_BYTES", "SPECULATE_AFTER", "WAKE_MAX_BYTES", "WAKE_MIN_BYTES",
+           "WRITE_AFTER", "ResidentSlots",
            "resident_bytes", "resident_record"]
 
 RESIDENT_CAP = 32  # slots per signature (calls in flight beyond: per-leaf puts)
@@ -98,21 +102,22 @@ def prepare(leaves):
                 slot = claim(slot)
     if slot is None:  # every slot still read by a call in flight: a put per leaf
         return fallback(leaves)
-{speculate}    try:
+{speculate}{wake}    try:
 {writes}    except BaseException:
         append(slot)  # (its fence still holds: no call reads it)
         raise
     return {finish}
 """
 
-# Every leaf compared, and unchanged for SPECULATE_AFTER calls in a row: the
-# executable runs first, on the bytes the slot holds, and the compare runs
-# while it does. Equal: its results ride at the end of the inputs, where the
-# record's `execute` takes them. Not equal: that run's outputs fence the slot
-# (it reads it), and this call takes the per-leaf puts. Either way the result
-# is the executable's on the bytes the caller's arrays held during the call.
+# Every compared leaf unchanged for SPECULATE_AFTER calls in a row: the
+# leaves that are not compared (small ones, Python scalars) are written, the
+# executable runs on the slot, and the compare runs while it does. Equal: its
+# results ride at the end of the inputs, where the record's `execute` takes
+# them. Not equal: that run's outputs fence the slot (it reads it), and this
+# call takes the per-leaf puts. Either way the result is the executable's on
+# the bytes the caller's values held during the call.
 _SPECULATE = """    if streak[0] >= SPECULATE_AFTER:
-        try:
+{small}        try:
             inputs = {finish}
             results = run(inputs)
         except Exception:  # (the puts' path raises what it raises, or runs)
@@ -133,6 +138,19 @@ _SPECULATE = """    if streak[0] >= SPECULATE_AFTER:
             return fallback(leaves)
         inputs.append(results)
         return inputs
+"""
+
+
+# Writes of WAKE_MIN_BYTES to WAKE_MAX_BYTES: while this signature's last call
+# is done (the runtime's worker thread idle, soon asleep), a trivial
+# computation is dispatched first, so the worker wakes while the values are
+# written and takes the call's computation without sleeping in between.
+_WAKE = """    try:
+        idle = not free or ready(free[-1][0])
+        if idle:
+            wake()
+    except Exception:  # (a retired or deleted fence, a slot taken meanwhile: no wake)
+        pass
 """
 
 
@@ -233,6 +251,18 @@ class ResidentSlots:
         if self.made >= self.cap or self.broken:
             return None
         return self.new_slot()
+
+    def add_spares(self) -> None:
+        """Free slots up to `ROTATE_SLOTS` (within the cap): a call takes the
+        oldest free slot, so calls that write rotate through them."""
+        while self.made < min(ROTATE_SLOTS, self.cap) and not self.broken:
+            try:
+                slot = self.new_slot()
+            except Exception:  # (out of memory: the slots there are do)
+                return
+            if slot is None:
+                return
+            self.free.append(slot)
 
     def retire(self, slot: list) -> None:
         """Never uses `slot` again (the runtime keeps its memory while anything reads it)."""
@@ -337,7 +367,7 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
     if any(n_consts + (s.leaf if kept is None else kept.index(s.leaf)) in moved
            for s in layouts):
         return None  # a slot array would be moved: not where the executable wants it
-    speculative = all(map(_compared, layouts))  # (runs before its compare: SPECULATE_AFTER)
+    speculative = any(map(_compared, layouts))  # (runs before its compare: SPECULATE_AFTER)
     prepare = _resident_preparer(layouts, watched.n_leaves, inner, pool, record.prepare,
                                  speculative)
     resident = dataclasses.replace(record, steps=inner.steps, prepare=prepare, fence=pool.fence)
@@ -373,20 +403,28 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
     m = len(layouts)
     # A slot is [fence, *arrays, *views, *addresses, staging]: leaf j's view is
     # slot[1 + m + j], its address slot[1 + 2 * m + j].
-    plain, checked, compares = "", "", []
+    plain, checked, small, compares = "", "", "", []
     for j, s in enumerate(layouts):
         write = write_statement(s, f"slot[{1 + m + j}]", names[s.leaf])
         plain += write
-        if _compared(s):
+        if not _compared(s):
+            small += write
+        else:
             # The same bytes as the slot holds already: no write (see COMPARE_MIN_BYTES).
             compare = f"same(slot[{1 + 2 * m + j}], {names[s.leaf]}, {s.nbytes}, D{j})"
             compares.append(compare)
             write = f"        if not {compare}:\n            changed = True\n" + _indent(write)
         checked += write
     writes = plain
+    written = sum(s.nbytes for s in layouts)
+    rotate = written >= ROTATE_MIN_BYTES
+    if rotate and not compares:  # (written on every call)
+        pool.add_spares()
     if compares:  # new values on every recent call: written without a compare (WRITE_AFTER)
         writes = ("        if streak[1] >= WRITE_AFTER and streak[1] % PROBE_EVERY:\n"
-                  "            streak[1] += 1\n" + _indent(plain)
+                  + ("            if streak[1] == WRITE_AFTER:\n"
+                     "                spare()\n" if rotate else "")
+                  + "            streak[1] += 1\n" + _indent(plain)
                   + "        else:\n            changed = False\n" + _indent(checked)
                   + "            if changed:\n                streak[0] = 0\n"
                   "                streak[1] += 1\n"
@@ -397,16 +435,23 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
     finish = (f"[{', '.join(new_leaves)}]" if inner.leaves_are_inputs
               else f"inner([{', '.join(new_leaves)}])")
     speculate = ""
-    if speculative:  # (every leaf compared)
-        speculate = _SPECULATE.format(finish=finish, compare=" and ".join(compares))
+    if speculative:  # (a leaf compared)
+        if small:
+            small = ("        try:\n" + _indent(small) + "        except BaseException:\n"
+                     "            append(slot)\n            raise\n")
+        speculate = _SPECULATE.format(small=small, finish=finish, compare=" and ".join(compares))
+    wake = None
+    if WAKE_MIN_BYTES <= written < WAKE_MAX_BYTES:
+        wake = _waker(pool.devices[0])
     source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish,
-                                       speculate=speculate)
+                                       speculate=speculate, wake=_WAKE if wake else "")
     scope = {"unguarded": _jax.host_transfers_unguarded,
              "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,
              "popleft": pool.free.popleft, "append": pool.free.append, "claim": pool.claim,
              "ready": _jax.ArrayImpl.is_ready, "RETIRED": _RETIRED, "fallback": fallback,
              "F32MAX": FLOAT32_MAX, "inner": inner.prepare, "pool": pool, "same": _unchanged,
              "streak": pool.streak, "WRITE_AFTER": WRITE_AFTER, "PROBE_EVERY": PROBE_EVERY,
+             "free": pool.free, "wake": wake, "spare": pool.add_spares,
              **{f"D{j}": s.dtype for j, s in enumerate(layouts)}}
     if speculate:
         scope.update(counts=pool.counts, SPECULATE_AFTER=SPECULATE_AFTER, run=inner.execute,
@@ -444,14 +489,14 @@ def _speculating_execute(run: Callable[[Any], Any], n_inputs: int) -> Callable[[
 # where the compare stops: it then costs the copy and the compare's Python
 # (which WRITE_AFTER spares values that are new on every call).
 COMPARE_MIN_BYTES = 64 << 10
-# After this many calls in a row in which every leaf (each one compared) was
-# unchanged, a call runs the executable on the slot first and compares while
-# it runs. The runtime's worker thread, idle between calls, waits a few
-# microseconds for new work and then sleeps; waking it costs far more than
-# the compare (docs/host-inputs.md), so the call dispatches before anything
-# that grows with the array. A leaf that then differs costs that run (its
-# results are dropped, its outputs fence the slot, the call takes the puts)
-# and ends the streak.
+# After this many calls in a row in which every compared leaf was unchanged,
+# a call writes the other leaves, runs the executable on the slot, and
+# compares while it runs. The runtime's worker thread, idle between calls,
+# waits a few microseconds for new work and then sleeps; waking it costs far
+# more than the compare (docs/host-inputs.md), so the call dispatches before
+# anything that grows with the array. A leaf that then differs costs that run
+# (its results are dropped, its outputs fence the slot, the call takes the
+# puts) and ends the streak.
 SPECULATE_AFTER = 4
 # After this many calls in a row with a compared leaf changed, leaves are
 # written without a compare (a compare that finds a difference still costs
@@ -460,6 +505,49 @@ SPECULATE_AFTER = 4
 # values that stay.
 WRITE_AFTER = 4
 PROBE_EVERY = 16
+
+
+# Bytes a call writes (every resident leaf together) from which, and below
+# which, it wakes the runtime's worker first (`_WAKE`). Below, the write is
+# shorter than the worker's wait for new work; from WAKE_MAX_BYTES the
+# computation's read of the freshly written bytes costs more than the wake.
+WAKE_MIN_BYTES = 16 << 10
+WAKE_MAX_BYTES = 1 << 20
+# A signature that writes ROTATE_MIN_BYTES or more on every call (none of its
+# leaves compared, or new values on WRITE_AFTER calls in a row) keeps
+# ROTATE_SLOTS slots and writes the least recently used: the slot the last
+# call's computation read is still in the worker core's cache, and writing it
+# again first takes those lines back from there (docs/host-inputs.md).
+ROTATE_MIN_BYTES = 16 << 10
+ROTATE_SLOTS = 3
+_WAKE_LEAVES = 2048  # float32s summed: enough work that the runtime does not run it inline
+_wakers: dict[Any, Callable[[], Any] | None] = {}
+
+
+def nbjit_wake_worker(v: Any) -> Any:  # (so named in compile logs)
+    return v.sum()
+
+
+def _waker(device: Any) -> Callable[[], Any] | None:
+    """A call dispatching a trivial computation on `device`, made once per
+    device (None where it cannot be compiled: no wake)."""
+    try:
+        return _wakers[device]
+    except KeyError:
+        pass
+    waker = None
+    try:
+        ones = np.ones(_WAKE_LEAVES, np.float32)
+        v = _jax.batched_device_put(_jax.ShapedArray(ones.shape, ones.dtype),
+                                    _jax.SingleDeviceSharding(device), [ones], [device],
+                                    True, True, _jax.COPY_DURING_CALL)
+        execute = _jax.compiled_execute(_jax.jax_jit(nbjit_wake_worker).lower(v).compile())
+        arguments = [v]
+        execute(arguments)
+        waker = functools.partial(execute, arguments)
+    except Exception:  # (a backend without it: calls just do not wake the worker first)
+        waker = None
+    return _wakers.setdefault(device, waker)
 
 
 def _libc_memcmp() -> Callable[[int, int, int], int] | None:

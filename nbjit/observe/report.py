@@ -5,9 +5,9 @@ collected before exit, `nbjit.observe.stats.retired`): calls, hits,
 misses, slow calls with their reasons (`nbjit.stats()`), and, when the run
 was profiled (the default), where the time of its calls went: in nbjit's
 dispatch (keying, lookup, inputs, outputs of hits), in `execute_sharded`,
-and in misses and slow calls, timed whole (`nbjit.profile()`); signatures that
-were given new host values on most calls and so became resident or packed
-(with the packed compiles' time); then the misses ranked by the compile time they cost
+and in misses and slow calls, timed whole (`nbjit.profile()`); signatures
+whose host inputs became resident or packed (with the packed compiles'
+time); then the misses ranked by the compile time they cost
 (`nbjit.ranked_misses()`).
 Every row is one function, named as `nbjit.stats()` names it.
 """
@@ -82,10 +82,10 @@ def format_text(report: dict[str, Any]) -> str:
                                              if report.get("process") else "")]
     lines += Table(header, body, right=frozenset(range(1, len(header) - 1))).lines()
     for r in rows:
-        text = _stats.host_inputs_text(r.get("resident", 0), r.get("packed_compiles", 0),
-                                       r.get("packed_seconds", 0.0))
-        if text:
-            lines.append(f"new host values on most calls of {r['name']}: {text}")
+        line = _stats.host_inputs_line(r["name"], r.get("resident", 0),
+                                       r.get("packed_compiles", 0), r.get("packed_seconds", 0.0))
+        if line:
+            lines.append(line)
     if timed:
         lines.append(
             "dispatch = key + lookup + inputs + outputs of hits; execute = execute_sharded of "

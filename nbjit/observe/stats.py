@@ -118,32 +118,29 @@ def _reasons_text(reasons: dict[str, int]) -> str:
     return ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items(), key=lambda r: -r[1]))
 
 
-def host_inputs_text(resident: int, packed: int, packed_seconds: float) -> str:
-    """What the signatures that were given new host values (numpy arrays,
-    scalars) on most calls got instead of a transfer per value
-    (nbjit/host/policy.py), in words; "" for none. A signature counts only
-    after its values actually changed from call to call."""
-    def signatures(n: int) -> str:
-        return f"{n} signature{'s' if n != 1 else ''}"
+def host_inputs_line(name: str, resident: int, packed: int, packed_seconds: float) -> str:
+    """What function `name`'s signatures with host inputs (numpy arrays,
+    scalars) got instead of a transfer per value (nbjit/host/policy.py), in
+    words; "" for none. Resident: new values on most calls, or arrays too big
+    for a memo (the same ones every call included); packed: new values."""
+    def signatures(n: int, verb: str) -> str:
+        return f"{n} signature{'s' if n != 1 else ''} {verb}{'s' if n == 1 else ''}"
 
     parts: list[str] = []
     if resident:
-        parts.append(f"{signatures(resident)} now write them into reused device buffers "
-                     "(resident: no transfer)")
+        parts.append(f"{signatures(resident, 'keep')} them in reused device buffers "
+                     "(resident: no transfer, written when they change)")
     if packed:
-        parts.append(f"{signatures(packed)} pack them into one transfer per call "
+        parts.append(f"{signatures(packed, 'pack')} new values into one transfer per call "
                      f"({packed_seconds:.2f} s compiling it)")
-    return "; ".join(parts)
+    return f"host inputs of {name}: {'; '.join(parts)}" if parts else ""
 
 
 def _host_lines(rows: dict[str, DispatchStats]) -> list[str]:
-    """A line per function whose new host values became resident or packed."""
-    lines = []
-    for name, s in rows.items():
-        text = host_inputs_text(s.resident, s.packed_compiles, s.packed_seconds)
-        if text:
-            lines.append(f"new host values on most calls of {name}: {text}")
-    return lines
+    """A line per function whose host inputs became resident or packed."""
+    lines = [host_inputs_line(name, s.resident, s.packed_compiles, s.packed_seconds)
+             for name, s in rows.items()]
+    return [line for line in lines if line]
 
 
 def _row(s: DispatchStats) -> tuple[str, ...]:
