@@ -506,3 +506,11 @@ def compiled_execute(compiled):
     function (``jax.jit(f).lower(...).compile()``): a call with a list of
     device arrays dispatches it, nothing else."""
     return compiled._executable.xla_executable.execute_sharded
+
+
+def cpu_async_dispatch() -> bool:
+    """Whether the CPU runtime runs computations on its worker threads
+    (``jax_cpu_enable_async_dispatch``, read when the client was made);
+    False: every computation runs on the calling thread."""
+    flag = getattr(_xla_bridge, "_CPU_ENABLE_ASYNC_DISPATCH", None)
+    return True if flag is None else bool(flag.value)

@@ -596,14 +596,19 @@ def test_writes_wake_the_worker_first_while_it_is_idle():
     assert len(wakes) < 4
 
 
-def test_no_wake_where_none_can_be_made(monkeypatch):
-    """A runtime where the trivial computation cannot be made: calls write and
-    run without it, results as jax.jit's."""
+@pytest.mark.parametrize("why", ["no compile", "synchronous runtime"])
+def test_no_wake_where_none_can_be_made(monkeypatch, why):
+    """A runtime where the trivial computation cannot be made, or where it
+    would run on the calling thread (``jax_cpu_enable_async_dispatch`` off):
+    calls write and run without it, results as jax.jit's."""
     def broken(compiled):
         raise RuntimeError("no")
 
     monkeypatch.setattr(_resident, "_wakers", {})
-    monkeypatch.setattr(_jax, "compiled_execute", broken)
+    if why == "no compile":
+        monkeypatch.setattr(_jax, "compiled_execute", broken)
+    else:
+        monkeypatch.setattr(_jax, "cpu_async_dispatch", lambda: False)
     xs = [np.full((64, 64), i, np.float32) for i in range(4)]
     f, g = nbjit.jit(lambda x: jnp.sum(x, axis=0)), jax.jit(lambda x: jnp.sum(x, axis=0))
     for i in range(20):

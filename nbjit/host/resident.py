@@ -537,6 +537,8 @@ def _waker(device: Any) -> Callable[[], Any] | None:
         pass
     waker = None
     try:
+        if not _jax.cpu_async_dispatch():  # (no worker thread to wake)
+            raise LookupError
         ones = np.ones(_WAKE_LEAVES, np.float32)
         v = _jax.batched_device_put(_jax.ShapedArray(ones.shape, ones.dtype),
                                     _jax.SingleDeviceSharding(device), [ones], [device],
