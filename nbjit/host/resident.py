@@ -22,6 +22,12 @@ and written only if it differs. Once every compared leaf has been unchanged
 for `SPECULATE_AFTER` calls in a row, a call writes only the other leaves, runs,
 and compares while the computation runs; a difference drops that run and
 takes the puts.
+
+Writes: a call that writes `WAKE_MIN_BYTES` to `WAKE_MAX_BYTES` while the
+signature's last computation is done first dispatches a trivial computation
+(`_waker`), so the runtime's worker thread wakes while the values are
+written; a signature that writes `ROTATE_MIN_BYTES` or more on every call
+keeps `ROTATE_SLOTS` slots and writes the one used longest ago.
 """
 
 from __future__ import annotations
