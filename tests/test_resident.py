@@ -562,11 +562,12 @@ def test_writes_wake_the_worker_first_while_it_is_idle():
     last computation is done, dispatches the trivial computation first; not
     while that computation is still running, and never outside the range.
     Results as jax.jit's."""
-    def slow(x):
-        y = x
-        for _ in range(40):
-            y = jnp.sin(y) * 1.0001
+    def slow(x):  # (milliseconds: calls dispatched back to back are in flight)
+        y = jax.lax.fori_loop(0, 1000, lambda _, y: jnp.sin(y) * 1.0001, x)
         return jnp.sum(y, axis=0)
+
+    def quick(x):
+        return jnp.sum(jnp.sin(x), axis=0)
 
     xs = [np.full((_resident.WAKE_MIN_BYTES // 4 // 64, 64), i, np.float32) for i in range(4)]
     f, g = nbjit.jit(slow), jax.jit(slow)
@@ -578,12 +579,12 @@ def test_writes_wake_the_worker_first_while_it_is_idle():
         assert_same_outputs(jax.block_until_ready(f(xs[i % 4])), g(xs[i % 4]))
     assert len(wakes) == 8
     big = [np.full((1024, 256), i, np.float32) for i in range(4)]  # 1 MiB: no wake
-    h = nbjit.jit(slow)
+    h = nbjit.jit(quick)
     for i in range(16):
         jax.block_until_ready(h(big[i % 4]))
     assert _node(h, big[0]).record.prepare.__globals__.get("wake") is None
     small = [np.full((8, 64), i, np.float32) for i in range(4)]  # 2 KiB: no wake
-    k = nbjit.jit(slow)
+    k = nbjit.jit(quick)
     for i in range(16):
         jax.block_until_ready(k(small[i % 4]))
     assert _node(k, small[0]).record.prepare.__globals__.get("wake") is None
@@ -593,7 +594,7 @@ def test_writes_wake_the_worker_first_while_it_is_idle():
     outs = [f(xs[i % 4]) for i in range(2, 6)]
     for i, out in enumerate(outs):
         assert_same_outputs(out, g(xs[(i + 2) % 4]))
-    assert len(wakes) < 4
+    assert len(wakes) <= 1, len(wakes)
 
 
 @pytest.mark.parametrize("why", ["no compile", "synchronous runtime"])
