@@ -1,8 +1,8 @@
 """Host numpy arrays of 512 B to 1 MiB: nbjit.jit against jax.jit, interleaved.
 
-`f(params, x)` with x a float32 numpy array: the same array every call (off,
-or on, a 64-byte boundary: jax.jit uses an aligned array in place, no copy),
-or one of four arrays in turn (new values each call). Each call is timed to
+`f(params, x)` with x a float32 numpy array, off or on a 64-byte boundary
+(jax.jit uses an aligned array in place, no copy): the same array every
+call, or one of four arrays in turn (new values each call). Each call is timed to
 its result (block_until_ready), paired rounds with rotating order, median of
 the per-round ratios and its p10-p90 (`nbjit.bench.measure`). The results are
 checked equal first.
@@ -51,7 +51,7 @@ import nbjit  # noqa: E402
 from nbjit.bench import measure  # noqa: E402
 
 SIZES = {"512B": 512, "8KiB": 8 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
-KINDS = ("same", "same aligned", "fresh")
+KINDS = ("same", "same aligned", "fresh", "fresh aligned")
 
 
 def _placed(nbytes: int, offset: int, rng: np.random.Generator) -> np.ndarray:
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{kind} {size}"
             if args.only not in name:
                 continue
-            offset = 0 if kind == "same aligned" else 16
-            xs = [_placed(nbytes, offset, rng) for _ in range(4 if kind == "fresh" else 1)]
+            offset = 0 if kind.endswith("aligned") else 16
+            xs = [_placed(nbytes, offset, rng) for _ in range(4 if kind.startswith("fresh") else 1)]
             f, g = nbjit.jit(fn), jax.jit(fn)
             on_device = [jax.device_put(x) for x in xs]
 

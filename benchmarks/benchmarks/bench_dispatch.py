@@ -256,7 +256,8 @@ class HostArrays(_Timed):
     loop with a new 392 KiB batch (``workload_mnist_train_step``)."""
 
     params = [["same_8k", "same_64k", "same_1m", "same_8k_aligned", "same_64k_aligned",
-               "same_1m_aligned", "fresh_64k", "fresh_1m", "mnist_train_step"], IMPLS]
+               "same_1m_aligned", "fresh_8k", "fresh_64k", "fresh_1m", "fresh_8k_aligned",
+               "fresh_64k_aligned", "fresh_1m_aligned", "mnist_train_step"], IMPLS]
     param_names = ["row", "impl"]
     number = 40  # ~15-300 us a call
 

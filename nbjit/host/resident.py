@@ -374,8 +374,13 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
            for s in layouts):
         return None  # a slot array would be moved: not where the executable wants it
     speculative = any(map(_compared, layouts))  # (runs before its compare: SPECULATE_AFTER)
+    written = sum(s.nbytes for s in layouts)
+    rotate = written >= ROTATE_MIN_BYTES
+    if rotate and not speculative:  # (written on every call: its spare slots now)
+        pool.add_spares()
+    wake = _waker(pool.devices[0]) if WAKE_MIN_BYTES <= written < WAKE_MAX_BYTES else None
     prepare = _resident_preparer(layouts, watched.n_leaves, inner, pool, record.prepare,
-                                 speculative)
+                                 speculative, rotate, wake)
     resident = dataclasses.replace(record, steps=inner.steps, prepare=prepare, fence=pool.fence)
     if speculative:
         resident = dataclasses.replace(resident, execute=_speculating_execute(
@@ -403,7 +408,10 @@ def _fence(out_avals: list) -> tuple[int, int] | None:
 
 
 def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath,
-                       pool: ResidentSlots, fallback: Any, speculative: bool) -> Any:
+                       pool: ResidentSlots, fallback: Any, speculative: bool,
+                       rotate: bool, wake: Callable[[], Any] | None) -> Any:
+    """The prepare of a resident record: `rotate`, take spare slots once new
+    values come on every call; `wake`, dispatched before the writes."""
     names = [f"x{j}" for j in range(n_leaves)]
     unpack = f"    {', '.join(names)}, = leaves\n"
     m = len(layouts)
@@ -422,10 +430,6 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
             write = f"        if not {compare}:\n            changed = True\n" + _indent(write)
         checked += write
     writes = plain
-    written = sum(s.nbytes for s in layouts)
-    rotate = written >= ROTATE_MIN_BYTES
-    if rotate and not compares:  # (written on every call)
-        pool.add_spares()
     if compares:  # new values on every recent call: written without a compare (WRITE_AFTER)
         writes = ("        if streak[1] >= WRITE_AFTER and streak[1] % PROBE_EVERY:\n"
                   + ("            if streak[1] == WRITE_AFTER:\n"
@@ -446,9 +450,6 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
             small = ("        try:\n" + _indent(small) + "        except BaseException:\n"
                      "            append(slot)\n            raise\n")
         speculate = _SPECULATE.format(small=small, finish=finish, compare=" and ".join(compares))
-    wake = None
-    if WAKE_MIN_BYTES <= written < WAKE_MAX_BYTES:
-        wake = _waker(pool.devices[0])
     source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish,
                                        speculate=speculate, wake=_WAKE if wake else "")
     scope = {"unguarded": _jax.host_transfers_unguarded,
@@ -541,10 +542,10 @@ def _waker(device: Any) -> Callable[[], Any] | None:
         return _wakers[device]
     except KeyError:
         pass
+    if not _jax.cpu_async_dispatch():  # (no worker thread to wake)
+        return _wakers.setdefault(device, None)
     waker = None
     try:
-        if not _jax.cpu_async_dispatch():  # (no worker thread to wake)
-            raise LookupError
         ones = np.ones(_WAKE_LEAVES, np.float32)
         v = _jax.batched_device_put(_jax.ShapedArray(ones.shape, ones.dtype),
                                     _jax.SingleDeviceSharding(device), [ones], [device],

@@ -126,6 +126,8 @@ def test_suite_scenarios_exist_in_the_matrix(suite):
     dispatch = sys.modules["benchmarks.bench_dispatch"]
     assert set(dispatch._KIND_SCENARIO.values()) <= names
     assert {f"workload_{w}" for w in dispatch.Workloads.params[0]} <= names
+    host = dispatch.HostArrays()
+    assert {host.scenario(row, "nbjit") for row in dispatch.HostArrays.params[0]} <= names
 
 
 def test_timed_classes_prepare_once_without_setup(suite):
