@@ -25,8 +25,8 @@ if not _deferred:
     from nbjit import _jax, host, multiprocess, observe  # noqa: F401
     from nbjit.core.binders import binder_source
     from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit
+    from nbjit.core.inputs.plans import device_put
     from nbjit.filter import filter_jit
-    from nbjit.host.plan import device_put
     from nbjit.multiprocess.agreement import AgreementError, AgreementWarning
     from nbjit.observe.explain import RankedMisses, assert_max_misses, explain_misses, ranked_misses
     from nbjit.observe.profile import Profile, profile

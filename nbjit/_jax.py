@@ -181,7 +181,7 @@ def gspmd_parts(sharding) -> tuple:
 # --- shardings: device lists, replication, avals ---
 try:
     from jax._src.sharding_impls import GSPMDSharding
-except ImportError:  # removed in some later jax; nbjit.host.plan then skips it
+except ImportError:  # removed in some later jax; nbjit.core.inputs.plans then skips it
     GSPMDSharding = None  # type: ignore[misc, assignment]
 from jax._src.lib import xla_client as _xla_client  # noqa: E402
 

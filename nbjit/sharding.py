@@ -2,11 +2,11 @@
 
 `device_put` is `jax.device_put` with host-side slicing for multi-device
 shardings; the rest manages the plans and staging buffers behind it. The
-implementation lives in `nbjit.host.plan` (plans) and `nbjit.host.staging`
-(staging buffers and their pools).
+implementation lives in the core's input path: `nbjit.core.inputs.plans`
+(plans) and `nbjit.core.inputs.staging` (staging buffers and their pools).
 """
 
-from nbjit.host.plan import (
+from nbjit.core.inputs.plans import (
     SINGLE_DEVICE_PLAN_MIN_BYTES,
     ShardingPlan,
     addressable_index_domains,
@@ -16,7 +16,7 @@ from nbjit.host.plan import (
     plan_for,
     warm_kernels,
 )
-from nbjit.host.staging import clear_staging_pool, host_staging_size, staging_pool_size
+from nbjit.core.inputs.staging import clear_staging_pool, host_staging_size, staging_pool_size
 
 __all__ = [
     "SINGLE_DEVICE_PLAN_MIN_BYTES", "ShardingPlan", "addressable_index_domains", "clear_plans",

@@ -20,7 +20,7 @@ import pytest
 from _diff import assert_same_outputs
 
 import nbjit
-from nbjit.host import plan as sharding
+from nbjit.core.inputs import plans as sharding
 
 
 def _scale(x, y=2.0):

@@ -21,7 +21,7 @@ from jax import lax
 
 import nbjit
 from nbjit.core import record as _record
-from nbjit.host import plan as _plan
+from nbjit.core.inputs import plans as _plan
 from nbjit.host import policy as _policy
 from nbjit.host import steps as _steps
 from nbjit.host.steps import HostInput as _HostInput

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from nbjit import _domains, _jax, _kernels
-from nbjit.host.plan import addressable_index_domains
+from nbjit.core.inputs.plans import addressable_index_domains
 
 needs_8_devices = pytest.mark.skipif(
     len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS host device count)")
@@ -254,7 +254,7 @@ def test_a_first_sharded_put_loads_no_numba():
         "y = np.asfortranarray(x)\n"
         "assert np.array_equal(np.asarray(nbjit.device_put(y, s)), x)\n"
         "import time\n"
-        "from nbjit.host.staging import kernels_or_background\n"
+        "from nbjit.core.inputs.staging import kernels_or_background\n"
         "deadline = time.monotonic() + 120\n"
         "while kernels_or_background() is None and time.monotonic() < deadline:\n"
         "    time.sleep(0.05)\n"

@@ -26,10 +26,10 @@ from _diff import assert_same_call, assert_same_outputs
 from _threads import run_threads
 
 import nbjit
+from nbjit.core.inputs import staging as _staging
 from nbjit.host import packing as _packing
 from nbjit.host import policy as _policy
 from nbjit.host import resident as _resident
-from nbjit.host import staging as _staging
 
 CALLS = 3 * _policy.PACK_AFTER  # enough fresh calls to pack, then run packed
 

@@ -8,8 +8,8 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from nbjit import _jax
-from nbjit.host import plan as sharding
-from nbjit.host import staging
+from nbjit.core.inputs import plans as sharding
+from nbjit.core.inputs import staging
 
 pytestmark = pytest.mark.skipif(
     len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS host device count)")

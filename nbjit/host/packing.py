@@ -15,7 +15,7 @@ shardings, committedness and the tree are the original's.
 `compile_packed` compiles it (on the calling thread, or on one of
 `start_thread`'s, in the caller's trace context: `run_in_trace_context`);
 when to do so is the policy's (`nbjit.host.policy`). Per call a packed
-record claims a staging buffer from its `nbjit.host.staging.HostStaging`
+record claims a staging buffer from its `nbjit.core.inputs.staging.HostStaging`
 pool (reused only once nothing else holds it) and writes every leaf into
 its view.
 """
@@ -36,6 +36,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.codegen import run_source
+from nbjit.core.inputs.staging import HostStaging
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
@@ -47,7 +48,6 @@ from nbjit.host.layout import (
     buffer_nbytes,
     write_statement,
 )
-from nbjit.host.staging import HostStaging
 
 __all__ = ["POOL_CAP", "compile_packed", "run_in_trace_context", "start_thread", "wait"]
 

@@ -1,6 +1,6 @@
 """Host staging buffers: the copy into them and the pools that reuse them.
 
-A `ShardingPlan` (`nbjit.host.plan`) gathers a numpy array's shards into one
+A `ShardingPlan` (`nbjit.core.inputs.plans`) gathers a numpy array's shards into one
 64-byte-aligned staging buffer per call (`staging_buffer`; from
 PARALLEL_COPY_MIN_BYTES the copy is split into chunks several threads
 claim, `split_copy` / `parallel_copy`). Packed host inputs

@@ -22,7 +22,7 @@ mutating it after the call never changes the result. It is fresh per call,
 except from STAGING_POOL_MIN_BYTES: a pooled buffer is reused only once its
 reference count shows that nothing (no live array, no transfer) holds it.
 From PARALLEL_COPY_MIN_BYTES the copy into it runs on several threads
-(both in `nbjit.host.staging`).
+(both in `nbjit.core.inputs.staging`).
 
 Anything a plan cannot do exactly (an unsupported sharding, dtype or layout,
 a shape the sharding does not divide, a numpy subclass) goes to
@@ -40,7 +40,7 @@ import numpy as np
 
 from nbjit import _domains, _jax
 from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
-from nbjit.host.staging import (
+from nbjit.core.inputs.staging import (
     clear_staging_pool,
     copy_parts,
     kernels_or_background,
