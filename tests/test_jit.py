@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 import nbjit
 from nbjit.core import keys as _keys
 from nbjit.core.dispatch import PjitFunction
-from nbjit.host.values import canonical_dtypes
+from nbjit.core.inputs.values import canonical_dtypes
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
           np.uint32, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64,

@@ -45,9 +45,9 @@ from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
 from nbjit.core.hooks import MissFacts, MissOutcome
+from nbjit.core.inputs.values import canonical_dtypes, host_dtype, private_host_copies
 from nbjit.core.keys import leaf_signature
 from nbjit.core.record import FastPath, Unsupported, build_record
-from nbjit.core.values import canonical_dtypes, host_dtype
 from nbjit.core.view import JitInfo, JitView, register_info
 
 __all__ = ["PjitFunction", "PjitFunctionCache", "jit"]
@@ -139,7 +139,7 @@ class PjitFunction:
     def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """JAX's path gets private copies of numpy arrays (it may use them in place)."""
         split = self._binders.split((len(args), *kwargs) if kwargs else len(args))
-        return _hooks.private_copies(args, kwargs, split.static_positions, split.static_names)
+        return private_host_copies(args, kwargs, split.static_positions, split.static_names)
 
     def _count_slow(self, reason: str) -> None:
         self.slow_count += 1

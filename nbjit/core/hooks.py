@@ -15,8 +15,6 @@ imported (``import nbjit`` imports every room; see each room's
   * `describe_miss`: describes a miss before it compiles (`nbjit.observe`).
   * `STEP_BUILDERS` and `set_batched_step`: an input's step by the type of
     its value (`nbjit.host.steps`).
-  * `set_private_copies`: private copies of host values for JAX's own path
-    (`nbjit.host.values`).
   * `set_stats_snapshot`: what `PjitFunction.stats()` returns (`nbjit.observe`).
 
 And per jitted function, for a library that composes nbjit's jit (as
@@ -36,8 +34,8 @@ from typing import Any
 
 __all__ = ["SHARD_ARGS", "STEP_BUILDERS", "FreshCallback", "MissFacts", "MissOutcome",
            "StepBuilder", "add_compile_check", "add_miss_observer", "add_step_builder",
-           "batched_step", "compile_checks", "describe_miss", "miss_observers", "private_copies",
-           "set_batched_step", "set_miss_describer", "set_private_copies", "set_stats_snapshot",
+           "batched_step", "compile_checks", "describe_miss", "miss_observers",
+           "set_batched_step", "set_miss_describer", "set_stats_snapshot",
            "stats_snapshot", "step_for", "Deferred", "JitExtension"]
 
 
@@ -183,28 +181,7 @@ def batched_step(indices: Sequence[int], shardings: Sequence[Any]) -> Any:
 
 
 # ---------------------------------------------------------------------------
-# Private host copies for JAX's own path, and stats
-
-
-def _no_copies(args: tuple, kwargs: dict, static_positions: Sequence[int],
-               static_names: Sequence[str]) -> tuple[tuple, dict]:
-    return args, kwargs
-
-
-_private_copies: list[Callable[[tuple, dict, Sequence[int], Sequence[str]],
-                               tuple[tuple, dict]]] = [_no_copies]
-
-
-def set_private_copies(copies: Callable[[tuple, dict, Sequence[int], Sequence[str]],
-                                        tuple[tuple, dict]]) -> None:
-    """Sets what gives JAX's own path private copies of host values (`nbjit.host.values`)."""
-    _private_copies[0] = copies
-
-
-def private_copies(args: tuple, kwargs: dict, static_positions: Sequence[int],
-                   static_names: Sequence[str]) -> tuple[tuple, dict]:
-    """`args` and `kwargs` with the dynamic host arrays copied (see `set_private_copies`)."""
-    return _private_copies[0](args, kwargs, static_positions, static_names)
+# Stats
 
 
 # (jitted, its namespace's counters, entries, hits of live nodes) -> nbjit.DispatchStats

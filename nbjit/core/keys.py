@@ -39,7 +39,7 @@ import numpy as np
 from nbjit import _jax
 from nbjit._common import PYTHON_SCALARS
 from nbjit.core.codegen import run_source
-from nbjit.core.values import canonical_dtypes, host_dtype
+from nbjit.core.inputs.values import canonical_dtypes, host_dtype
 
 __all__ = ["LEAF_TYPES", "LEAVES", "SEQUENCE", "SEQUENCE_KEYERS", "SIGNATURE", "SIGNATURE_SCOPE",
            "UNROLL_MAX", "flat_reads", "leaf_signature", "learn_mixed_keyer", "mixed_keyers",

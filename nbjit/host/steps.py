@@ -29,7 +29,7 @@ import numpy as np
 from nbjit import _jax
 from nbjit.core import hooks as _hooks
 from nbjit.core.inputs import plans as _plan
-from nbjit.host.values import PYTHON_SCALAR_DTYPES, canonical_dtypes, host_dtype
+from nbjit.core.inputs.values import PYTHON_SCALAR_DTYPES, canonical_dtypes, host_dtype
 
 __all__ = ["SHARD_ARGS", "STEP_BUILDERS", "HostInput", "step_for"]
 
