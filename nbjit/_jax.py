@@ -9,7 +9,7 @@ is touched"):
     jaxlib's C++ reads the same fields: in the generated binders and keyers
     (`nbjit.core.binders`, `nbjit.core.keys`; their source text) and in
     `nbjit.core.keys.leaf_signature` and `nbjit.observe.explain`; off the
-    hit path, through `array_sharding` here (`nbjit.host.steps`).
+    hit path, through `array_sharding` here (`nbjit.core.inputs.steps`).
 A sharding's device order is read here (`device_assignment`,
 `addressable_device_assignment`, `gspmd_parts`).
 """

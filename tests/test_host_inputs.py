@@ -1,6 +1,6 @@
 """Host inputs (numpy arrays, numpy and Python scalars) bound for one device.
 
-The memo (nbjit/host/steps.py `HostInput`): an input equal to the last one
+The memo (nbjit/core/inputs/steps.py `HostInput`): an input equal to the last one
 reuses its device copy. It must be exact (bytes, not ``==``), follow mutation
 of numpy inputs, never apply to donated or large inputs, and never bypass a
 transfer guard (the guard tests live in test_bad_input.py). Big arrays go
@@ -22,9 +22,9 @@ from jax import lax
 import nbjit
 from nbjit.core import record as _record
 from nbjit.core.inputs import plans as _plan
+from nbjit.core.inputs import steps as _steps
+from nbjit.core.inputs.steps import HostInput as _HostInput
 from nbjit.host import policy as _policy
-from nbjit.host import steps as _steps
-from nbjit.host.steps import HostInput as _HostInput
 
 
 def _host_inputs(f, *args):

@@ -252,7 +252,7 @@ def test_the_same_big_arrays_every_call_get_slots():
     new value or not: slots cost less (one copy into host memory the device
     reads), so such a signature gets them at its first hit, whether its
     values are new, the same, or written into the same array."""
-    from nbjit.host.steps import HostInput
+    from nbjit.core.inputs.steps import HostInput
 
     n = HostInput.MEMO_MAX_BYTES // 4 * 2  # float32: twice the memo's limit
     same = (np.ones(n, np.float32), np.full(n, 2, np.float32))

@@ -13,8 +13,6 @@ imported (``import nbjit`` imports every room; see each room's
     outputs return to the caller, in order; must not raise (stats,
     explained misses, the host-input policy).
   * `describe_miss`: describes a miss before it compiles (`nbjit.observe`).
-  * `STEP_BUILDERS` and `set_batched_step`: an input's step by the type of
-    its value (`nbjit.host.steps`).
   * `set_stats_snapshot`: what `PjitFunction.stats()` returns (`nbjit.observe`).
 
 And per jitted function, for a library that composes nbjit's jit (as
@@ -32,11 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SHARD_ARGS", "STEP_BUILDERS", "FreshCallback", "MissFacts", "MissOutcome",
-           "StepBuilder", "add_compile_check", "add_miss_observer", "add_step_builder",
-           "batched_step", "compile_checks", "describe_miss", "miss_observers",
-           "set_batched_step", "set_miss_describer", "set_stats_snapshot",
-           "stats_snapshot", "step_for", "Deferred", "JitExtension"]
+__all__ = ["Deferred", "JitExtension", "MissFacts", "MissOutcome", "add_compile_check",
+           "add_miss_observer", "compile_checks", "describe_miss", "miss_observers",
+           "set_miss_describer", "set_stats_snapshot", "stats_snapshot"]
 
 
 # ---------------------------------------------------------------------------
@@ -130,54 +126,6 @@ def describe_miss(jitted: Any, args: tuple, kwargs: dict, static_positions: Sequ
                   ) -> tuple[Any, Callable[[Any], Any]]:
     """(the call's description or None, explaining: see `MissOutcome`)."""
     return _describer[0](jitted, args, kwargs, static_positions, static_names, context, facts)
-
-
-# ---------------------------------------------------------------------------
-# Input steps by the type of the value (a record's input preparation)
-
-# What `on_fresh` is: a weak reference to a callback (`weakref.WeakMethod`),
-# so a step (held by a record, held by a node) never keeps its caller alive.
-FreshCallback = Callable[[], Callable[[], None] | None]
-
-SHARD_ARGS = object()  # a builder's answer: leave this input to the batched step
-
-# builder(input index, value, sharding, donated, on_fresh) -> step, None or SHARD_ARGS
-StepBuilder = Callable[[int, Any, Any, bool, FreshCallback | None], Any]
-
-STEP_BUILDERS: dict[type, StepBuilder] = {}
-"""type of the value -> its step's builder, as JAX's `shard_arg_handlers`
-(filled by `nbjit.host.steps`). A value of another type takes the batched step."""
-
-_subclass_builders: list[tuple[type, StepBuilder]] = []
-_batched: list[Callable[[Sequence[int], Sequence[Any]], Any]] = []
-
-
-def add_step_builder(t: type, builder: StepBuilder, subclasses: bool = False) -> None:
-    """Registers `builder` for values of type `t` (and, with `subclasses`, of its subclasses)."""
-    STEP_BUILDERS[t] = builder
-    if subclasses:
-        _subclass_builders.append((t, builder))
-
-
-def step_for(i: int, x: Any, sharding: Any, donated: bool,
-             on_fresh: FreshCallback | None = None) -> Any:
-    """The step for input `i` (None: none needed; `SHARD_ARGS`: the batched step)."""
-    build = STEP_BUILDERS.get(type(x))
-    if build is None:
-        build = next((b for t, b in _subclass_builders if isinstance(x, t)), None)
-    return SHARD_ARGS if build is None else build(i, x, sharding, donated, on_fresh)
-
-
-def set_batched_step(make: Callable[[Sequence[int], Sequence[Any]], Any]) -> None:
-    """Sets the step that converts every `SHARD_ARGS` input together (JAX's `shard_args`)."""
-    _batched[:] = [make]
-
-
-def batched_step(indices: Sequence[int], shardings: Sequence[Any]) -> Any:
-    """The batched step over `indices`, with their shardings."""
-    if not _batched:
-        raise LookupError("no batched input step registered (import nbjit)")
-    return _batched[0](indices, shardings)
 
 
 # ---------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 `build_record` turns the fast-path data JAX's miss path returns
 (`MeshExecutableFastpathData`, as jaxlib's C++ receives it) into a
 `FastPath`: everything a hit needs, fixed at creation. Input preparation is
-one tuple of steps (chosen by the type of each value the miss saw, from
-the table `nbjit.core.hooks.STEP_BUILDERS` that `nbjit.host.steps` fills)
-and a `prepare(leaves)` generated for the record's structure.
+one tuple of steps (chosen by the type of each value the miss saw:
+`nbjit.core.inputs.steps`) and a `prepare(leaves)` generated for the
+record's structure.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.codegen import run_source
-from nbjit.core.hooks import SHARD_ARGS, FreshCallback, batched_step, step_for
+from nbjit.core.inputs.steps import FreshCallback, input_steps
 
 __all__ = ["FastPath", "Unsupported", "build_record"]
 
@@ -185,15 +185,7 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
     if len(consts) + len(kept) != len(in_shardings):
         raise Unsupported("no_fastpath")
     inputs = [*consts, *[leaves[i] for i in kept]]
-    steps, shard_args = {}, []
-    for i, (x, sharding) in enumerate(zip(inputs, in_shardings, strict=True)):
-        step = step_for(i, x, sharding, donated, None if on_fresh is None else on_fresh.get(i))
-        if step is SHARD_ARGS:
-            shard_args.append(i)
-        elif step is not None:
-            steps[i] = step
-    batched = (batched_step(shard_args, [in_shardings[i] for i in shard_args]) if shard_args
-               else None)
+    steps, batched = input_steps(inputs, in_shardings, donated, on_fresh)
     out_tree = fastpath.out_pytree_def
     all_kept = len(kept) == len(leaves)
     return FastPath(

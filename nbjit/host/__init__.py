@@ -1,7 +1,6 @@
 """Host inputs: numpy arrays and Python scalars onto devices.
 
-`steps` (how each input of a record reaches its device), and fresh host
-values without a transfer per leaf:
+Fresh host values without a transfer per leaf:
 `policy` (one `HostPolicy` per watched signature, the only code that
 asks the cache to replace a node's record), `resident` (slots), `packing` (one put and a
 second executable), `layout` (what those two share).
@@ -9,7 +8,6 @@ second executable), `layout` (what those two share).
 
 from nbjit.core import hooks as _hooks
 from nbjit.host import policy as _policy
-from nbjit.host import steps as _steps  # noqa: F401  (registers the input steps by type)
 
 
 def _arm_host_inputs(outcome: _hooks.MissOutcome) -> None:

@@ -2,7 +2,7 @@
 
 Every host leaf (a numpy array or scalar, a Python scalar) bound for one
 device normally becomes its own device buffer, one put each
-(`nbjit.host.steps.HostInput`). When a cached signature keeps bringing new
+(`nbjit.core.inputs.steps.HostInput`). When a cached signature keeps bringing new
 host values, its small host leaves take one of two ways instead, tried in
 this order: resident slots (`nbjit.host.resident`: no compile, no transfer;
 where a zero-copy put aliases host memory, i.e. the CPU), else packing
@@ -66,12 +66,12 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._common import align_up
+from nbjit.core.inputs.steps import HostInput
 from nbjit.core.record import FastPath, build_record
 from nbjit.core.view import JitInfo, info
 from nbjit.host import packing as _packing
 from nbjit.host import resident as _resident
 from nbjit.host.layout import PACKABLE, LeafLayout, Watched, host_counters, python_type
-from nbjit.host.steps import HostInput
 
 __all__ = ["PACK_AFTER", "RESIDENT_MAX_BYTES", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES",
            "TRANSITIONS", "HostPolicy", "Stage", "enabled", "on_miss", "set_enabled"]

@@ -1,10 +1,8 @@
 """Input steps: how one input of a cached signature reaches its device.
 
 A record's input preparation (`nbjit.core.record`) is a tuple of steps,
-each chosen when the record is built by the type of the value the miss saw
-(`STEP_BUILDERS`, a ``type -> builder`` table as JAX's
-`shard_arg_handlers`, registered into the core's `nbjit.core.hooks` when
-this module is imported):
+each chosen when the record is built (`input_steps`) by the type of the
+value the miss saw, exact types first, as jaxlib's `shard_args` does:
 
   * a `jax.Array` already placed as the executable wants: no step;
   * a one-device `jax.Array` on another device: a C++ copy (`_Copy`);
@@ -21,17 +19,16 @@ device copy and its patience counters), nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from nbjit import _jax
-from nbjit.core import hooks as _hooks
 from nbjit.core.inputs import plans as _plan
 from nbjit.core.inputs.values import PYTHON_SCALAR_DTYPES, canonical_dtypes, host_dtype
 
-__all__ = ["SHARD_ARGS", "STEP_BUILDERS", "HostInput", "step_for"]
+__all__ = ["SHARD_ARGS", "FreshCallback", "HostInput", "input_steps", "step_for"]
 
 ArrayImpl = _jax.ArrayImpl
 _device_put = _jax.batched_device_put
@@ -42,7 +39,7 @@ _WEAK_SCALAR_TYPES = frozenset({int, float, complex})  # as JAX types them (bool
 
 # What `on_fresh` is: a weak reference to a callback (`weakref.WeakMethod`),
 # so a step (held by a record, held by a node) never keeps its caller alive.
-FreshCallback = _hooks.FreshCallback
+FreshCallback = Callable[[], Callable[[], None] | None]
 
 
 # A host value while its memo rests (or with no memo), inside a record's
@@ -106,8 +103,8 @@ class HostInput:
         self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
         self.misses = 0  # array memo misses in a row
         self.rest = 0  # calls left before the array memo looks again
-        # Told of each memo miss (a new value) when the host-input policy watches
-        # this leaf (`nbjit.host.policy`): given here, never set afterwards.
+        # Told of each memo miss (a new value) when an optimisation watches this
+        # leaf (the CPU's host-input policy): given here, never set afterwards.
         self.on_fresh = on_fresh
 
     def apply(self, inputs: list) -> None:
@@ -217,11 +214,10 @@ class _ShardArgs:
             inputs[i] = value
 
 
-SHARD_ARGS = _hooks.SHARD_ARGS  # a builder's answer: leave this input to `_ShardArgs`
+SHARD_ARGS = object()  # `step_for`'s answer: leave this input to `_ShardArgs`
 
 
-def _array_step(i: int, x: Any, sharding: Any, donated: bool,
-                on_fresh: FreshCallback | None) -> Any:
+def _array_step(i: int, x: Any, sharding: Any) -> Any:
     if _same_placement(x, sharding):
         return None
     if len(_jax.array_sharding(x).device_set) == 1 and len(sharding.device_set) == 1:
@@ -246,14 +242,6 @@ def _host_step(i: int, x: Any, sharding: Any, donated: bool,
     return SHARD_ARGS if plan is None else _Planned(i, dtype, plan)
 
 
-# type of the value -> builder(input index, value, sharding, donated, on_fresh)
-STEP_BUILDERS: dict[type, Callable[[int, Any, Any, bool, FreshCallback | None], Any]] = {
-    ArrayImpl: _array_step,
-    np.ndarray: _host_step,
-    **{t: _host_step for t in PYTHON_SCALAR_DTYPES},
-}
-
-
 def step_for(i: int, x: Any, sharding: Any, donated: bool,
              on_fresh: FreshCallback | None = None) -> Any:
     """The step for input `i` (None: none needed; `SHARD_ARGS`: JAX's `shard_args`).
@@ -261,10 +249,30 @@ def step_for(i: int, x: Any, sharding: Any, donated: bool,
     `on_fresh`: given to a `HostInput`, which calls it on each value it
     transfers while its memo looks (a memo miss: a new value).
     """
-    build = STEP_BUILDERS.get(type(x))
-    if build is None:
-        build = _host_step if isinstance(x, np.generic) else None
-    return SHARD_ARGS if build is None else build(i, x, sharding, donated, on_fresh)
+    t = type(x)
+    if t is ArrayImpl:
+        return _array_step(i, x, sharding)
+    if t is np.ndarray or t in PYTHON_SCALAR_DTYPES or isinstance(x, np.generic):
+        return _host_step(i, x, sharding, donated, on_fresh)
+    return SHARD_ARGS
+
+
+def input_steps(inputs: Sequence[Any], shardings: Sequence[Any], donated: bool,
+                on_fresh: Mapping[int, FreshCallback] | None = None
+                ) -> tuple[dict[int, Any], _ShardArgs | None]:
+    """(input index -> its step, for the inputs that need one; the batched
+    `shard_args` step of the rest, or None), for a record whose miss saw
+    `inputs` bound for `shardings`. `on_fresh`: input index -> the callback
+    its `HostInput` is built with."""
+    steps, shard_args = {}, []
+    for i, (x, sharding) in enumerate(zip(inputs, shardings, strict=True)):
+        step = step_for(i, x, sharding, donated, None if on_fresh is None else on_fresh.get(i))
+        if step is SHARD_ARGS:
+            shard_args.append(i)
+        elif step is not None:
+            steps[i] = step
+    batched = _ShardArgs(shard_args, [shardings[i] for i in shard_args]) if shard_args else None
+    return steps, batched
 
 
 def _same_placement(x: Any, sharding: Any) -> bool:
@@ -275,10 +283,3 @@ def _same_placement(x: Any, sharding: Any) -> bool:
         return bool(xs.is_equivalent_to(sharding, x.ndim))
     except Exception:  # different sharding types JAX cannot compare: convert
         return False
-
-
-# The core builds records with these (`nbjit.core.record`); it imports no host module.
-for _type, _builder in STEP_BUILDERS.items():
-    _hooks.add_step_builder(_type, _builder)
-_hooks.add_step_builder(np.generic, _host_step, subclasses=True)
-_hooks.set_batched_step(_ShardArgs)
