@@ -15,10 +15,11 @@ A miss reads as one story: `_miss` claims the signature (one compile per
 signature across threads, `Namespace.claim`); `_compile` checks that every
 process agrees on it (multi-controller only; before anything is traced, and
 it may raise), lets JAX trace, lower and compile, installs the node, counts
-the miss, and tells each registered miss observer one `MissOutcome`
-(explain says why it missed, the host-input policy may arm the node). The
-checks and observers are registered by the rooms above the core
-(`nbjit.core.hooks`): the core imports none of them.
+the miss, and tells one `MissOutcome` to the input strategy of its
+platform (`nbjit.core.inputs.platforms`: on the CPU the host-input policy
+may arm the node), then to each registered miss observer (explain says why
+it missed). The checks and observers are registered by the rooms above the
+core (`nbjit.core.hooks`): the core imports none of them.
 
 Invariants:
   * Only the miss path links nodes into the cache (`nbjit.core.cache`); a
@@ -45,6 +46,7 @@ from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
 from nbjit.core.hooks import MissFacts, MissOutcome
+from nbjit.core.inputs.platforms import after_miss
 from nbjit.core.inputs.values import canonical_dtypes, host_dtype, private_host_copies
 from nbjit.core.keys import leaf_signature
 from nbjit.core.record import FastPath, Unsupported, build_record
@@ -249,6 +251,7 @@ class PjitFunction:
         outcome = MissOutcome(self, node, record, fastpath, leaves, args, kwargs, description,
                               explaining, seconds)
         self._count_miss(seconds)
+        after_miss(outcome)  # the input strategy of its platform may arm an optimisation
         for observe in _hooks.miss_observers:  # registered by the rooms above (never raise)
             observe(outcome)
         return outs  # JAX's own outputs: required when arguments were donated

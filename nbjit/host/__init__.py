@@ -1,22 +1,36 @@
-"""Host inputs: numpy arrays and Python scalars onto devices.
+"""The CPU's host-memory strategy: fresh host values without a transfer per leaf.
 
-Fresh host values without a transfer per leaf:
-`policy` (one `HostPolicy` per watched signature, the only code that
-asks the cache to replace a node's record), `resident` (slots), `packing` (one put and a
-second executable), `layout` (what those two share).
+On the CPU a device's memory is host memory: a device array can alias a
+host buffer, so a signature that keeps bringing new host values can have
+them written where the executable reads them instead of put leaf by leaf.
+`policy` (one `HostPolicy` per watched signature, the only code that asks
+the cache to replace a node's record) arms that after a miss, `resident`
+makes the slots, `packing` (one put and a second executable) is the way
+where slots cannot be, `layout` is what those two share.
+
+It is an optimisation, plugged into the core's per-platform choice of an
+input strategy (`nbjit.core.inputs.platforms`) for the "cpu" platform when
+this room is imported; the core's own path works without it.
 """
 
-from nbjit.core import hooks as _hooks
+from nbjit.core.hooks import MissOutcome
+from nbjit.core.inputs import platforms as _platforms
 from nbjit.host import policy as _policy
 
-
-def _arm_host_inputs(outcome: _hooks.MissOutcome) -> None:
-    """The host-input policy may make the node's fresh host inputs resident or
-    packed later; never breaks a miss."""
-    if outcome.node is None or outcome.record is None:
-        return
-    _policy.on_miss(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
-                    outcome.leaves, outcome.args, outcome.kwargs)  # never raises
+__all__ = ["HOST_MEMORY", "HostMemory"]
 
 
-_hooks.add_miss_observer(_arm_host_inputs)
+class HostMemory(_platforms.InputStrategy):
+    """The CPU's strategy: host inputs put as the core does, and after a miss
+    the host-input policy may make the node's fresh host inputs resident
+    (or packed) later."""
+
+    name = "cpu host memory"
+
+    def on_miss(self, outcome: MissOutcome) -> None:
+        _policy.on_miss(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
+                        outcome.leaves, outcome.args, outcome.kwargs)  # never raises
+
+
+HOST_MEMORY = HostMemory()
+_platforms.plug_in("cpu", HOST_MEMORY)

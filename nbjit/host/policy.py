@@ -8,9 +8,10 @@ this order: resident slots (`nbjit.host.resident`: no compile, no transfer;
 where a zero-copy put aliases host memory, i.e. the CPU), else packing
 (`nbjit.host.packing`: one put and a second executable).
 
-`on_miss` arms a `HostPolicy` for a freshly linked node whose record has a
-host leaf that qualifies (`SLOT_MAX_BYTES` each, `TOTAL_MAX_BYTES`
-together, a dtype in `PACKABLE`), all inputs and outputs on one device, no
+`on_miss` (called by the CPU's input strategy, `nbjit.host.HostMemory`,
+after each miss on a CPU device) arms a `HostPolicy` for a freshly linked
+node whose record has a host leaf that qualifies (`SLOT_MAX_BYTES` each,
+`TOTAL_MAX_BYTES` together, a dtype in `PACKABLE`), all inputs and outputs on one device, no
 donation, no explicit in/out shardings; packing needs two such leaves (one
 leaf would still cost one put). Never: donation, effects (no fast path at
 all), debug_nans/infs (those calls never reach a record), more than one

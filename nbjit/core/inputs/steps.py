@@ -26,6 +26,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.inputs import plans as _plan
+from nbjit.core.inputs.platforms import DIRECT, HostTransfer, platform_of, strategy_for
 from nbjit.core.inputs.values import PYTHON_SCALAR_DTYPES, canonical_dtypes, host_dtype
 
 __all__ = ["SHARD_ARGS", "FreshCallback", "HostInput", "input_steps", "step_for"]
@@ -44,17 +45,18 @@ FreshCallback = Callable[[], Callable[[], None] | None]
 
 # A host value while its memo rests (or with no memo), inside a record's
 # generated preparer (`nbjit.core.record`): a numpy array is transferred
-# right there; anything else (a scalar, an awake memo) asks the step.
+# right there ({put}: as its `HostTransfer` says); anything else (a scalar,
+# an awake memo) asks the step.
 _HOST_RESTING = """\
     if type({x}) is ndarray and (step := H{i}).rest > 0:
         step.rest -= 1
-        {x} = put(A{i}, S{i}, [{x}], D{i}, False, False, COPY_DURING_CALL)
+        {x} = {put}
     else:
         {x} = V{i}({x})
 """
 _HOST_NO_MEMO = """\
     if type({x}) is ndarray:
-        {x} = put(A{i}, S{i}, [{x}], D{i}, False, False, COPY_DURING_CALL)
+        {x} = {put}
     else:
         {x} = V{i}({x})
 """
@@ -66,9 +68,10 @@ class HostInput:
     The value goes to `batched_device_put` as it is: jaxlib converts it to
     `aval`'s (canonical) dtype itself, which costs less per leaf than
     converting it in numpy first (docs/performance.md, "Measured constants
-    behind the code"). A numpy array is copied during the call
-    (never aliased: the caller may mutate it as soon as the call returns);
-    a scalar cannot be aliased.
+    behind the code"). A numpy array goes as its platform's `transfer` says
+    (`nbjit.core.inputs.platforms`; by default copied during the call, never
+    aliased: the caller may mutate it as soon as the call returns); a
+    scalar cannot be aliased.
 
     With `memo`, the device copy of the last value is kept: the same
     immutable scalar object, or a small array with the same bytes (after
@@ -90,16 +93,18 @@ class HostInput:
     MEMO_REST = 56
 
     __slots__ = ("index", "dtype", "aval", "sharding", "devices", "memo", "last", "misses",
-                 "rest", "on_fresh")
+                 "rest", "on_fresh", "transfer")
 
     def __init__(self, index: int, dtype: np.dtype, aval: Any, sharding: Any,
-                 memo: bool, on_fresh: FreshCallback | None = None) -> None:
+                 memo: bool, on_fresh: FreshCallback | None = None,
+                 transfer: HostTransfer = DIRECT) -> None:
         self.index = index
         self.dtype = dtype
         self.aval = aval
         self.sharding = sharding
         self.devices = list(sharding.device_set)
         self.memo = memo
+        self.transfer = transfer
         self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
         self.misses = 0  # array memo misses in a row
         self.rest = 0  # calls left before the array memo looks again
@@ -115,10 +120,20 @@ class HostInput:
         input `i`, and the names it reads): a numpy array's plain transfer inline
         (while the memo rests, or with no memo), anything else through `value`."""
         template = _HOST_RESTING if self.memo else _HOST_NO_MEMO
-        return template.format(x=x, i=i), {
-            f"H{i}": self, f"A{i}": self.aval, f"S{i}": self.sharding, f"D{i}": self.devices,
-            f"V{i}": self.value, "ndarray": np.ndarray, "put": _device_put,
-            "COPY_DURING_CALL": COPY_DURING_CALL}
+        names = {f"H{i}": self, f"A{i}": self.aval, f"S{i}": self.sharding, f"D{i}": self.devices,
+                 f"V{i}": self.value, "ndarray": np.ndarray, "put": _device_put,
+                 "COPY_DURING_CALL": COPY_DURING_CALL}
+        # The default transfer reads as jaxlib's own put; another one names its
+        # staging function (T) and its semantics (M).
+        stage, semantics = self.transfer.stage, self.transfer.semantics
+        staged = x
+        if stage is not None:
+            staged, names[f"T{i}"] = f"T{i}({x})", stage
+        semantics_name = "COPY_DURING_CALL"
+        if semantics is not COPY_DURING_CALL:
+            semantics_name, names[f"M{i}"] = f"M{i}", semantics
+        put = f"put(A{i}, S{i}, [{staged}], D{i}, False, False, {semantics_name})"
+        return template.format(x=x, i=i, put=put), names
 
     def value(self, x: Any) -> Any:
         """The device array for host value `x` (see the class docstring).
@@ -140,15 +155,19 @@ class HostInput:
         if not self.memo or self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
             if self.memo:
                 self.rest -= 1
-            return _device_put(self.aval, self.sharding, [x], self.devices, False, False,
-                               COPY_DURING_CALL)
+            transfer = self.transfer
+            return _device_put(self.aval, self.sharding,
+                               [x if transfer.stage is None else transfer.stage(x)],
+                               self.devices, False, False, transfer.semantics)
         data = np.asarray(x, self.dtype).tobytes()
         last = self.last
         if last is not None and data == last[1] and _host_transfers_unguarded():
             self.misses = 0
             return last[2]
-        array = _device_put(self.aval, self.sharding, [x], self.devices, False, False,
-                            COPY_DURING_CALL)
+        transfer = self.transfer
+        array = _device_put(self.aval, self.sharding,
+                            [x if transfer.stage is None else transfer.stage(x)],
+                            self.devices, False, False, transfer.semantics)
         self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
         if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
             fresh()
@@ -237,7 +256,8 @@ def _host_step(i: int, x: Any, sharding: Any, donated: bool,
         memo = not donated and nbytes <= HostInput.MEMO_MAX_BYTES
         weak = type(x) in _WEAK_SCALAR_TYPES
         aval = _jax.ShapedArray(np.shape(x), dtype, weak_type=weak)
-        return HostInput(i, dtype, aval, sharding, memo, on_fresh)
+        transfer = strategy_for(platform_of(sharding)).host_transfer(aval, sharding)
+        return HostInput(i, dtype, aval, sharding, memo, on_fresh, transfer)
     plan = _plan.plan_for(sharding, np.shape(x), dtype)
     return SHARD_ARGS if plan is None else _Planned(i, dtype, plan)
 

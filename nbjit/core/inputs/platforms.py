@@ -1,0 +1,116 @@
+"""Where host inputs are put, per platform: the one place that chooses, for a
+device's platform ("cpu", "tpu", "gpu", ...), the strategy its host inputs
+take.
+
+The core's own path needs no strategy and works on every platform: a host
+value bound for one device is a `HostInput` step (one `batched_device_put`
+per leaf, the numpy array copied while the call runs, a memo for small
+repeated values), a big or multi-device one a `ShardingPlan`, anything else
+JAX's `shard_args` (`nbjit.core.inputs.steps`). That is `DEFAULT`.
+
+A strategy (`InputStrategy`) changes two things, and nothing else:
+
+  * `host_transfer(aval, sharding)`: how a `HostInput` step hands a numpy
+    array to `batched_device_put`, as a `HostTransfer`: jaxlib's host
+    buffer semantics and, optionally, `stage`, which makes the private copy
+    the put reads instead of the caller's array (so that a transfer that
+    reads after the call returns never sees a later write). Asked once per
+    step, when a record is built; the generated preparer inlines it.
+  * `on_miss(outcome)`: after a miss installed a node with a record, an
+    optimisation may arm itself for that node (it must not raise).
+
+The table, `strategy_for(platform)`:
+
+  * "cpu": the host-memory strategy of `nbjit.host` (the host-input policy:
+    resident slots, packing), plugged in when ``import nbjit`` imports
+    that room (`plug_in`); the CPU's device memory is host memory, which
+    the device can read in place. Without it, `DEFAULT`.
+  * every other platform: `DEFAULT`.
+
+A record's host inputs take the strategy of their sharding's platform
+(`platform_of`); a miss's `on_miss` is that of its executable's first input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from nbjit import _jax
+from nbjit.core.hooks import MissOutcome
+
+__all__ = ["DEFAULT", "DIRECT", "HostTransfer", "InputStrategy", "after_miss", "platform_of",
+           "plug_in", "strategy_for"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostTransfer:
+    """How a `HostInput` step puts a numpy array: ``batched_device_put(aval,
+    sharding, [stage(x) or x], devices, False, False, semantics)``.
+
+    `semantics`: jaxlib's `HostBufferSemantics` for the put; `stage`, when
+    not None, returns what the put reads in place of the caller's array `x`
+    (a private copy, say into a pooled staging buffer).
+    """
+
+    semantics: Any = _jax.COPY_DURING_CALL
+    stage: Callable[[np.ndarray], Any] | None = None
+
+
+DIRECT = HostTransfer()
+"""The caller's array itself, copied by jaxlib while the call runs (never aliased)."""
+
+
+class InputStrategy:
+    """How host inputs reach one platform's devices; the defaults are the
+    core's own path. Subclass it and override what the platform does otherwise."""
+
+    name = "default"
+
+    def host_transfer(self, aval: Any, sharding: Any) -> HostTransfer:
+        """How a `HostInput` step bound for `sharding` puts a numpy array of `aval`."""
+        return DIRECT
+
+    def on_miss(self, outcome: MissOutcome) -> None:
+        """After a miss installed `outcome.node` with `outcome.record`. Must not raise."""
+
+    def __repr__(self) -> str:
+        return f"<input strategy {self.name!r}>"
+
+
+DEFAULT = InputStrategy()
+
+# platform -> the strategy plugged in for it (see the module's docstring)
+_plugged: dict[str, InputStrategy] = {}
+
+
+def plug_in(platform: str, strategy: InputStrategy | None) -> None:
+    """Makes `strategy` the one of `platform`'s devices, for records built from
+    now on (None: `DEFAULT` again)."""
+    if strategy is None:
+        _plugged.pop(platform, None)
+    else:
+        _plugged[platform] = strategy
+
+
+def strategy_for(platform: str) -> InputStrategy:
+    """The strategy of `platform`'s devices: the one plugged in, else `DEFAULT`."""
+    return _plugged.get(platform, DEFAULT)
+
+
+def platform_of(sharding: Any) -> str:
+    """The platform of `sharding`'s devices (one executable's are all of one)."""
+    return next(iter(sharding.device_set)).platform
+
+
+def after_miss(outcome: MissOutcome) -> None:
+    """Tells the strategy of the executable's platform about a miss that
+    installed a node with a record (`InputStrategy.on_miss`)."""
+    if outcome.node is None or outcome.record is None:
+        return
+    in_shardings = outcome.fastpath.in_shardings
+    if len(in_shardings):  # no inputs: nothing to put
+        strategy_for(platform_of(in_shardings[0])).on_miss(outcome)
