@@ -66,7 +66,7 @@ KEY_ONLY = Flavour("key_only", leave="refuse({args})", keys_only=True)
 
 _flavours: dict[str, Flavour] = {"plain": PLAIN, "key_only": KEY_ONLY}
 _lock = threading.Lock()
-_current = ["plain"]  # the flavour new binder tables start in
+_current = "plain"  # the flavour new binder tables start in (under _lock)
 
 
 def add_flavour(f: Flavour) -> Flavour:
@@ -82,7 +82,7 @@ def flavour(name: str) -> Flavour:
 
 def current_flavour() -> str:
     """The flavour every binder table uses now ("plain" unless switched)."""
-    return _current[0]
+    return _current
 
 
 class _Table(Protocol):
@@ -97,7 +97,7 @@ def watch_table(table: _Table) -> str:
     """Registers a binder table for `use_flavour` (weakly) and returns the flavour it starts in."""
     with _lock:
         _tables[id(table)] = table
-        return _current[0]
+        return _current
 
 
 def use_flavour(name: str) -> None:
@@ -105,11 +105,12 @@ def use_flavour(name: str) -> None:
     or one that times the hit path ("timed"). "traced" is chosen per call (a
     profiler session, `traced_call`) and "key_only" runs nothing: neither can be
     every call's."""
+    global _current
     flavour(name)  # registered
     if name in ("traced", "key_only"):
         raise ValueError(f"flavour {name!r} cannot be switched on for every call")
     with _lock:
-        _current[0] = name
+        _current = name
         tables = list(_tables.values())
     for table in tables:
         table.set_flavour(name)
@@ -123,17 +124,18 @@ def _untraced(jitted: Any, args: tuple, kwargs: dict) -> Any:
     raise LookupError("no traced call registered (import nbjit: nbjit.observe registers it)")
 
 
-_traced_call: list[Callable[[Any, tuple, dict], Any]] = [_untraced]
+_traced_call: Callable[[Any, tuple, dict], Any] = _untraced
 
 
 def set_traced_call(call: Callable[[Any, tuple, dict], Any]) -> None:
     """Sets what a call runs while a profiler session collects (`nbjit.observe.spans`)."""
-    _traced_call[0] = call
+    global _traced_call
+    _traced_call = call
 
 
 def traced_call(jitted: Any, args: tuple, kwargs: dict) -> Any:
     """The call of `jitted` while a profiler session collects (see `set_traced_call`)."""
-    return _traced_call[0](jitted, args, kwargs)
+    return _traced_call(jitted, args, kwargs)
 
 
 # ---------------------------------------------------------------------------

@@ -1,26 +1,30 @@
-"""The core's registries: what the rooms above it (host, observe,
-multiprocess) plug into, so that the core imports none of them.
+"""The core's optional listeners: what the rooms above it (observe,
+multiprocess) plug in, so that the core imports none of them.
 
-As JAX's `monitoring.py` keeps listener lists at the bottom and its
-`shard_arg_handlers` is a type -> handler table other modules fill, the
-core owns these small tables and the rooms fill them when they are
-imported (``import nbjit`` imports every room; see each room's
+As JAX's `monitoring.py` keeps listener lists at the bottom for higher
+layers to fill, nothing here is needed to run a call: with none of it
+filled, a miss compiles unchecked, undescribed and untold, and only
+`PjitFunction.stats()` has nothing to answer. The rooms fill it when they
+are imported (``import nbjit`` imports every room; see each room's
 ``__init__``):
 
   * `add_compile_check`: called before a miss compiles, in order; may raise
     (multi-controller agreement, `nbjit.multiprocess`).
   * `add_miss_observer`: told one `MissOutcome` after each compile whose
-    outputs return to the caller, in order; must not raise (stats,
-    explained misses, the host-input policy).
-  * `describe_miss`: describes a miss before it compiles (`nbjit.observe`).
+    outputs return to the caller, in order; must not raise (explained
+    misses, `nbjit.observe`).
+  * `set_miss_describer`: what describes a miss before it compiles
+    (`nbjit.observe`; by default, nothing).
   * `set_stats_snapshot`: what `PjitFunction.stats()` returns (`nbjit.observe`).
 
 And per jitted function, for a library that composes nbjit's jit (as
 `nbjit.filter` does): a `JitExtension` given to `PjitFunction`, and
 `Deferred` arguments for `PjitFunction.call_keyed`.
 
-None of these is on the hit path: they run on a miss, a slow call, or when
-a record is built.
+Putting inputs on devices is not here: it is the core's own
+(`nbjit.core.inputs`), and where a platform does it otherwise, one table
+says so (`nbjit.core.inputs.platforms`). None of these is on the hit path:
+they run on a miss or a slow call.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ __all__ = ["Deferred", "JitExtension", "MissFacts", "MissOutcome", "add_compile_
 
 @dataclass(frozen=True, slots=True)
 class MissOutcome:
-    """What one compile gave, told to every miss observer once.
+    """What one compile gave, told once to the input strategy of its platform
+    (`nbjit.core.inputs.platforms`) and to every miss observer.
 
     `jitted` is the `PjitFunction` (a `nbjit.core.view.JitView`); `node` the
     installed node (None when JAX asked to rebuild: nothing was cached);
@@ -113,40 +118,41 @@ def _no_description(jitted: Any, args: tuple, kwargs: dict, static_positions: Se
     return None, lambda after: None
 
 
-_describer: list[MissDescriber] = [_no_description]
+_describer: MissDescriber = _no_description
 
 
 def set_miss_describer(describer: MissDescriber) -> None:
     """Sets what describes a miss before it compiles (`nbjit.observe.explain`)."""
-    _describer[0] = describer
+    global _describer
+    _describer = describer
 
 
 def describe_miss(jitted: Any, args: tuple, kwargs: dict, static_positions: Sequence[int],
                   static_names: Sequence[str], context: tuple, facts: MissFacts
                   ) -> tuple[Any, Callable[[Any], Any]]:
     """(the call's description or None, explaining: see `MissOutcome`)."""
-    return _describer[0](jitted, args, kwargs, static_positions, static_names, context, facts)
+    return _describer(jitted, args, kwargs, static_positions, static_names, context, facts)
 
 
 # ---------------------------------------------------------------------------
 # Stats
 
-
 # (jitted, its namespace's counters, entries, hits of live nodes) -> nbjit.DispatchStats
 StatsSnapshot = Callable[[Any, Any, int, int], Any]
-_stats_snapshot: list[StatsSnapshot] = []
+_stats_snapshot: StatsSnapshot | None = None
 
 
 def set_stats_snapshot(snapshot: StatsSnapshot) -> None:
     """Sets what `PjitFunction.stats()` returns for a jitted function (`nbjit.observe`)."""
-    _stats_snapshot[:] = [snapshot]
+    global _stats_snapshot
+    _stats_snapshot = snapshot
 
 
 def stats_snapshot(jitted: Any, counters: Any, entries: int, live_hits: int) -> Any:
     """The jitted function's stats (`nbjit.DispatchStats`)."""
-    if not _stats_snapshot:
+    if _stats_snapshot is None:
         raise LookupError("no stats registered (import nbjit)")
-    return _stats_snapshot[0](jitted, counters, entries, live_hits)
+    return _stats_snapshot(jitted, counters, entries, live_hits)
 
 
 # ---------------------------------------------------------------------------
