@@ -514,3 +514,29 @@ def cpu_async_dispatch() -> bool:
     False: every computation runs on the calling thread."""
     flag = getattr(_xla_bridge, "_CPU_ENABLE_ASYNC_DISPATCH", None)
     return True if flag is None else bool(flag.value)
+
+
+# --- host memory the device reads directly: DMA mapping ---
+_dma_unsupported: set[int] = set()  # ids of clients whose dma_map raised
+
+
+def dma_map(client, address: int, size: int) -> bool:
+    """Registers ``[address, address + size)`` with `client` for direct DMA
+    (the runtime then transfers from it without a copy of its own); False
+    where the client cannot (it is not tried again for that client)."""
+    if id(client) in _dma_unsupported:
+        return False
+    try:
+        client.dma_map(address, size)
+    except Exception:  # unimplemented on this platform, or refused
+        _dma_unsupported.add(id(client))
+        return False
+    return True
+
+
+def dma_unmap(client, address: int) -> None:
+    """Undoes `dma_map` (before the memory is freed)."""
+    try:
+        client.dma_unmap(address)
+    except Exception:  # the client is gone (interpreter exit): nothing is mapped any more
+        pass

@@ -62,11 +62,20 @@ def _fresh_args(k):
     return np.full(4, k, np.float32), np.full(1024, k, np.float32), float(k)
 
 
-def test_the_cpu_takes_the_host_memory_strategy_and_other_platforms_the_default():
+def test_the_cpu_takes_the_host_memory_strategy_and_accelerators_staging():
     assert platforms.strategy_for("cpu") is host.HOST_MEMORY
-    for platform in ("tpu", "gpu", "a_platform_yet_to_come"):
-        assert platforms.strategy_for(platform) is platforms.DEFAULT
+    for platform in ("tpu", "gpu"):
+        assert platforms.strategy_for(platform) is host.HOST_STAGED
+    assert platforms.strategy_for("a_platform_yet_to_come") is platforms.STAGED
+    with plugged("cpu", None):
+        assert platforms.strategy_for("cpu") is platforms.DEFAULT
+    with plugged("tpu", None):
+        assert platforms.strategy_for("tpu") is platforms.STAGED
     assert platforms.DEFAULT.host_transfer(None, None) is platforms.DIRECT
+    aval = _jax.ShapedArray((3,), np.float32)
+    staged = platforms.STAGED.host_transfer(aval, jax.sharding.SingleDeviceSharding(
+        jax.devices()[0]))
+    assert staged.semantics is _jax.ZERO_COPY and staged.stage is not None
     assert platforms.platform_of(jax.sharding.SingleDeviceSharding(jax.devices()[0])) == "cpu"
 
 

@@ -1,4 +1,4 @@
-"""The CPU's host-memory strategy: fresh host values without a transfer per leaf.
+"""Host-memory strategies: fresh host values without a transfer per leaf.
 
 On the CPU a device's memory is host memory: a device array can alias a
 host buffer, so a signature that keeps bringing new host values can have
@@ -8,16 +8,21 @@ the cache to replace a node's record) arms that after a miss, `resident`
 makes the slots, `packing` (one put and a second executable) is the way
 where slots cannot be, `layout` is what those two share.
 
-It is an optimisation, plugged into the core's per-platform choice of an
-input strategy (`nbjit.core.inputs.platforms`) for the "cpu" platform when
-this room is imported; the core's own path works without it.
+On a device with memory of its own (an accelerator) host arrays are staged
+(the core's `Staged` transfer: a private copy, put zero copy); there the
+policy packs a signature's changing host leaves into one staged buffer,
+one put per call (`HostStaged`).
+
+Both are optimisations, plugged into the core's per-platform choice of an
+input strategy (`nbjit.core.inputs.platforms`), "cpu" and "tpu"/"gpu",
+when this room is imported; the core's own path works without them.
 """
 
 from nbjit.core.hooks import MissOutcome
 from nbjit.core.inputs import platforms as _platforms
 from nbjit.host import policy as _policy
 
-__all__ = ["HOST_MEMORY", "HostMemory"]
+__all__ = ["HOST_MEMORY", "HOST_STAGED", "HostMemory", "HostStaged"]
 
 
 class HostMemory(_platforms.InputStrategy):
@@ -32,5 +37,20 @@ class HostMemory(_platforms.InputStrategy):
                         outcome.leaves, outcome.args, outcome.kwargs)  # never raises
 
 
+class HostStaged(_platforms.Staged):
+    """An accelerator's strategy: host arrays staged as the core does, and
+    after a miss the host-input policy may pack the node's changing host
+    leaves into one staged put (no slots: device memory is not host memory)."""
+
+    name = "staged host memory"
+
+    def on_miss(self, outcome: MissOutcome) -> None:
+        _policy.on_miss(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
+                        outcome.leaves, outcome.args, outcome.kwargs)  # never raises
+
+
 HOST_MEMORY = HostMemory()
+HOST_STAGED = HostStaged()
 _platforms.plug_in("cpu", HOST_MEMORY)
+for _platform in ("tpu", "gpu"):
+    _platforms.plug_in(_platform, HOST_STAGED)

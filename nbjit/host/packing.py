@@ -7,8 +7,8 @@ a second executable runs:
     g(packed, *other_leaves) = f_jaxpr(*unpack(packed), *other_leaves)
 
 where `f_jaxpr` is the very jaxpr JAX traced the signature to (not a new
-trace of the Python function) and `unpack` slices and bitcasts the uint8
-buffer back into each leaf (weak types restored). Its outputs are wrapped
+trace of the Python function) and `unpack` slices and bitcasts the buffer
+(uint32 words) back into each leaf (weak types restored). Its outputs are wrapped
 by the original record's result handlers, so values, dtypes, weak types,
 shardings, committedness and the tree are the original's.
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.codegen import run_source
-from nbjit.core.inputs.staging import HostStaging
+from nbjit.core.inputs.staging import HostStaging, dma_client
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
@@ -52,6 +52,7 @@ from nbjit.host.layout import (
 __all__ = ["POOL_CAP", "compile_packed", "run_in_trace_context", "start_thread", "wait"]
 
 POOL_CAP = 64  # staging buffers pooled per packed record (calls in flight beyond: fresh ones)
+POOL_MIN = 4  # however big: a loop keeps a few calls' transfers in flight
 
 _PREPARE_TEMPLATE = """\
 def prepare(leaves):
@@ -71,7 +72,14 @@ def prepare(leaves):
 
 
 def unpack(layout: LeafLayout, packed: Any) -> Any:
-    """`layout`'s value from the uint8 buffer (traced inside `g`)."""
+    """`layout`'s value from the buffer of 32-bit words (traced inside `g`).
+
+    Words, not bytes: an accelerator lays out a byte array in tiles, and
+    regrouping every byte of a big leaf costs it far more than reading words
+    (a leaf's offset is a multiple of `ALIGN`, so of 4). A leaf of 4-byte
+    elements is its words bitcast; wider ones group words; narrower ones
+    split them and drop the padding of the last word.
+    """
     lax = jax.lax
     n = int(np.prod(layout.shape, dtype=np.int64))
     k = layout.dtype.itemsize
@@ -79,19 +87,30 @@ def unpack(layout: LeafLayout, packed: Any) -> Any:
     if n == 0:
         value = lax.full(layout.shape, 0, dtype)
     else:
-        seg = lax.slice(packed, (layout.offset,), (layout.offset + n * k,))
-        if dtype == np.bool_:
-            value = lax.ne(seg, lax.full_like(seg, 0))
-        elif dtype.kind == "c":
+        start = layout.offset // 4
+        words = lax.slice(packed, (start,), (start + -(-n * k // 4),))
+        if dtype.kind == "c":
             part = np.dtype(f"f{k // 2}")
-            parts = lax.bitcast_convert_type(seg.reshape(n, 2, k // 2), part)
-            value = lax.complex(parts[:, 0], parts[:, 1])
-        elif k == 1:
-            value = lax.bitcast_convert_type(seg, dtype)
+            parts = _from_words(words, n * 2, part)
+            value = lax.complex(parts[0::2], parts[1::2])
+        elif dtype == np.bool_:
+            value = lax.ne(_from_words(words, n, np.dtype(np.uint8)), np.uint8(0))
         else:
-            value = lax.bitcast_convert_type(seg.reshape(n, k), dtype)
+            value = _from_words(words, n, dtype)
         value = value.reshape(layout.shape)
     return _jax.with_weak_type(value, True) if layout.weak else value
+
+
+def _from_words(words: Any, n: int, dtype: np.dtype) -> Any:
+    """The first `n` elements of `dtype` held in the uint32 `words` (1-D)."""
+    lax = jax.lax
+    k = dtype.itemsize
+    if k == 4:
+        return lax.bitcast_convert_type(words, dtype)
+    if k > 4:
+        return lax.bitcast_convert_type(words.reshape(n, k // 4), dtype)
+    values = lax.bitcast_convert_type(words, dtype)  # (words, 4 // k)
+    return values.reshape(-1)[:n]
 
 
 def _packed_function(watched: Watched) -> Callable[..., Any]:
@@ -128,12 +147,13 @@ def compile_packed(watched: Watched, record: FastPath, leaves: list) -> FastPath
     others = [leaves[j] for j in range(n_leaves) if j not in packed_leaves]
     nbytes = buffer_nbytes(layouts)
     staging = HostStaging(nbytes, [(s.offset, s.shape, s.dtype) for s in layouts],
-                          max(1, min(POOL_CAP, POOL_MAX_BYTES // nbytes)))
-    aval = _jax.ShapedArray((nbytes,), np.dtype(np.uint8))
+                          min(POOL_CAP, max(POOL_MIN, POOL_MAX_BYTES // nbytes)),
+                          dma_client(watched.sharding.device_set))
+    aval = _jax.ShapedArray((nbytes // 4,), np.dtype(np.uint32))
     sharding = watched.sharding
     devices = list(sharding.device_set)
     # The example's values never matter (its outputs are dropped): zeros.
-    example = _jax.batched_device_put(aval, sharding, [np.zeros(nbytes, np.uint8)], devices,
+    example = _jax.batched_device_put(aval, sharding, [np.zeros(nbytes // 4, np.uint32)], devices,
                                       False, False, _jax.COPY_DURING_CALL)
     jitted = _jax.jax_jit(_packed_function(watched), **watched.options)
     counters, start = watched.counters, time.perf_counter()

@@ -8,10 +8,12 @@ this order: resident slots (`nbjit.host.resident`: no compile, no transfer;
 where a zero-copy put aliases host memory, i.e. the CPU), else packing
 (`nbjit.host.packing`: one put and a second executable).
 
-`on_miss` (called by the CPU's input strategy, `nbjit.host.HostMemory`,
-after each miss on a CPU device) arms a `HostPolicy` for a freshly linked
-node whose record has a host leaf that qualifies (`SLOT_MAX_BYTES` each,
-`TOTAL_MAX_BYTES` together, a dtype in `PACKABLE`), all inputs and outputs on one device, no
+`on_miss` (called by the input strategies of `nbjit.host` after each miss:
+`HostMemory` on a CPU device, `HostStaged` on an accelerator) arms a
+`HostPolicy` for a freshly linked node whose record has a host leaf that
+qualifies (`SLOT_MAX_BYTES` each, `TOTAL_MAX_BYTES` together; where host
+arrays are staged, an accelerator, `STAGED_PACK_MAX_BYTES` in all and no
+slots; a dtype in `PACKABLE`), all inputs and outputs on one device, no
 donation, no explicit in/out shardings; packing needs two such leaves (one
 leaf would still cost one put). Never: donation, effects (no fast path at
 all), debug_nans/infs (those calls never reach a record), more than one
@@ -74,12 +76,17 @@ from nbjit.host import packing as _packing
 from nbjit.host import resident as _resident
 from nbjit.host.layout import PACKABLE, LeafLayout, Watched, host_counters, python_type
 
-__all__ = ["PACK_AFTER", "RESIDENT_MAX_BYTES", "SLOT_MAX_BYTES", "TOTAL_MAX_BYTES",
-           "TRANSITIONS", "HostPolicy", "Stage", "enabled", "on_miss", "set_enabled"]
+__all__ = ["PACK_AFTER", "RESIDENT_MAX_BYTES", "SLOT_MAX_BYTES", "STAGED_PACK_MAX_BYTES",
+           "TOTAL_MAX_BYTES", "TRANSITIONS", "HostPolicy", "Stage", "enabled", "on_miss",
+           "set_enabled"]
 
 PACK_AFTER = 8  # new host values seen (within 2 * PACK_AFTER calls) before arming
 SLOT_MAX_BYTES = 64 << 10  # a bigger host leaf is not packed (its own put)
 TOTAL_MAX_BYTES = 256 << 10  # all packed leaves of a signature together
+# Where host arrays are staged (an accelerator: `nbjit.core.inputs.platforms.Staged`)
+# each is copied into staging anyway: packing costs no copy more and saves a
+# put per leaf, whatever the leaf's size, up to this in all.
+STAGED_PACK_MAX_BYTES = 16 << 20
 # All resident leaves of a signature together (one slot's staging): any host
 # leaf bound for one device fits while the signature's total stays within.
 RESIDENT_MAX_BYTES = 16 << 20
@@ -401,11 +408,16 @@ def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: li
         return
     leaf_of = {h.index: h.index - n_consts if record.kept is None
                else record.kept[h.index - n_consts] for h in hosts}
-    layouts = _layouts(hosts, leaf_of, leaves, SLOT_MAX_BYTES, TOTAL_MAX_BYTES)
+    staged = hosts[0].transfer.stage is not None  # (all of one device: one strategy)
+    if staged:
+        layouts = _layouts(hosts, leaf_of, leaves, STAGED_PACK_MAX_BYTES, STAGED_PACK_MAX_BYTES)
+    else:
+        layouts = _layouts(hosts, leaf_of, leaves, SLOT_MAX_BYTES, TOTAL_MAX_BYTES)
     # Slots (where a zero-copy put aliases host memory: the CPU) hold bigger
     # leaves too; where puts copy (a GPU) a big leaf keeps its put, which
     # is a copy to the device in any case.
-    resident = RESIDENT and all(d.platform == "cpu" for d in sharding.device_set)
+    resident = (RESIDENT and not staged
+                and all(d.platform == "cpu" for d in sharding.device_set))
     resident_layouts = (_layouts(hosts, leaf_of, leaves, RESIDENT_MAX_BYTES, RESIDENT_MAX_BYTES)
                         if resident else [])
     if not layouts and not resident_layouts:

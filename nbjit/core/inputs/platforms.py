@@ -19,13 +19,24 @@ A strategy (`InputStrategy`) changes two things, and nothing else:
   * `on_miss(outcome)`: after a miss installed a node with a record, an
     optimisation may arm itself for that node (it must not raise).
 
+`STAGED` is the core's own way for a device with memory of its own (an
+accelerator): there a put that copies while the call runs waits for the
+transfer, and a put of the caller's array (what jax.jit does) reads it
+after the call returns, so a write right after the call can change the
+result. A `Staged` transfer copies the array into a private buffer of the
+step's `StagingRing` and puts that zero copy: the call returns while the
+transfer runs, and nothing the caller writes afterwards is read.
+
 The table, `strategy_for(platform)`:
 
   * "cpu": the host-memory strategy of `nbjit.host` (the host-input policy:
     resident slots, packing), plugged in when ``import nbjit`` imports
     that room (`plug_in`); the CPU's device memory is host memory, which
     the device can read in place. Without it, `DEFAULT`.
-  * every other platform: `DEFAULT`.
+  * "tpu", "gpu": `nbjit.host`'s staged strategy (`STAGED`'s transfer, and
+    packing of a signature's changing host leaves into one put), plugged
+    in likewise. Without it, `STAGED`.
+  * every other platform: `STAGED`.
 
 A record's host inputs take the strategy of their sharding's platform
 (`platform_of`); a miss's `on_miss` is that of its executable's first input.
@@ -41,9 +52,10 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.hooks import MissOutcome
+from nbjit.core.inputs.staging import StagingRing, dma_client
 
-__all__ = ["DEFAULT", "DIRECT", "HostTransfer", "InputStrategy", "after_miss", "platform_of",
-           "plug_in", "strategy_for"]
+__all__ = ["DEFAULT", "DIRECT", "STAGED", "HostTransfer", "InputStrategy", "Staged",
+           "after_miss", "platform_of", "plug_in", "strategy_for"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,6 +95,23 @@ class InputStrategy:
 
 DEFAULT = InputStrategy()
 
+
+class Staged(InputStrategy):
+    """A device with memory of its own: each numpy array is copied into a
+    private staging buffer (its step's own `StagingRing`, registered for DMA
+    where the runtime can) and put zero copy (see the module's docstring)."""
+
+    name = "staged"
+    RING_CAP = 8  # buffers per step: calls whose transfers are in flight each hold one
+
+    def host_transfer(self, aval: Any, sharding: Any) -> HostTransfer:
+        ring = StagingRing(tuple(aval.shape), np.dtype(aval.dtype), self.RING_CAP,
+                           dma_client(sharding.device_set))
+        return HostTransfer(_jax.ZERO_COPY, ring.stage)
+
+
+STAGED = Staged()
+
 # platform -> the strategy plugged in for it (see the module's docstring)
 _plugged: dict[str, InputStrategy] = {}
 
@@ -97,8 +126,12 @@ def plug_in(platform: str, strategy: InputStrategy | None) -> None:
 
 
 def strategy_for(platform: str) -> InputStrategy:
-    """The strategy of `platform`'s devices: the one plugged in, else `DEFAULT`."""
-    return _plugged.get(platform, DEFAULT)
+    """The strategy of `platform`'s devices: the one plugged in, else `DEFAULT`
+    on the CPU and `STAGED` on any other."""
+    strategy = _plugged.get(platform)
+    if strategy is None:
+        return DEFAULT if platform == "cpu" else STAGED
+    return strategy
 
 
 def platform_of(sharding: Any) -> str:

@@ -12,6 +12,7 @@ count shows that nothing else (no live array, no transfer) holds it.
 from __future__ import annotations
 
 import collections
+import mmap
 import os
 import sys
 import threading
@@ -21,11 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from nbjit import _jax
 from nbjit._common import ALIGN, align_up
 
-__all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "HostStaging", "clear_staging_pool",
-           "copy_parts", "host_staging_size", "kernels_or_background", "load_kernels",
-           "parallel_copy", "split_copy", "staging_buffer", "staging_pool_size"]
+__all__ = ["DMA_MAP_MIN_BYTES", "PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "HostStaging",
+           "StagingRing", "clear_staging_pool", "copy_parts", "dma_client", "host_staging_size",
+           "kernels_or_background", "load_kernels", "mapped_empty", "parallel_copy", "split_copy",
+           "staging_buffer", "staging_pool_size"]
 
 # Big arrays: from PARALLEL_COPY_MIN_BYTES the copy into staging is split
 # into chunks of about _COPY_CHUNK_BYTES that this thread and up to
@@ -44,6 +47,15 @@ COPY_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_
 
 _COPY_CHUNK_BYTES = 2 << 20  # the copy threads claim chunks of about this size
 _MAX_COPY_CHUNKS = 64
+
+# Staging buffers from DMA_MAP_MIN_BYTES bound for a device with memory of
+# its own are registered with its runtime for DMA where it can (`mapped_empty`):
+# its transfer then reads them directly instead of copying them first into
+# memory of its own. ``NBJIT_DMA_MAP=0`` (read at import) turns it off.
+DMA_MAP_MIN_BYTES = 1 << 20
+_PAGE = 4096
+dma_mapping = os.environ.get("NBJIT_DMA_MAP", "1").strip().lower() not in (
+    "0", "false", "no", "off")
 
 _kernels: Any = None  # nbjit._kernels once loaded
 _kernels_lock = threading.Lock()
@@ -259,6 +271,33 @@ def parallel_copy(parts: list[_CopyPart], x: np.ndarray, staging: np.ndarray,
     run.wait()
 
 
+def dma_client(devices: Any) -> Any:
+    """The runtime client to register staging for `devices` with (see
+    `mapped_empty`): None on the CPU, whose memory is host memory."""
+    device = next(iter(devices))
+    return None if device.platform == "cpu" else device.client
+
+
+def mapped_empty(nbytes: int, client: Any = None) -> np.ndarray:
+    """A uint8 array of at least `nbytes` that views of it keep alive (their `base`).
+
+    With a `client` (a device with memory of its own), from
+    DMA_MAP_MIN_BYTES, its memory is an anonymous mapping of its own (page
+    aligned), registered with the client for DMA where the client can, and
+    unregistered before it is unmapped (the array dies first: every view,
+    and a transfer reading it, holds it alive).
+    """
+    if client is None or not dma_mapping or nbytes < DMA_MAP_MIN_BYTES:
+        return np.empty(nbytes, np.uint8)
+    size = align_up(nbytes, _PAGE)
+    memory = mmap.mmap(-1, size)
+    array = np.frombuffer(memory, np.uint8)  # (views of it stop at it: base collapsing)
+    address = array.__array_interface__["data"][0]
+    if _jax.dma_map(client, address, size):
+        weakref.finalize(array, _jax.dma_unmap, client, address)
+    return array
+
+
 def _refcounts(buffers: list[np.ndarray]) -> list[int]:
     return [sys.getrefcount(raw) for raw in buffers]
 
@@ -270,7 +309,7 @@ _pool_bytes = 0
 _pool_lock = threading.Lock()
 
 
-def staging_buffer(size: int) -> np.ndarray:
+def staging_buffer(size: int, client: Any = None) -> np.ndarray:
     """A uint8 buffer of `size` bytes that nothing else uses.
 
     From STAGING_POOL_MIN_BYTES, one of the pooled buffers of that size that
@@ -286,7 +325,7 @@ def staging_buffer(size: int) -> np.ndarray:
         for raw, count in zip(buffers, _refcounts(buffers), strict=True):
             if count == _FREE_REFCOUNT:
                 return raw
-        raw = np.empty(size, np.uint8)
+        raw = mapped_empty(size, client)
         if len(buffers) < _STAGING_POOL_PER_SIZE and _pool_bytes + size <= _STAGING_POOL_MAX_BYTES:
             buffers.append(raw)
             _pool_bytes += size
@@ -301,7 +340,7 @@ class HostStaging:
     one but the pool holds it (with zero copy the runtime holds one
     reference to the array it was given for as long as any device buffer,
     computation or view reads that memory). Each item is
-    ``(staging, *leaf views)``: the staging array is a 64-byte-aligned view
+    ``(staging, *leaf views)``: the staging array (uint32 words) is a 64-byte-aligned view
     of its allocation, the leaf views are views of that allocation too, so
     a reference to the staging array itself is the runtime's alone.
 
@@ -311,17 +350,19 @@ class HostStaging:
     (never reused, so never overwritten while read).
     """
 
-    __slots__ = ("nbytes", "layouts", "cap", "free", "made", "spare", "__weakref__")
+    __slots__ = ("nbytes", "layouts", "cap", "free", "made", "spare", "client", "__weakref__")
 
-    CHUNK = 16  # items allocated at once
+    CHUNK = 16  # items allocated at once (fewer where that passes CHUNK_BYTES)
+    CHUNK_BYTES = 1 << 20
 
     # A free item's staging array as `getrefcount(item[0])` sees it: the
     # item tuple's reference and the call's argument.
     FREE_REFCOUNT = 2
 
     def __init__(self, nbytes: int, layouts: list[tuple[int, tuple[int, ...], np.dtype]],
-                 cap: int) -> None:
+                 cap: int, client: Any = None) -> None:
         self.nbytes = nbytes
+        self.client = client  # (a device with memory of its own: see `mapped_empty`)
         # (start, stop, shape, dtype) of each leaf's view, from (offset, shape, dtype)
         self.layouts = [(offset, offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
                          shape, dtype) for offset, shape, dtype in layouts]
@@ -339,12 +380,14 @@ class HostStaging:
             # Made `CHUNK` at a time: reading an allocation's address costs more
             # than making it. Each item's views are of the chunk (their base).
             stride = self.nbytes
-            raw = np.zeros(stride * self.CHUNK + ALIGN, np.uint8)
+            chunk = max(1, min(self.CHUNK, self.CHUNK_BYTES // stride))
+            raw = mapped_empty(stride * chunk + ALIGN, self.client)
+            raw[...] = 0
             address = raw.__array_interface__["data"][0]
             skip = align_up(address) - address
-            for k in range(self.CHUNK):
+            for k in range(chunk):
                 at = skip + k * stride
-                spare.append((raw[at:at + stride],
+                spare.append((raw[at:at + stride].view(np.uint32),
                               *[raw[at + start:at + stop].view(dtype).reshape(shape)
                                 for start, stop, shape, dtype in self.layouts]))
         try:
@@ -382,6 +425,7 @@ class HostStaging:
 
 
 _host_stagings: weakref.WeakSet[HostStaging] = weakref.WeakSet()
+_rings: weakref.WeakSet[StagingRing] = weakref.WeakSet()  # (the class is below)
 
 
 def host_staging_size() -> int:
@@ -398,8 +442,85 @@ def clear_staging_pool() -> None:
         _pool_bytes = 0
         for staging in _host_stagings:
             staging.clear()
+        for ring in _rings:
+            ring.clear()
 
 
 def staging_pool_size() -> int:
     """Pooled staging buffers (free or in use)."""
     return sum(len(b) for b in _pool.values())
+
+
+class StagingRing:
+    """Private copies of one host leaf, for zero-copy puts to a device with
+    memory of its own (an accelerator).
+
+    There a put of the caller's array reads it after the call returns (the
+    transfer is asynchronous), so a write right after the call could change
+    the result; a put that copies during the call waits for the transfer.
+    A step instead copies the leaf into one of these buffers (`stage`) and
+    puts that, zero copy: the call returns while the transfer runs, and no
+    one but the runtime reads the buffer. The runtime keeps one reference to
+    the buffer while anything may still read it, so a buffer is written
+    again only when its reference count shows the ring's alone (the rule
+    every staging pool here follows); with none free a new one is made,
+    kept while the ring holds fewer than `cap`.
+
+    `free` is rotated with ``popleft``/``append`` (atomic under the GIL: a
+    buffer out of the deque is seen by one thread only); the buffer goes
+    back before the put, which is safe because the caller's own reference
+    (the put's argument) keeps its count above the free mark until the
+    runtime holds its own.
+    """
+
+    __slots__ = ("shape", "dtype", "nbytes", "cap", "free", "made", "client", "__weakref__")
+
+    # A free buffer as `getrefcount(candidate)` sees it in `stage`: the
+    # deque, the local name and the call's argument.
+    FREE_REFCOUNT = 3
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, cap: int,
+                 client: Any = None) -> None:
+        self.client = client  # (see `mapped_empty`)
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+        self.cap = max(1, cap)
+        self.free: collections.deque = collections.deque()
+        self.made = 0
+        with _pool_lock:
+            _rings.add(self)
+
+    def _new(self) -> np.ndarray:
+        raw = mapped_empty(self.nbytes + ALIGN, self.client)
+        address = raw.__array_interface__["data"][0]
+        skip = align_up(address) - address
+        return raw[skip:skip + self.nbytes].view(self.dtype).reshape(self.shape)
+
+    def stage(self, x: Any) -> np.ndarray:
+        """A private buffer holding `x` converted to the ring's dtype (numpy's
+        ``astype`` conversion, as jaxlib's own of a host array)."""
+        free = self.free
+        buffer = None
+        for _ in range(len(free)):
+            try:
+                candidate = free.popleft()
+            except IndexError:
+                break
+            free.append(candidate)
+            if sys.getrefcount(candidate) == self.FREE_REFCOUNT:
+                buffer = candidate
+                break
+            del candidate
+        if buffer is None:
+            buffer = self._new()
+            if self.made < self.cap:
+                self.made += 1
+                free.append(buffer)
+        np.copyto(buffer, x, casting="unsafe")
+        return buffer
+
+    def clear(self) -> None:
+        """Lets go of the ring's buffers (those a transfer reads stay alive there)."""
+        self.free.clear()
+        self.made = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from nbjit import _jax
@@ -83,16 +84,19 @@ def host_dtype(x: Any, canonical: dict) -> np.dtype | None:
 # ---------------------------------------------------------------------------
 # Private copies for JAX's own path
 
-# Up to this size a copy costs less than reading the array's address; above it
-# only a 64-byte-aligned array is copied (jaxlib copies any other itself
-# while the call runs: it never uses it in place).
+# Up to this size a copy costs less than reading the array's address; above it,
+# on the CPU, only a 64-byte-aligned array is copied (jaxlib copies any other
+# itself while the call runs: it never uses it in place). Where the default
+# device has memory of its own (an accelerator) every array is copied: its
+# transfer reads the caller's array after the call returns.
 PRIVATE_COPY_ALWAYS_BYTES = 64 << 10
 
 
-def _private_leaf(x: Any) -> Any:
+def _private_leaf(x: Any, every: bool) -> Any:
     if type(x) is not np.ndarray:
         return x
-    if x.nbytes <= PRIVATE_COPY_ALWAYS_BYTES or x.__array_interface__["data"][0] % ALIGN == 0:
+    if (every or x.nbytes <= PRIVATE_COPY_ALWAYS_BYTES
+            or x.__array_interface__["data"][0] % ALIGN == 0):
         return x.copy()
     return x
 
@@ -102,13 +106,15 @@ def private_host_copies(args: tuple, kwargs: dict, static_positions: Sequence[in
     """`args` and `kwargs` with every numpy array among the dynamic ones copied.
 
     JAX's own path (a miss, a slow call) uses a 64-byte-aligned numpy array
-    in place on CPU, so a caller writing into it after the call could change
+    in place on CPU, and on an accelerator reads any numpy array after the
+    call returns, so a caller writing into it after the call could change
     the result; a private copy cannot be written by anyone. Static arguments
     are left alone (they enter keys by ``==``). Arguments with no numpy
     array in them are returned as they are (same objects).
     """
-    changed_args = _private_changes(enumerate(args), static_positions)
-    changed_kwargs = _private_changes(kwargs.items(), static_names)
+    every = jax.default_backend() != "cpu"
+    changed_args = _private_changes(enumerate(args), static_positions, every)
+    changed_kwargs = _private_changes(kwargs.items(), static_names, every)
     if changed_args:
         args = tuple(changed_args.get(i, x) for i, x in enumerate(args))
     if changed_kwargs:
@@ -116,24 +122,24 @@ def private_host_copies(args: tuple, kwargs: dict, static_positions: Sequence[in
     return args, kwargs
 
 
-def _private_changes(items: Any, static: Sequence[Any]) -> dict:
+def _private_changes(items: Any, static: Sequence[Any], every: bool) -> dict:
     """position or name -> private copy, for the dynamic arguments with numpy in them."""
     changed = {}
     for where, x in items:
         t = type(x)
         if t is ArrayImpl or t in PYTHON_SCALARS or where in static:
             continue
-        y = _private_tree(x)
+        y = _private_tree(x, every)
         if y is not x:
             changed[where] = y
     return changed
 
 
-def _private_tree(x: Any) -> Any:
+def _private_tree(x: Any, every: bool) -> Any:
     if type(x) is np.ndarray:
-        return _private_leaf(x)
+        return _private_leaf(x, every)
     leaves, treedef = _jax.flatten_for_dispatch(x)
-    private = [_private_leaf(leaf) for leaf in leaves]
+    private = [_private_leaf(leaf, every) for leaf in leaves]
     if all(p is leaf for p, leaf in zip(private, leaves, strict=True)):
         return x
     return treedef.unflatten(private)

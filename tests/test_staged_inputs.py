@@ -1,0 +1,169 @@
+"""Host arrays on a device with memory of its own (an accelerator): staged.
+
+There a numpy input is copied into a private staging buffer and put zero
+copy (`nbjit.core.inputs.platforms.Staged`: each `HostInput` its own
+`StagingRing`), packed with the signature's other host leaves when they keep
+changing (`nbjit.host.HostStaged` and `nbjit.host.packing`, uint32 words),
+and JAX's own path copies every numpy array. On the CPU these tests run the
+same code with the accelerator's strategy plugged in for "cpu", and compare
+every output with jax.jit's.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _diff import assert_same_outputs, steps_of
+
+import nbjit
+from nbjit import _jax, host
+from nbjit.core.inputs import platforms as _platforms
+from nbjit.core.inputs import staging as _staging
+from nbjit.core.inputs import values as _values
+from nbjit.host import packing as _packing
+from nbjit.host import policy as _policy
+
+
+@pytest.fixture
+def staged(monkeypatch):
+    monkeypatch.setitem(_platforms._plugged, "cpu", host.HOST_STAGED)
+
+
+def _rings(f, *args):
+    return [h.transfer.stage.__self__ for h in steps_of(f, *args)["HostInput"]]
+
+
+def test_host_inputs_are_staged_and_give_jax_jits_outputs(staged):
+    fn = lambda a, b, s: (a * s + b, jnp.sum(a), b.astype(jnp.int32))  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        a = rng.standard_normal((16, 8)).astype(np.float32)
+        b = rng.standard_normal(8)  # float64: converted as jaxlib converts it
+        assert_same_outputs(f(a, b, 1.5), g(a, b, 1.5))
+    rings = _rings(f, a, b, 1.5)
+    assert len(rings) == 3 and all(isinstance(r, _staging.StagingRing) for r in rings)
+    assert rings[0].made >= 1 and rings[0].dtype == np.float32
+    assert rings[1].dtype == np.float32  # (x64 off: the canonical dtype)
+
+
+def test_a_write_right_after_the_call_changes_no_result(staged):
+    fn = lambda a: jnp.sum(jnp.sin(a) * 2.0)  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    for n in (7, 2048, 1 << 16):
+        want = g(np.full(n, 1.0, np.float32))
+        for _ in range(5):
+            x = np.full(n, 1.0, np.float32)
+            out = f(x)
+            x[:] = 5.0
+            assert_same_outputs(out, want)
+
+
+def test_a_staging_buffer_is_written_again_only_once_nothing_holds_it(staged):
+    f = nbjit.jit(lambda a: a + 1)
+    x = np.arange(64, dtype=np.float32)
+    f(x)
+    (ring,) = _rings(f, x)
+    held = ring.stage(x)  # a holder, as the runtime holds a buffer a transfer reads
+    for i in range(3 * ring.cap):
+        y = np.full(64, i, np.float32)
+        assert_same_outputs(f(y), jax.jit(lambda a: a + 1)(y))
+        assert held is not ring.stage(y) or sys.getrefcount(held) <= 3
+    assert np.array_equal(held, x)  # never overwritten while held
+    assert ring.made <= ring.cap
+
+
+def test_ring_stays_bounded_in_a_loop(staged):
+    f = nbjit.jit(lambda a, b: a @ b)
+    b = np.eye(32, dtype=np.float32)
+    outs = []
+    for i in range(100):
+        outs.append(f(np.full((32, 32), i, np.float32), b))
+        _jax.collect_garbage()
+    jax.block_until_ready(outs)
+    for ring in _rings(f, np.zeros((32, 32), np.float32), b):
+        assert ring.made <= ring.cap
+    for i, out in enumerate(outs):
+        assert float(out[0, 0]) == float(i)
+
+
+def test_new_values_every_call_are_packed_in_words(staged):
+    """Two changing host leaves, one big (past the CPU's packing limit): one
+    put per call once packed; bool, int8, float16 and complex leaves come
+    back bit for bit from uint32 words."""
+    def fn(x, m, c, h, k):
+        return x * 2, jnp.where(m, c, 0), h.astype(jnp.float32) + k
+
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    rng = np.random.default_rng(1)
+
+    def args(i):
+        return (rng.standard_normal((300, 700)).astype(np.float32),  # past 64 KiB
+                rng.integers(0, 2, 13).astype(bool),
+                (rng.standard_normal(13) + 1j * rng.standard_normal(13)).astype(np.complex64),
+                rng.standard_normal(5).astype(np.float16), rng.integers(-9, 9, 5).astype(np.int8))
+
+    for i in range(3 * _policy.PACK_AFTER):
+        if i == 2 * _policy.PACK_AFTER:
+            assert _packing.wait(120)
+        a = args(i)
+        assert_same_outputs(f(*a), g(*a))
+    node, _ = f._entry_for(a, {})
+    assert node.plan.stage is _policy.Stage.PACKED
+    assert f.stats().packed_compiles == 1 and f.stats().resident == 0
+
+
+def test_jax_path_copies_every_numpy_array_on_an_accelerator(monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    x = np.empty((1 << 15) + 3, np.float32)[3:]  # > 64 KiB and not 64-byte aligned
+    assert x.__array_interface__["data"][0] % 64
+    (copy,), _ = _values.private_host_copies((x,), {}, (), ())
+    assert copy is not x and np.shares_memory(copy, x) is False
+
+
+class _FakeClient:
+    def __init__(self):
+        self.mapped: dict[int, int] = {}
+
+    def dma_map(self, address, size):
+        assert address % 4096 == 0 and size % 4096 == 0
+        self.mapped[address] = size
+
+    def dma_unmap(self, address):
+        del self.mapped[address]
+
+
+def test_big_staging_is_mapped_for_dma_and_unmapped_before_it_is_freed():
+    client = _FakeClient()
+    raw = _staging.mapped_empty(_staging.DMA_MAP_MIN_BYTES + 5, client)
+    assert raw.nbytes >= _staging.DMA_MAP_MIN_BYTES + 5
+    view = raw[64:128]
+    assert view.base is raw  # views keep the mapped array alive (the refcount rule)
+    assert len(client.mapped) == 1
+    del raw
+    gc.collect()
+    assert len(client.mapped) == 1  # a view still reads it
+    del view
+    gc.collect()
+    assert client.mapped == {}
+    small = _staging.mapped_empty(4096, client)  # below the threshold: not mapped
+    assert client.mapped == {} and small.nbytes == 4096
+
+
+def test_a_client_that_cannot_map_is_not_asked_again():
+    class Refusing:
+        calls = 0
+
+        def dma_map(self, address, size):
+            Refusing.calls += 1
+            raise RuntimeError("UNIMPLEMENTED")
+
+    client = Refusing()
+    for _ in range(3):
+        assert _staging.mapped_empty(_staging.DMA_MAP_MIN_BYTES, client).nbytes
+    assert Refusing.calls == 1
