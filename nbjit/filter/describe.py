@@ -44,13 +44,7 @@ def describe_filter_call(static: tuple, arrays: list,
             else:
                 statics.append((leaf_path, type(leaf), leaf))
     names = tuple(sorted(kwargs))
-    word, flag = _explain.word_of, _explain.flag_of
-    row = [len(leaves), word((len(args), tuple(structure))), word(names),
-           word(tuple(statics)), word(context)]
-    for leaf in leaves:
-        row += (word(leaf.path), word(leaf.kind), word(leaf.dtype), flag(leaf.weak_type),
-                flag(leaf.committed), word(leaf.sharding),
-                -1 if leaf.shape is None else len(leaf.shape), word(leaf.shape))
+    row = _explain.pack_row(leaves, statics, len(args), structure, names, context)
     return _explain.CallDescription(
         tuple(leaves), tuple(statics), names, tuple(structure), context, tuple(row),
         np.array(row, dtype=np.int64), next(_explain.description_serials), len(args),

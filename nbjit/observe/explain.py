@@ -9,9 +9,12 @@ description: the cost is paid on misses only, never on hits. While
 (or held) entries logs one WARNING on the ``nbjit`` logger (`miss_done`) naming
 the function, the call site, and what differs from the closest cached
 signature, whether the signature had been evicted by the LRU, and whether
-JAX compiled anything new for it. A changed pytree structure is named by the
-node where the treedefs part (``args[0].scale (static field): 1.0 -> 2.0``:
-`nbjit.observe.names.structure_difference`), in at most 120 characters.
+JAX compiled anything new for it. Every field that differs is named: a
+changed pytree structure by each node where the treedefs part
+(``args[0].scale (static field): 1.0 -> 2.0``:
+`nbjit.observe.names.node_differences`), in at most 120 characters each;
+a leaf of another kind by its kind, and by its dtype and shape where those
+changed too.
 
 Every miss is explained and timed, logged or not: `ranked_misses()` groups
 them by function, call site and differing fields, costliest first, and
@@ -19,7 +22,8 @@ them by function, call site and differing fields, costliest first, and
 naming them.
 
 The closest entry among many (shape churn leaves thousands) is the one
-with the fewest differing fields (leaves matched by path; ties: the newest),
+with the fewest differing fields, each static argument, leaf field and
+structural change counted (leaves matched by path; ties: the newest),
 found over packed int64 rows: by a Python loop for small caches
 (`nbjit.observe.distance`, which loads no numba), by one Numba kernel call over
 all rows (`_kernels.description_distances`) from `NUMBA_CLOSEST_MIN_WORDS`
@@ -52,8 +56,9 @@ from nbjit.observe.table import Table
 
 logger = logging.getLogger("nbjit")
 
-__all__ = ["CallDescription", "LeafDescription", "describe_call", "explain",
-           "explain_misses", "enabled"]
+__all__ = ["CallDescription", "LeafDescription", "RankedMiss", "RankedMisses",
+           "assert_max_misses", "describe_call", "enabled", "explain", "explain_misses",
+           "pack_row", "ranked_misses", "reset_ranked_misses"]
 
 # The crossover: the Numba call has a fixed cost that the Python loop, whose
 # cost grows per packed word, overtakes from about this many words on.
@@ -193,12 +198,7 @@ def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
         else:
             _flatten_argument(f"kwargs[{name!r}]", kwargs[name], leaves, structure, treedefs)
     names = tuple(sorted(kwargs))
-    row = [len(leaves), word_of((len(args), tuple(structure))), word_of(names),
-           word_of(tuple(statics)), word_of(context)]
-    for leaf in leaves:
-        row += (word_of(leaf.path), word_of(leaf.kind), word_of(leaf.dtype),
-                flag_of(leaf.weak_type), flag_of(leaf.committed), word_of(leaf.sharding),
-                -1 if leaf.shape is None else len(leaf.shape), word_of(leaf.shape))
+    row = pack_row(leaves, statics, len(args), structure, names, context)
     return CallDescription(tuple(leaves), tuple(statics), names, tuple(structure), context,
                            tuple(row), np.array(row, dtype=np.int64), next(description_serials),
                            len(args), tuple(treedefs))
@@ -209,6 +209,35 @@ description_serials = itertools.count(1)  # next() is atomic under the GIL
 
 def flag_of(value: bool | None) -> int:
     return -1 if value is None else int(value)
+
+
+# Header words a distance compares that may stand for more than one named
+# field (`_closest_entries` counts those fields when they differ).
+STRUCTURE_WORD, CONTEXT_WORD = 1, 3
+NO_DTYPE = 0  # the dtype word of a leaf with none (a static, a Python object)
+
+
+def pack_row(leaves: Sequence[LeafDescription], statics: Sequence[tuple[str, type, Any]],
+             positional: int, structure: Sequence[tuple[str, str]], names: tuple[str, ...],
+             context: tuple) -> list[int]:
+    """A call description's packed row (layout: `nbjit.observe.distance`).
+
+    Dynamic leaves first, then each static value as a leaf of its own: its
+    kind the static's exact type, its value's hash where a leaf's shape
+    goes, so a changed static counts one field, as `field_differences`
+    names it."""
+    row = [len(leaves) + len(statics), word_of((positional, tuple(structure))), word_of(names),
+           word_of(context)]
+    for leaf in leaves:
+        row += (word_of(leaf.path), word_of(leaf.kind),
+                NO_DTYPE if leaf.dtype is None else word_of(leaf.dtype),
+                flag_of(leaf.weak_type), flag_of(leaf.committed), word_of(leaf.sharding),
+                -1 if leaf.shape is None else len(leaf.shape), word_of(leaf.shape))
+    for path, kind, value in statics:
+        row += (word_of(path), word_of(("static", kind)), NO_DTYPE, -1, -1, 0, -1,
+                word_of(value))
+    return row
+
 
 
 # ---------------------------------------------------------------------------
@@ -225,13 +254,33 @@ def closest(new: CallDescription, cached: Sequence[CallDescription]) -> tuple[in
     loading numba pays off): every miss is explained for `ranked_misses`, and
     loading numba is slow, so small caches never pay for it.
     """
-    words = len(cached) * len(new.row)
-    if words < NUMBA_CLOSEST_MIN_WORDS or (
-            words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
+    if _in_python(new, cached):
         return _distance.closest_python(new.row, [d.row for d in cached])
     from nbjit import _kernels  # deferred: importing numba is slow (see above)
 
     return _kernels.closest_numba(new.array, [d.array for d in cached])
+
+
+def _in_python(new: CallDescription, cached: Sequence[CallDescription]) -> bool:
+    """Whether distances to `cached` are counted by the Python loop rather than
+    the Numba kernel: below the crossover, or below `PYTHON_CLOSEST_MAX_WORDS`
+    while numba is not loaded yet."""
+    words = len(cached) * len(new.row)
+    return words < NUMBA_CLOSEST_MIN_WORDS or (
+        words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules)
+
+
+def _distances(new: CallDescription, cached: Sequence[CallDescription]) -> np.ndarray:
+    """The packed distance (`nbjit.observe.distance`) of `new` to each of `cached`."""
+    if _in_python(new, cached):
+        return np.array([_distance.description_distance_python(new.row, d.row)
+                         for d in cached], dtype=np.int64)
+    from nbjit import _kernels
+
+    rows = [d.array for d in cached]
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([r.shape[0] for r in rows], out=offsets[1:])
+    return _kernels.description_distances(new.array, np.concatenate(rows), offsets)
 
 
 def by_age(descriptions: Sequence[CallDescription]) -> list[CallDescription]:
@@ -256,12 +305,20 @@ def _weak_text(weak: bool | None) -> str:
 def _leaf_differences(old: LeafDescription, new: LeafDescription) -> list[tuple[str, str]]:
     p = new.path
     if old.kind != new.kind:
+        # Another kind: its committedness, sharding and weak type follow from
+        # the kind; a dtype or shape that both have and that changed too is
+        # named as well (numpy f32[8,8] -> jax.Array f32[16,8]: both fields).
         text = f"{p}: kind {old.kind} -> {new.kind}"
         if old.weak_type is not None and new.weak_type is not None \
                 and old.weak_type != new.weak_type:
             text += (f" (the weak type changed: {_weak_text(old.weak_type)} -> "
                      f"{_weak_text(new.weak_type)}; {_WEAK_TYPE_FIX})")
-        return [(f"{p}: kind", text)]
+        changed = [(f"{p}: kind", text)]
+        if old.dtype is not None and new.dtype is not None and old.dtype != new.dtype:
+            changed.append((f"{p}: dtype", f"{p}: dtype {aval_text(old)} -> {aval_text(new)}"))
+        if old.shape is not None and new.shape is not None and old.shape != new.shape:
+            changed.append((f"{p}: shape", f"{p}: shape {aval_text(old)} -> {aval_text(new)}"))
+        return changed
     out = []
     if old.dtype != new.dtype:
         out.append((f"{p}: dtype", f"{p}: dtype {aval_text(old)} -> {aval_text(new)}"))
@@ -310,8 +367,12 @@ def field_differences(old: CallDescription, new: CallDescription) -> list[tuple[
                     f"positional argument count {old_args} -> {new_args}"))
     out += structure_differences(old, new)
     old_statics = {p: (t, v) for p, t, v in old.statics}
+    old_leaves = {leaf.path: leaf for leaf in old.leaves}
     for path, kind, value in new.statics:
         if path not in old_statics:
+            if path in old_leaves:  # filter_jit: an array before, a static value now
+                out.append((f"{path}: kind", f"{path}: kind {old_leaves[path].kind} -> "
+                                             f"static {kind.__name__}"))
             continue
         old_kind, old_value = old_statics[path]
         if old_kind is not kind:
@@ -323,11 +384,13 @@ def field_differences(old: CallDescription, new: CallDescription) -> list[tuple[
                       else f"{old_text} -> {new_text}")
             out.append((f"{path}: static argument value",
                         f"{path}: static argument value {change}"))
-    old_leaves = {leaf.path: leaf for leaf in old.leaves}
     for leaf in new.leaves:
         before = old_leaves.get(leaf.path)
         if before is not None:
             out += _leaf_differences(before, leaf)
+        elif leaf.path in old_statics:  # filter_jit: a static value before, an array now
+            was = old_statics[leaf.path][0].__name__
+            out.append((f"{leaf.path}: kind", f"{leaf.path}: kind static {was} -> {leaf.kind}"))
     out += _context_differences(old.context, new.context)
     return out
 
@@ -380,24 +443,27 @@ def _closest_entries(new: CallDescription, cached: Sequence[CallDescription]
     first (the same placement, so the fields that differ are what the caller
     changed), then the most recent first, as `closest` picks.
 
-    All distances, with `closest`'s choice of Python or the kernel: a miss
-    names each tie, where `closest` keeps one.
+    Close means the fewest differing fields, as `field_differences` names
+    them. The packed distance counts each exactly but for two header words,
+    the pytree structure and the trace context, which count one however many
+    of their fields differ: for an entry where one of those differs, the
+    fields are counted (`field_differences`) while its packed distance could
+    still make it the closest (a packed distance never exceeds the count).
     """
-    words = len(cached) * len(new.row)
-    if words < NUMBA_CLOSEST_MIN_WORDS or (
-            words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
-        from nbjit.observe import distance as _distance
-
-        distances = [_distance.description_distance_python(new.row, d.row) for d in cached]
-    else:
-        from nbjit import _kernels
-
-        rows = [d.array for d in cached]
-        offsets = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum([r.shape[0] for r in rows], out=offsets[1:])
-        distances = _kernels.description_distances(new.array, np.concatenate(rows), offsets)
-    best = min(distances)
-    tied = [i for i in range(len(cached) - 1, -1, -1) if distances[i] == best]
+    distances = _distances(new, cached)
+    counted = np.zeros(len(cached), dtype=bool)
+    row = new.row
+    while True:
+        best = int(distances.min())
+        refine = [i for i in np.flatnonzero((distances == best) & ~counted).tolist()
+                  if cached[i].row[STRUCTURE_WORD] != row[STRUCTURE_WORD]
+                  or cached[i].row[CONTEXT_WORD] != row[CONTEXT_WORD]]
+        if not refine:
+            break
+        for i in refine:
+            counted[i] = True
+            distances[i] = max(int(distances[i]), len(field_differences(cached[i], new)))
+    tied = np.flatnonzero(distances == best)[::-1].tolist()  # the most recent first
     shardings = [leaf.sharding for leaf in new.leaves]
     same: list[int] = []
     other: list[int] = []
@@ -419,12 +485,14 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
         cached = by_age(miss.cached)
         named, n_tied = _closest_entries(new, cached)
         tied = [field_differences(cached[i], new) for i in named]
-        shown = []
+        shown: list[str] = []
         for found in tied:
             text = "; ".join(text for _, text in found[:_MAX_DIFFERENCES])
             if len(found) > _MAX_DIFFERENCES:
                 text += f"; and {len(found) - _MAX_DIFFERENCES} more"
-            shown.append(text or "no described field differs")
+            text = text or "no described field differs"
+            if text not in shown:  # two entries that read alike are one alternative
+                shown.append(text)
         fields = tuple(field for field, _ in tied[0]) or ("no described field",)
         if n_tied == 1:
             return fields, f"against the closest of {len(cached)} cached signatures: {shown[0]}"
