@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     """
     stack = contextlib.ExitStack()
     started: list[Any] = []  # [the profile or None] once jax was imported
+    ran: list[bool] = []  # [True] once the script or module was found and started
 
     def on_jax() -> None:  # jax has just been imported (by the script) and patched
         from nbjit.multiprocess import agreement
@@ -180,16 +181,20 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return _run.run_script([args.target, *args.args], module=args.module,
-                               filter_jit=not args.no_filter_jit, on_jax=on_jax)
+                               filter_jit=not args.no_filter_jit, on_jax=on_jax,
+                               on_start=lambda: ran.append(True))
     finally:
         stack.close()
-        _run_report(args, started)
+        _run_report(args, started, bool(ran))
 
 
-def _run_report(args: argparse.Namespace, started: list[Any]) -> None:
-    """The end-of-run report (stderr, and --json), of a run whose script imported jax."""
+def _run_report(args: argparse.Namespace, started: list[Any], ran: bool) -> None:
+    """The end-of-run report (stderr, and --json), of a run whose script imported jax.
+
+    A script that ran without importing jax gets one line saying so; one that
+    was not found (Python's own message said why) gets nothing."""
     if not started:  # the script never imported jax: nothing of nbjit's ran
-        if not args.no_report:
+        if ran and not args.no_report:
             print("nbjit run: no nbjit function was called (the script never imported jax)",
                   file=sys.stderr)
         return

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -59,6 +60,7 @@ def project(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
+    (pkg / "path0.py").write_text("import sys\nprint(sys.path[0])\n")
     (pkg / "tool.py").write_text(textwrap.dedent("""\
         import sys, jax, nbjit
         print("name", __name__)
@@ -109,9 +111,52 @@ def test_run_module(project):
 def test_run_missing_script_or_module(project):
     done = _nbjit_run("app/nope.py", cwd=project)
     assert done.returncode == 2 and "can't open file" in done.stderr
+    assert "never imported jax" not in done.stderr  # it never ran: Python's message alone
     done = _nbjit_run("-m", "pkg.nope", cwd=project)
     assert done.returncode == 1 and "No module named pkg.nope" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr and "never imported jax" not in done.stderr
+
+
+def _console_script() -> str:
+    """The `nbjit` console script installed beside this Python (pyproject's
+    [project.scripts], as pip wrote it)."""
+    script = shutil.which("nbjit", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("no nbjit console script installed beside this Python")
+    return script
+
+
+def test_the_console_script_runs_a_module_as_python_m_does(project):
+    """`nbjit run -m pkg.tool` from the folder holding `pkg` (the current folder
+    first on sys.path, as `python -m`), through the real entry point."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    run = subprocess.run([_console_script(), "run", "-m", "pkg.tool", "--opt", "v"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "name __main__", "argv0 True ['--opt', 'v']", "patched True", "value 2 3 1"]
+    assert "nbjit run: dispatch report" in run.stderr and "never imported jax" not in run.stderr
+    path0 = subprocess.run(
+        [_console_script(), "run", "-m", "pkg.path0"], cwd=project, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT)
+    plain = subprocess.run([sys.executable, "-m", "pkg.path0"], cwd=project, env=env,
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert path0.returncode == plain.returncode == 0, path0.stderr
+    assert path0.stdout == plain.stdout == f"{project}\n"
+    missing = subprocess.run([_console_script(), "run", "-m", "pkg.nope"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=TIMEOUT)
+    assert missing.returncode == 1 and "No module named pkg.nope" in missing.stderr
+    assert "never imported jax" not in missing.stderr
+
+
+def test_the_console_script_runs_a_script_with_its_folder_first(project):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    run = subprocess.run([_console_script(), "run", "app/script.py"], cwd=project, env=env,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr
+    assert "path0 True" in run.stdout.splitlines()  # the script's own folder, first
 
 
 def test_run_script_in_process_calls_on_exit(project, monkeypatch):
