@@ -37,8 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--quick", action="store_true", help="fewer, shorter rounds (<= 2 minutes)")
     c.add_argument("--only", metavar="PATTERN",
-                   help="scenarios whose name matches (a regex with ^ or $, a glob with *?[, "
-                   "else a substring)")
+                   help="scenarios whose name matches: a regular expression searched in the "
+                   "name ('a|b', 'args_1$'; a plain word is a substring), or a glob of the "
+                   "whole name when written with * or ? alone ('jit_simple_*_10')")
     c.add_argument("--plot", metavar="FILE.png", help="write a PNG plot (needs matplotlib)")
     c.add_argument("--json", metavar="FILE", help="write rows and metadata as JSON")
     c.add_argument("--markdown", metavar="FILE", help="write the table as a Markdown file")
@@ -81,7 +82,11 @@ def compare(args: argparse.Namespace) -> int:
 
     from nbjit import bench
 
-    matrix = bench.select(bench.scenarios(), args.only)
+    try:
+        matrix = bench.select(bench.scenarios(), args.only)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
     if args.list:
         for s in matrix:
             print(f"{s.name:36} n={s.n_args:<5} {s.kind}")
