@@ -377,6 +377,71 @@ def test_run_of_a_script_that_never_imports_jax(tmp_path):
     assert "no nbjit function was called (the script never imported jax)" in run.stderr
 
 
+LIBRARY = textwrap.dedent("""\
+    import jax, jax.numpy as jnp
+
+    @jax.jit
+    def bias_correction(m, count):  # a helper optax-style libraries jit and call in traces
+        return m / (1 - 0.9 ** count)
+
+    @jax.jit
+    def public_step(x):  # a library function the user calls at top level
+        return x + 1
+    """)
+
+TRACED_SCRIPT = textwrap.dedent("""\
+    import jax, jax.numpy as jnp
+    import fakelib
+
+    @jax.jit
+    def loss(w):
+        return (w ** 2).sum()
+
+    @jax.jit
+    def step(w, count):
+        return w - fakelib.bias_correction(jax.grad(loss)(w), count)
+
+    w = jnp.ones(3)
+    for i in range(1, 4):
+        w = step(w, i)
+    fakelib.public_step(w)
+    print(float(loss(w)))
+    """)
+
+
+def test_report_keeps_calls_inside_other_traces_apart(tmp_path):
+    """A call with tracers inside another trace is staged into it (traced), not
+    a slow call; a library's function that only ran so is named on a line of
+    its own, apart from the user's functions (issue 46)."""
+    import json
+
+    library = tmp_path / "lib" / "site-packages"  # where pip installs libraries
+    library.mkdir(parents=True)
+    (library / "fakelib.py").write_text(LIBRARY)
+    (tmp_path / "train.py").write_text(TRACED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(library)])}
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run([sys.executable, "-m", "nbjit", "run", "--json", "report.json",
+                          "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads((tmp_path / "report.json").read_text())["functions"]}
+    helper = rows["fakelib.bias_correction (fakelib.py:3)"]
+    assert (helper["calls"], helper["slow"], helper["traced"], helper["library"]) == (1, 0, 1, True)
+    assert helper["slow_reasons"] == {}
+    loss = rows["loss (train.py:4)"]  # the user's own: under grad in step's trace, then at top
+    assert (loss["calls"], loss["slow"], loss["traced"], loss["library"]) == (2, 0, 1, False)
+    table, after = out.stderr.split("library functions run only inside your traces", 1)
+    assert "bias_correction" not in table and "fakelib.public_step" in table  # called at top
+    assert after.startswith(" (staged into them, as under jax.jit): "
+                            "fakelib.bias_correction (fakelib.py:3): 1 call")
+    header = table.splitlines()[1].split()
+    assert header[:6] == ["function", "calls", "hits", "misses", "slow", "traced"]
+    loss_cells = next(line for line in table.splitlines() if line.startswith("loss")).split()
+    assert loss_cells[2:7] == ["2", "0", "1", "0", "1"]  # calls hits misses slow traced
+    assert "tracer " not in loss_cells and loss_cells[-1] == "-"  # no slow reason
+
+
 GONE_SCRIPT = textwrap.dedent("""\
     import gc, jax, jax.numpy as jnp
 

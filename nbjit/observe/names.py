@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import os
 import sys
+import sysconfig
 import threading
 import types
 import weakref
@@ -34,9 +35,9 @@ from jax import tree_util
 
 from nbjit import _jax
 
-__all__ = ["STATEMENT_MAX", "aval_text", "call_site", "definition_site", "fit_statement",
-           "function_name", "name_like", "process_label", "qualified_name",
-           "node_differences", "structure_difference", "structure_differences", "value_text"]
+__all__ = ["STATEMENT_MAX", "aval_text", "call_site", "defined_in_library", "definition_site",
+           "fit_statement", "function_name", "name_like", "node_differences", "process_label",
+           "qualified_name", "structure_difference", "structure_differences", "value_text"]
 
 
 def qualified_name(fun: Any) -> str:
@@ -51,15 +52,43 @@ def qualified_name(fun: Any) -> str:
 def definition_site(fun: Any) -> str | None:
     """``"file.py:LINE"`` of the code that defines `fun` (the base name of its
     file), or None when it has no Python code (a builtin, a callable object)."""
+    code = _code_of(fun)
+    if code is None:
+        return None
+    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _code_of(fun: Any) -> types.CodeType | None:
+    """The code object that defines `fun` (through partials, bound methods and
+    a callable object's ``__call__``), or None."""
     while isinstance(fun, functools.partial):
         fun = fun.func
     fun = getattr(fun, "__func__", fun)  # a bound method
     code = getattr(fun, "__code__", None)
     if code is None and callable(fun):  # a callable object: its class's __call__
         code = getattr(type(fun).__call__, "__code__", None)
+    return code
+
+
+def defined_in_library(fun: Any) -> bool:
+    """Whether `fun` is an installed library's code (site-packages, or the
+    standard library), not the user's own: the run report lists library
+    functions that only ran inside the user's traces apart."""
+    code = _code_of(fun)
     if code is None:
-        return None
-    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+        return False
+    path = os.path.abspath(code.co_filename)
+    parts = path.split(os.sep)
+    return ("site-packages" in parts or "dist-packages" in parts
+            or path.startswith(_library_dirs()))
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    """Where installed code lives: the standard library and site-packages."""
+    paths = sysconfig.get_paths()
+    found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    return tuple(os.path.abspath(p) + os.sep for p in found)
 
 
 _ordinals: dict[tuple[str, str | None], int] = {}  # (qualified name, site) -> functions seen
