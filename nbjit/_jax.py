@@ -333,10 +333,11 @@ def filter_dispatch_frames(error: BaseException) -> None:
     a hit). Follows JAX's `JAX_TRACEBACK_FILTERING` mode as `api_boundary`
     does: "off" keeps everything; under an outer api boundary the outer one
     filters; "tracebackhide" marks JAX's frames for IPython/pytest to hide
-    and drops nbjit's; the remove modes drop both. JAX's own boundary below (the miss path) has
-    already filtered its part and added its note or unfiltered cause, so
-    nothing is added here. In every mode, "off" too, the exceptions nbjit
-    caught on its way to JAX's path leave the chain (`drop_internal_links`).
+    and drops nbjit's; the remove modes drop both. JAX's own boundary below
+    (the miss path) has already filtered its part and added its note or
+    unfiltered cause, so nothing is added here. In every mode, "off" too,
+    the exceptions nbjit caught on its way to JAX's path leave the chain
+    (`drop_internal_links`).
     """
     drop_internal_links(error, sys._getframe(1))  # the frame of the call that failed
     mode = _traceback_util._filtering_mode()
@@ -369,6 +370,8 @@ def _without_nbjit_frames(tb: types.TracebackType | None) -> types.TracebackType
     for t in reversed(kept):
         out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
     return out
+
+
 # --- observability: config names, JAX's own cache counters ---
 from jax._src import pjit as _pjit  # noqa: E402
 

@@ -239,7 +239,6 @@ def pack_row(leaves: Sequence[LeafDescription], statics: Sequence[tuple[str, typ
     return row
 
 
-
 # ---------------------------------------------------------------------------
 # The closest cached description
 
