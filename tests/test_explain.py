@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import nbjit
 from nbjit import _kernels
 from nbjit.core.dispatch import PjitFunction
+from nbjit.observe import descriptions as _descriptions
 from nbjit.observe import distance as _distance
 from nbjit.observe import explain as _explain
 
@@ -300,11 +301,10 @@ def test_distance_matches_leaves_by_path():
 
 
 def test_the_twins_share_the_layout():
-    from nbjit.observe import distance as _distance
-
     assert (_kernels.DESCRIPTION_HEADER_WORDS, _kernels.DESCRIPTION_LEAF_WORDS) == (
         _distance.DESCRIPTION_HEADER_WORDS, _distance.DESCRIPTION_LEAF_WORDS)
-    row = _explain.describe_call((jnp.ones(2), {"a": 1.0}), {"k": np.ones(1)}, (), (), ()).row
+    row = _descriptions.describe_call((jnp.ones(2), {"a": 1.0}), {"k": np.ones(1)}, (), (),
+                                      ()).row
     assert len(row) == _kernels.DESCRIPTION_HEADER_WORDS + 3 * _kernels.DESCRIPTION_LEAF_WORDS
 
 
@@ -326,8 +326,9 @@ def test_explaining_a_few_entries_loads_no_numba():
 
 
 def test_closest_uses_the_kernel_past_the_crossover():
-    descriptions = [_explain.describe_call((jnp.ones(n),), {}, (), (), ()) for n in range(1, 400)]
-    new = _explain.describe_call((jnp.ones(123),), {}, (), (), ())
+    descriptions = [_descriptions.describe_call((jnp.ones(n),), {}, (), (), ())
+                    for n in range(1, 400)]
+    new = _descriptions.describe_call((jnp.ones(123),), {}, (), (), ())
     assert len(descriptions) * len(new.row) >= _explain.NUMBA_CLOSEST_MIN_WORDS
     index, distance = _explain.closest(new, descriptions)
     assert (index, distance) == (122, 0)
@@ -434,11 +435,11 @@ def test_equally_close_without_shardings_most_recent_first(records):
 def test_equally_close_entries_agree_in_python_and_the_kernel(monkeypatch):
     # 400 entries, each differing in one shape from the call; the kernel past
     # the crossover and the Python loop below it name the same ties in order.
-    descriptions = [_explain.describe_call((jnp.ones(n), jnp.ones(2)), {}, (), (), ())
+    descriptions = [_descriptions.describe_call((jnp.ones(n), jnp.ones(2)), {}, (), (), ())
                     for n in range(3, 203)]
-    descriptions += [_explain.describe_call((jnp.ones(2), jnp.ones(n)), {}, (), (), ())
+    descriptions += [_descriptions.describe_call((jnp.ones(2), jnp.ones(n)), {}, (), (), ())
                      for n in range(3, 203)]
-    new = _explain.describe_call((jnp.ones(2), jnp.ones(2)), {}, (), (), ())
+    new = _descriptions.describe_call((jnp.ones(2), jnp.ones(2)), {}, (), (), ())
     kernel = _explain._closest_entries(new, descriptions)
     assert "nbjit._kernels" in sys.modules
     monkeypatch.setattr(_explain, "NUMBA_CLOSEST_MIN_WORDS", 10**9)

@@ -5,7 +5,7 @@ tests/test_explain.py), in a module that imports neither numba nor jax: a
 miss with few cached entries finds its closest entry without loading numba
 (whose first import is slow).
 
-A call description packs into one int64 row (`nbjit.observe.explain.pack_row`):
+A call description packs into one int64 row (`nbjit.observe.descriptions.pack_row`):
   header: [n_leaves, structure_id, keyword_names_id, context_id]
   then per leaf, fixed width:
   [path_id, kind_id, dtype_id, weak_type, committed, sharding_id, ndim, shape_id]

@@ -167,7 +167,7 @@ def call_site() -> str:
 
 
 def aval_text(leaf: Any, *, kind: bool = False, weak: bool = False) -> str:
-    """``float32[2,3]`` of a described leaf (`nbjit.observe.explain.LeafDescription`),
+    """``float32[2,3]`` of a described leaf (`nbjit.observe.descriptions.LeafDescription`),
     or its kind when it has no dtype. With `kind`, a leaf that is not a
     jax.Array is prefixed by its kind (``numpy float32[3]``); with `weak`, a
     weakly typed one ends in `` weak``."""
@@ -191,7 +191,7 @@ _LEAF_TREEDEF = tree_util.tree_structure(0)
 
 def structure_differences(old: Any, new: Any) -> list[tuple[str, str]]:
     """(field, statement) of every node where the structures of two call
-    descriptions' pytree arguments part (`nbjit.observe.explain.CallDescription`),
+    descriptions' pytree arguments part (`nbjit.observe.descriptions.CallDescription`),
     in tree order, by its path (`node_differences`)."""
     old_text, new_text = dict(old.structure), dict(new.structure)
     old_defs, new_defs = dict(old.treedefs), dict(new.treedefs)
