@@ -37,8 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--quick", action="store_true", help="fewer, shorter rounds (<= 2 minutes)")
     c.add_argument("--only", metavar="PATTERN",
-                   help="scenarios whose name matches (a regex with ^ or $, a glob with *?[, "
-                   "else a substring)")
+                   help="scenarios whose name matches: a regular expression searched in the "
+                   "name ('a|b', 'args_1$'; a plain word is a substring), or a glob of the "
+                   "whole name when written with * or ? alone ('jit_simple_*_10')")
     c.add_argument("--plot", metavar="FILE.png", help="write a PNG plot (needs matplotlib)")
     c.add_argument("--json", metavar="FILE", help="write rows and metadata as JSON")
     c.add_argument("--markdown", metavar="FILE", help="write the table as a Markdown file")
@@ -81,7 +82,11 @@ def compare(args: argparse.Namespace) -> int:
 
     from nbjit import bench
 
-    matrix = bench.select(bench.scenarios(), args.only)
+    try:
+        matrix = bench.select(bench.scenarios(), args.only)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
     if args.list:
         for s in matrix:
             print(f"{s.name:36} n={s.n_args:<5} {s.kind}")
@@ -164,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
     """
     stack = contextlib.ExitStack()
     started: list[Any] = []  # [the profile or None] once jax was imported
+    ran: list[bool] = []  # [True] once the script or module was found and started
 
     def on_jax() -> None:  # jax has just been imported (by the script) and patched
         from nbjit.multiprocess import agreement
@@ -180,16 +186,20 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return _run.run_script([args.target, *args.args], module=args.module,
-                               filter_jit=not args.no_filter_jit, on_jax=on_jax)
+                               filter_jit=not args.no_filter_jit, on_jax=on_jax,
+                               on_start=lambda: ran.append(True))
     finally:
         stack.close()
-        _run_report(args, started)
+        _run_report(args, started, bool(ran))
 
 
-def _run_report(args: argparse.Namespace, started: list[Any]) -> None:
-    """The end-of-run report (stderr, and --json), of a run whose script imported jax."""
+def _run_report(args: argparse.Namespace, started: list[Any], ran: bool) -> None:
+    """The end-of-run report (stderr, and --json), of a run whose script imported jax.
+
+    A script that ran without importing jax gets one line saying so; one that
+    was not found (Python's own message said why) gets nothing."""
     if not started:  # the script never imported jax: nothing of nbjit's ran
-        if not args.no_report:
+        if ran and not args.no_report:
             print("nbjit run: no nbjit function was called (the script never imported jax)",
                   file=sys.stderr)
         return

@@ -16,6 +16,9 @@ A sharding's device order is read here (`device_assignment`,
 
 from __future__ import annotations
 
+import sys
+import types
+
 import jax
 
 SUPPORTED_JAX = ((0, 11, 2), (0, 13, 0))  # [lowest, first unsupported)
@@ -51,6 +54,7 @@ from jax._src.lib import _jax as _jaxlib_ext
 from jax._src.lib import _profiler as _jaxlib_profiler
 
 NBJIT_DIR = __file__.rsplit("/", 1)[0]
+_NBJIT_PREFIX = NBJIT_DIR + "/"  # a frame of nbjit's code: a module's or a generated binder's
 
 # JAX's own jit, taken from where JAX defines it rather than from the public
 # name: `jax.jit` may be rebound to `nbjit.jit` (`nbjit.patch_jax()`), and
@@ -271,17 +275,71 @@ register_cache = _util.register_cache
 api_boundary = _traceback_util.api_boundary
 
 
+def _caught_in(error: BaseException) -> types.FrameType | None:
+    """The frame that caught `error` (its traceback's outermost), or None."""
+    tb = error.__traceback__
+    return None if tb is None else tb.tb_frame
+
+
+def drop_internal_links(error: BaseException, caller: types.FrameType | None) -> None:
+    """Unlinks, from `error`'s chain, every exception nbjit caught itself.
+
+    A binder that meets something it cannot handle (an unhashable static
+    argument, a deleted input, a refused transfer) catches the exception and
+    calls JAX's own path from its ``except`` clause, so whatever JAX raises
+    there gets the caught one as ``__context__`` ("During handling of the
+    above exception ..."): an exception jaxlib's C++ clears and jax.jit
+    never shows. Such a link (an exception caught in nbjit's code, in a
+    frame of this call: not on the stack from `caller` up) becomes the
+    context jax.jit's error would have: the first exception down its
+    context chain that the caller's stack is handling (the call was made in
+    an ``except`` block), or none; a cause nbjit made of it
+    (``raise ... from``) goes. Runs only when an exception leaves a jitted
+    call, over its chain once.
+    """
+    on_stack = set()
+    while caller is not None:
+        on_stack.add(id(caller))
+        caller = caller.f_back
+
+    def internal(e: BaseException) -> bool:
+        frame = _caught_in(e)
+        return (frame is not None and id(frame) not in on_stack
+                and frame.f_code.co_filename.startswith(_NBJIT_PREFIX))
+
+    def callers_own(e: BaseException | None) -> BaseException | None:
+        while e is not None and id(_caught_in(e)) not in on_stack:
+            e = e.__context__
+        return e
+
+    pending, seen = [error], set()
+    while pending:
+        e = pending.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.__cause__ is not None and internal(e.__cause__):
+            e.__cause__ = None
+            e.__suppress_context__ = False
+        if e.__context__ is not None and internal(e.__context__):
+            e.__context__ = callers_own(e.__context__)
+        pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+
+
 def filter_dispatch_frames(error: BaseException) -> None:
     """Removes nbjit's and JAX's frames from `error`'s traceback, as jaxlib shows none.
 
     Called where an exception leaves a jitted function's `__call__` (never on
     a hit). Follows JAX's `JAX_TRACEBACK_FILTERING` mode as `api_boundary`
     does: "off" keeps everything; under an outer api boundary the outer one
-    filters; "tracebackhide" marks the frames for IPython/pytest to hide;
-    the remove modes drop them. JAX's own boundary below (the miss path) has
-    already filtered its part and added its note or unfiltered cause, so
-    nothing is added here.
+    filters; "tracebackhide" marks JAX's frames for IPython/pytest to hide
+    and drops nbjit's; the remove modes drop both. JAX's own boundary below
+    (the miss path) has already filtered its part and added its note or
+    unfiltered cause, so nothing is added here. In every mode, "off" too,
+    the exceptions nbjit caught on its way to JAX's path leave the chain
+    (`drop_internal_links`).
     """
+    drop_internal_links(error, sys._getframe(1))  # the frame of the call that failed
     mode = _traceback_util._filtering_mode()
     tb = error.__traceback__
     if mode == "off" or tb is None:
@@ -292,9 +350,28 @@ def filter_dispatch_frames(error: BaseException) -> None:
             return  # an outer api boundary filters the whole traceback
         frame = frame.f_back
     if mode == "tracebackhide":
+        # JAX's frames marked, as its api boundary marks them; nbjit's removed:
+        # IPython shows the innermost frame even when marked, and with jaxlib's
+        # C++ raising (an unhashable static argument) that would be nbjit's.
         _traceback_util._add_tracebackhide_to_hidden_frames(tb)
+        error.with_traceback(_without_nbjit_frames(tb))
     else:
         error.with_traceback(_traceback_util.filter_traceback(tb))
+
+
+def _without_nbjit_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """`tb` with the frames of nbjit's code (its modules, its binders) left out."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_NBJIT_PREFIX):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
 # --- observability: config names, JAX's own cache counters ---
 from jax._src import pjit as _pjit  # noqa: E402
 

@@ -242,15 +242,21 @@ def stable_text_hash(text: str) -> int:
 # (numba-free, so that small caches never load numba; re-exported here).
 # The widths are literals here: a cached kernel is recompiled when this file
 # changes, not when that one does (tests/test_explain.py checks they agree).
-DESCRIPTION_HEADER_WORDS = 5
+DESCRIPTION_HEADER_WORDS = 4
 DESCRIPTION_LEAF_WORDS = 8
 
 
 @njit(cache=True, nogil=True)
 def _leaf_distance(row, i, rows, j):
     """Differing fields of the leaf at word `i` of `row` and at word `j` of `rows`."""
-    if row[i + 1] != rows[j + 1]:
-        return 1  # another kind: its other fields say nothing more
+    if row[i + 1] != rows[j + 1]:  # another kind: a dtype or shape both have may differ too
+        d = 1
+        if row[i + 2] != 0 and rows[j + 2] != 0 and row[i + 2] != rows[j + 2]:
+            d += 1
+        if row[i + 6] >= 0 and rows[j + 6] >= 0 and (
+                row[i + 6] != rows[j + 6] or row[i + 7] != rows[j + 7]):
+            d += 1
+        return d
     d = 0
     if row[i + 2] != rows[j + 2]:
         d += 1

@@ -10,9 +10,13 @@ A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``:
   (docs/compare.json, written by ``python -m nbjit compare --json``), with
   what its self-check said (``compare`` runs one when it writes into docs/
   and writes nothing there when it fails);
-- ``costs`` in README.md: what small calls and loops with new host values
-  cost in that run, in words, from its rows (so the README says it once);
+- ``costs`` in README.md: what small calls, loops with new host values and
+  host arrays cost in that run, in words, from its rows (so the README says
+  it once);
+- ``host-arrays`` in docs/host-inputs.md: the host-array rows of that run
+  as a table (the README's ``costs`` says them in one sentence);
 - ``filter`` in README.md: what `nbjit.filter_jit`'s rows read in that run;
+  ``filter-rows`` in docs/filter-jit.md: those rows as a table;
 - ``compare`` in docs/performance.md: every row of that run, and ``summary``
   there: its geomean and verdicts in one sentence;
 - ``slow-reasons`` in README.md: the names of `nbjit.observe.stats.SLOW_REASONS`;
@@ -34,7 +38,8 @@ After a new compare run (``python -m nbjit compare --json docs/compare.json``,
 which runs its self-check before writing into docs/), run this script: every
 figure the docs quote then comes from that one run. tests/test_docs.py checks
 that every block and file equals what this script writes, and that all of
-them name one run (commit, rows, geomean).
+them name one run (commit, rows, geomean). A row whose p10-p90 spans 1.0
+is said to swing across 1.0 between runs, wherever a block names rows.
 """
 
 from __future__ import annotations
@@ -79,7 +84,17 @@ HEADLINE: list[tuple[str, str]] = [
 SMALL_CALLS = ["args_1", "args_2"]
 FRESH_HOST = ["numpy_args_2_new_values", "python_scalars_2_new_values", "workload_train_step",
               "workload_masked_train_step", "workload_optimizer_update", "workload_env_step",
-              "workload_static_config", "workload_data_parallel_8_devices"]
+              "workload_static_config", "workload_data_parallel_8_devices",
+              "workload_mnist_train_step"]
+
+# The host-array rows (`f(params, x)`, x a float32 numpy array): (name suffix,
+# size as the docs say it), and (name infix, what the caller passes).
+HOST_SIZES = [("8k", "8 KiB"), ("64k", "64 KiB"), ("1m", "1 MiB")]
+HOST_KINDS = [("same", "", "the same array every call"),
+              ("same", "_aligned", "the same array, 64-byte aligned"),
+              ("fresh", "", "new values every call (one of 4 arrays in turn)"),
+              ("fresh", "_aligned", "new values, 64-byte aligned arrays (read in place by "
+                                    "jax.jit)")]
 
 
 def _rows(data: dict[str, Any], names: Sequence[str]) -> list[dict[str, Any]]:
@@ -99,6 +114,11 @@ def _ratio(row: dict[str, Any]) -> tuple[str, str]:
     if row.get("ratio") is None:
         return "-", "-"
     return f"{row['ratio']:.2f}", f"{row['ratio_p10']:.2f}-{row['ratio_p90']:.2f}"
+
+
+def swings(row: dict[str, Any]) -> bool:
+    """The row's p10-p90 spans 1.0: between runs it lands on either side."""
+    return row["ratio_p10"] <= 1 <= row["ratio_p90"]
 
 
 def _run_line(meta: dict[str, Any]) -> str:
@@ -142,7 +162,8 @@ def headline_block(data: dict[str, Any]) -> str:
 
 
 def costs_block(data: dict[str, Any]) -> str:
-    """The README's one statement of what small calls and new host values cost."""
+    """The README's one statement of what small calls, new host values and host
+    arrays cost."""
     small = _rows(data, SMALL_CALLS)
     ratios = [r["ratio"] for r in small]
     names = ", ".join(f"`{r['name']}` {r['ratio']:.2f}" for r in small)
@@ -157,14 +178,59 @@ def costs_block(data: dict[str, Any]) -> str:
     faster = sum(r["ratio_p90"] < 1 for r in fresh)
     slower = sum(r["ratio_p10"] > 1 for r in fresh)
     lo, hi = min(r["ratio"] for r in fresh), max(r["ratio"] for r in fresh)
+    swinging = [r for r in fresh if swings(r)]
     return "\n".join([
         first,
         f"Loops that pass new host values every call (a fresh batch, a fresh action; "
         f"{len(fresh)} rows of that run) took {lo:.2f}-{hi:.2f} times jax.jit's time per "
-        f"call: faster in {faster} (p90 below 1), slower in {slower} (p10 above 1), "
-        f"within noise in {len(fresh) - faster - slower}. On the CPU such values are "
-        "written into host memory that device arrays alias, with no transfer at all "
-        "([docs/host-inputs.md](docs/host-inputs.md))."])
+        f"call: faster in {faster} (p90 below 1), slower in {slower} (p10 above 1), and "
+        f"{len(swinging)} swing across 1.0 between runs{_swing_list(swinging)}. On the CPU "
+        "such values are written into host memory that device arrays alias, with no "
+        "transfer at all ([docs/host-inputs.md](docs/host-inputs.md)).",
+        host_arrays_block(data)])
+
+
+def _swing_list(rows: Sequence[dict[str, Any]]) -> str:
+    """`` (p10-p90 spans 1.0: `a` 0.74-1.17, ...)`` for rows that swing, or ""."""
+    if not rows:
+        return ""
+    return " (p10-p90 spans 1.0: " + ", ".join(
+        f"`{r['name']}` {r['ratio_p10']:.2f}-{r['ratio_p90']:.2f}" for r in rows) + ")"
+
+
+def _host_rows(data: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(what the caller passes, its rows by size) for each kind of host-array row."""
+    return [(label, _rows(data, [f"host_array_{kind}_{size}{suffix}" for size, _ in HOST_SIZES]))
+            for kind, suffix, label in HOST_KINDS]
+
+
+def host_arrays_block(data: dict[str, Any]) -> str:
+    """The README's sentence on host arrays: the `host_array_*` rows of the run."""
+    sizes = " / ".join(size for _, size in HOST_SIZES)
+    parts = [f"{label} {' / '.join(f'{r['ratio']:.2f}' for r in rows)}"
+             for label, rows in _host_rows(data)]
+    swinging = [r for _, rows in _host_rows(data) for r in rows if swings(r)]
+    text = (f"In the run below, a call `f(params, x)` with a host array `x` of {sizes} "
+            f"(the `host_array_*` rows) took, in times jax.jit's time: {'; '.join(parts)}.")
+    if swinging:
+        text += (f" {len(swinging)} of these {3 * len(HOST_KINDS)} rows swing across 1.0 "
+                 f"between runs (p10-p90 spans 1.0: "
+                 + ", ".join(f"`{r['name']}`" for r in swinging) + ").")
+    return text
+
+
+def host_arrays_table(data: dict[str, Any]) -> str:
+    """docs/host-inputs.md's table of the host-array rows: ratio and p10-p90."""
+    lines = ["| x | " + " | ".join(size for _, size in HOST_SIZES) + " |",
+             "|---|" + "---:|" * len(HOST_SIZES)]
+    for label, rows in _host_rows(data):
+        cells = [f"{r['ratio']:.2f} ({r['ratio_p10']:.2f}-{r['ratio_p90']:.2f})"
+                 + (" swings" if swings(r) else "") for r in rows]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", "nbjit / jax.jit per call, median (p10-p90) of paired "
+                       "rounds; \"swings\": the p10-p90 spans 1.0, so between runs the row "
+                       "lands on either side. " + _run_line(data["meta"]) + " "
+                       + self_check_line(data["meta"])])
 
 
 FILTER_JIT = ["filter_jit_mlp_step_depth_2", "filter_jit_mlp_step_depth_8",
@@ -183,9 +249,29 @@ def filter_block(data: dict[str, Any]) -> str:
         "equinox") is not None]
     text = (f"In the headline run ([how fast](#how-fast)) its {len(rows)} equinox steps took "
             f"{min(ideal):.2f}-{max(ideal):.2f} times that ideal")
+    swinging = sum(swings(r) for r in rows)
+    if swinging:
+        text += f" ({swinging} of them swing across 1.0 between runs)"
     if eqx:
         text += f" and {min(eqx):.2f}-{max(eqx):.2f} times `equinox.filter_jit`'s time"
     return text + " ([docs/performance.md](docs/performance.md), `filter_jit_*` rows)."
+
+
+def filter_table(data: dict[str, Any]) -> str:
+    """docs/filter-jit.md's table: each filter_jit row against the ideal and equinox."""
+    lines = ["| row | nbjit.filter_jit / ideal (p10-p90) | "
+             "nbjit.filter_jit / equinox.filter_jit (p10-p90) |", "|---|---|---|"]
+    for r in _rows(data, FILTER_JIT):
+        if r.get("ratio") is None:
+            continue
+        eqx = (r.get("other_ratios") or {}).get("equinox")
+        # its spread is in the row's note: "a/equinox 0.553 [0.371-0.650]"
+        spread = re.search(r"a/equinox [\d.]+ \[([\d.]+)-([\d.]+)\]", r.get("note") or "")
+        eqx_text = "-" if eqx is None else f"{eqx:.2f}" + (
+            f" ({float(spread[1]):.2f}-{float(spread[2]):.2f})" if spread else "")
+        lines.append(f"| `{r['name']}` | {r['ratio']:.2f} ({r['ratio_p10']:.2f}-"
+                     f"{r['ratio_p90']:.2f}){' swings' if swings(r) else ''} | {eqx_text} |")
+    return "\n".join([_run_line(data["meta"]), "", *lines])
 
 
 def summary_block(data: dict[str, Any]) -> str:
@@ -195,7 +281,8 @@ def summary_block(data: dict[str, Any]) -> str:
     return (f"The same run as the command prints it: [compare.md](compare.md) (nbjit {commit}, "
             f"{meta['date']}). Geometric mean of its {s['rows']} ratios: "
             f"**{s['geomean']:.3f}**, with nbjit faster in {s['faster']} rows (p90 < 1), "
-            f"slower in {s['slower']} (p10 > 1) and within noise in {s['within_noise']}. "
+            f"slower in {s['slower']} (p10 > 1), and {s['within_noise']} swinging across 1.0 "
+            "between runs (p10-p90 spans 1.0). "
             + self_check_line(meta))
 
 
@@ -308,6 +395,8 @@ def targets(compare_json: pathlib.Path = COMPARE_JSON,
         (root / "README.md", "headline", lambda: headline_block(data)),
         (root / "README.md", "costs", lambda: costs_block(data)),
         (root / "README.md", "filter", lambda: filter_block(data)),
+        (root / "docs" / "host-inputs.md", "host-arrays", lambda: host_arrays_table(data)),
+        (root / "docs" / "filter-jit.md", "filter-rows", lambda: filter_table(data)),
         (root / "README.md", "slow-reasons", slow_reasons_block),
         (root / "docs" / "performance.md", "compare", lambda: compare_block(data)),
         (root / "docs" / "performance.md", "summary", lambda: summary_block(data)),

@@ -6,21 +6,27 @@ The API is small and stable (other test modules import it):
   by leaf the same type, value (exact, NaN-aware), dtype, shape, weak type,
   sharding and committedness.
 * `assert_same_exception(fn_nb, fn_jax, *args, **kwargs)`: both calls raise
-  exceptions of exactly the same type; returns both exceptions.
-* `assert_same_call(fn_nb, fn_jax, *args, **kwargs)`: both calls raise the
-  same exception type, or both return and the outputs agree; returns the
-  pair ``(nb_result, jax_result)`` (exceptions in place of results).
+  exceptions of exactly the same type, chained alike (`chain_of`), nbjit's
+  with no frame of nbjit's (`nbjit_frames`); returns both exceptions.
+* `assert_same_call(fn_nb, fn_jax, *args, **kwargs)`: both calls raise as
+  `assert_same_exception` asserts, or both return and the outputs agree;
+  returns the pair ``(nb_result, jax_result)`` (exceptions in place of results).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
+
+# nbjit's directory, found without importing it (a worker may import it later)
+_NBJIT_DIR = os.path.dirname(os.path.abspath(importlib.util.find_spec("nbjit").origin)) + os.sep
 
 
 def _leaf_values(x: Any) -> np.ndarray:
@@ -80,15 +86,61 @@ def outcome(fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         return False, e
 
 
+def chain_of(error: BaseException | None, seen: frozenset = frozenset()) -> Any:
+    """The shape of an exception's chain: its type, ``__suppress_context__``,
+    and the same of its ``__cause__`` and ``__context__``, recursively (what
+    decides the "The above exception was the direct cause" and "During
+    handling of the above exception" parts of a printed traceback)."""
+    if error is None:
+        return None
+    if id(error) in seen:
+        return "<cycle>"
+    seen = seen | {id(error)}
+    return (type(error).__name__, error.__suppress_context__,
+            chain_of(error.__cause__, seen), chain_of(error.__context__, seen))
+
+
+def nbjit_frames(error: BaseException) -> list[str]:
+    """Frames of nbjit's (its modules, its generated code) in the tracebacks of
+    `error` and of every exception chained to it, as ``file:function``;
+    frames marked ``__tracebackhide__`` (JAX's "tracebackhide" mode: IPython
+    and pytest hide them) are not shown, so not counted."""
+    found, pending, seen = [], [error], set()
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        for frame, _ in traceback.walk_tb(e.__traceback__):
+            code = frame.f_code
+            if code.co_filename.startswith(_NBJIT_DIR) and not frame.f_locals.get(
+                    "__tracebackhide__"):
+                found.append(f"{os.path.basename(code.co_filename)}:{code.co_name}")
+        pending += [e.__cause__, e.__context__]
+    return found
+
+
+def _assert_same_raise(nb: BaseException, jx: BaseException) -> None:
+    """Same type, chained alike, and (unless JAX shows every frame) no nbjit frame."""
+    assert type(nb) is type(jx), (
+        f"nbjit raised {type(nb).__name__}: {nb}\njax.jit raised {type(jx).__name__}: {jx}")
+    assert chain_of(nb) == chain_of(jx), (
+        f"chained differently:\nnbjit:\n{''.join(traceback.format_exception(nb))}"
+        f"\njax.jit:\n{''.join(traceback.format_exception(jx))}")
+    if jax.config.jax_traceback_filtering != "off":
+        assert not nbjit_frames(nb), (
+            f"nbjit frames {nbjit_frames(nb)}:\n{''.join(traceback.format_exception(nb))}")
+
+
 def assert_same_exception(fn_nb: Callable, fn_jax: Callable, /, *args: Any,
                           **kwargs: Any) -> tuple[BaseException, BaseException]:
-    """Asserts both calls raise exactly the same exception type; returns both."""
+    """Asserts both calls raise exactly the same exception type, chained alike,
+    nbjit's with no frame of its own; returns both."""
     nb_ok, nb = outcome(fn_nb, args, kwargs)
     jax_ok, jx = outcome(fn_jax, args, kwargs)
     assert not jax_ok, f"jax.jit did not raise (returned {jx!r})"
     assert not nb_ok, f"nbjit did not raise; jax.jit raised {type(jx).__name__}: {jx}"
-    assert type(nb) is type(jx), (
-        f"nbjit raised {type(nb).__name__}: {nb}\njax.jit raised {type(jx).__name__}: {jx}")
+    _assert_same_raise(nb, jx)
     return nb, jx
 
 
@@ -100,8 +152,7 @@ def assert_same_call(fn_nb: Callable, fn_jax: Callable, /, *args: Any,
     if not jax_ok:
         assert not nb_ok, (
             f"nbjit returned; jax.jit raised {type(jx).__name__}: {jx}")
-        assert type(nb) is type(jx), (
-            f"nbjit raised {type(nb).__name__}: {nb}\njax.jit raised {type(jx).__name__}: {jx}")
+        _assert_same_raise(nb, jx)
     else:
         assert nb_ok, (f"nbjit raised {type(nb).__name__}: {nb}; jax.jit returned\n"
                        + "".join(traceback.format_exception(nb)))

@@ -402,8 +402,9 @@ def agreement_run_report_names_the_process() -> None:
         f"nbjit run: dispatch report (process {RANK} of 2)")
     assert str(nbjit.stats()).splitlines()[0] == f"(process {RANK} of 2)"
     from nbjit.observe import explain as _explain
+    from nbjit.observe.descriptions import describe_call
 
-    description = _explain.describe_call((np.ones(2),), {}, (), (), ())
+    description = describe_call((np.ones(2),), {}, (), (), ())
     message = _explain.explain(description, _explain.MissContext("f", []))
     assert message.startswith(f"nbjit cache miss of f (process {RANK} of 2) at "), message
 

@@ -252,7 +252,7 @@ import nbjit
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.multiprocess import exchange as _exchange
 from nbjit.multiprocess.simulate import CountingStore
-from nbjit.observe import explain as _explain
+from nbjit.observe.descriptions import describe_call
 
 mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "b"))
 x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("a", "b")))
@@ -261,7 +261,7 @@ f = nbjit.jit(lambda d, n, s: d, static_argnums=(1, 2),
               out_shardings=NamedSharding(mesh, P()))
 args = ({"x": x[:rows], "y": [np.arange(3, dtype=np.int16), 2.0], "z": jax.numpy.ones(2)},
         ("tuple", 3, None, frozenset({"b", "a"})), "static text")
-d = _explain.describe_call(args, {}, (1, 2), (), ())
+d = describe_call(args, {}, (1, 2), (), ())
 info = _agreement._function(f)
 sig = _agreement.describe_signature(info.name, info.options_text, d, args, {}, True)
 print(json.dumps([info.name, info.key, sig.key, sig.entries]))

@@ -313,7 +313,8 @@ def test_doc_tables_replaces_only_its_block_and_knows_its_rows():
 
 def test_a_figure_that_differs_from_the_json_is_stale(tmp_path):
     tables = _doc_tables()
-    for name in ("README.md", "docs/performance.md", "docs/design.md"):
+    for name in ("README.md", "docs/performance.md", "docs/design.md", "docs/host-inputs.md",
+                 "docs/filter-jit.md"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text((ROOT / name).read_text())
     data = json.loads((ROOT / "docs" / "compare.json").read_text())
@@ -422,3 +423,68 @@ def test_the_asv_history_command_finds_python_past_pyenv_shims(tmp_path):
                            capture_output=True, text=True, timeout=60)
     assert check.stdout.strip() == str(sys.version_info[:2])
     assert "~/.asv-machine.json" in text  # what asv writes outside the repository, said
+
+
+# ---------------------------------------------------------------------------
+# Every figure of the published run comes from it (issue 46)
+
+_GENERATED = re.compile(r"<!-- ([\w-]+):begin -->.*?<!-- \1:end -->", re.S)
+_FIGURE = re.compile(r"(?<![\w.])[0-2]\.\d{2}(?![\d.])")  # a ratio or a time: 0.36, 1.89
+
+
+def _prose(text: str) -> str:
+    """`text` without its generated blocks, code blocks and version numbers."""
+    text = re.sub(r"```.*?```", "", _GENERATED.sub("", text), flags=re.S)
+    text = re.sub(r"^\| (?:Python|jax / jaxlib|numba) \|.*$", "", text, flags=re.M)  # versions
+    return re.sub(r"\b(?:numba|[Pp]ython|jax|jaxlib|equinox) \d+(?:\.\d+)+", "", text)
+
+
+def test_the_readme_quotes_no_figure_outside_its_generated_blocks():
+    """README's figures (ratios, host-array ranges) are written from the
+    published run by scripts/doc_tables.py; none is typed into its prose."""
+    found = _FIGURE.findall(_prose((ROOT / "README.md").read_text()))
+    assert found == [], found
+
+
+def test_no_page_quotes_the_published_run_outside_a_generated_block():
+    """A sentence that cites the published run (or a row of compare's) with a
+    figure would not follow a new run: such figures live in generated blocks."""
+    cites = re.compile(r"published (?:full )?(?:compare|run)|compare\.json|compare's `\w+` row|"
+                       r"headline run", re.I)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        if page.name == "compare.md":  # the run's own table, whole
+            continue
+        text = " ".join(_prose(page.read_text()).split())
+        for sentence in re.split(r"(?<=[.!?:])\s+(?=[A-Z*(|`])", text):
+            assert not (cites.search(sentence) and _FIGURE.search(sentence)), (
+                f"{page.name}: {sentence}")
+
+
+def test_the_fresh_host_summary_counts_every_loop_with_new_host_values():
+    tables = _doc_tables()
+    data = json.loads((ROOT / "docs" / "compare.json").read_text())
+    assert "workload_mnist_train_step" in tables.FRESH_HOST
+    named = {row["name"] for row in data["rows"]}
+    assert set(tables.FRESH_HOST) <= named
+    new_values = {n for n in named if n.endswith("_new_values") or (
+        n.startswith("workload_") and n != "workload_optimizer_update")}
+    assert new_values <= set(tables.FRESH_HOST), new_values - set(tables.FRESH_HOST)
+
+
+def test_rows_whose_spread_spans_one_are_said_to_swing():
+    tables = _doc_tables()
+    data = json.loads((ROOT / "docs" / "compare.json").read_text())
+    for row in data["rows"]:
+        row.update(ratio=0.8, ratio_p10=0.7, ratio_p90=0.9)
+    assert "and 0 swing across 1.0" in tables.costs_block(data)
+    assert ") swings |" not in tables.host_arrays_table(data)
+    mnist = next(r for r in data["rows"] if r["name"] == "workload_mnist_train_step")
+    fresh_1m = next(r for r in data["rows"] if r["name"] == "host_array_fresh_1m")
+    for row in (mnist, fresh_1m):
+        row.update(ratio=1.02, ratio_p10=0.9, ratio_p90=1.2)
+    text = tables.costs_block(data)
+    assert "and 1 swing across 1.0 between runs (p10-p90 spans 1.0: " \
+           "`workload_mnist_train_step` 0.90-1.20)" in text
+    assert "1 of these 12 rows swing across 1.0 between runs (p10-p90 spans 1.0: " \
+           "`host_array_fresh_1m`)" in text
+    assert "| 1.02 (0.90-1.20) swings |" in tables.host_arrays_table(data)

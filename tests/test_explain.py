@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import nbjit
 from nbjit import _kernels
 from nbjit.core.dispatch import PjitFunction
+from nbjit.observe import descriptions as _descriptions
 from nbjit.observe import distance as _distance
 from nbjit.observe import explain as _explain
 
@@ -279,25 +280,31 @@ def test_kernel_and_python_distances_agree(rows, new):
 def test_distance_matches_leaves_by_path():
     """A leaf moved to another position still compares with its own path's leaf."""
     a_leaf, b_leaf = [11, 1, 2, 3, 4, 5, 1, 6], [22, 1, 2, 3, 4, 5, 1, 7]
-    old = [2, 0, 0, 0, 0, *a_leaf, *b_leaf]
-    new = [2, 0, 0, 0, 0, *b_leaf, *a_leaf]
+    old = [2, 0, 0, 0, *a_leaf, *b_leaf]
+    new = [2, 0, 0, 0, *b_leaf, *a_leaf]
     assert _distance.description_distance_python(new, old) == 0
-    new_shape = [2, 0, 0, 0, 0, *b_leaf[:-1], 8, *a_leaf]  # b's shape differs
+    new_shape = [2, 0, 0, 0, *b_leaf[:-1], 8, *a_leaf]  # b's shape differs
     assert _distance.description_distance_python(new_shape, old) == 1
-    only_a = [1, 9, 0, 0, 0, *a_leaf]  # b missing: the structure word counts it, once
+    only_a = [1, 9, 0, 0, *a_leaf]  # b missing: the structure word counts it, once
     assert _distance.description_distance_python(only_a, old) == 1
+    # b of another kind: one field, plus its dtype and its shape where both have one
+    kind = [2, 0, 0, 0, *a_leaf, 22, 9, 2, 3, 4, 5, 1, 7]
+    kind_shape = [2, 0, 0, 0, *a_leaf, 22, 9, 2, 3, 4, 5, 2, 7]
+    kind_dtype_shape = [2, 0, 0, 0, *a_leaf, 22, 9, 8, 3, 4, 5, 1, 8]
+    no_dtype_no_shape = [2, 0, 0, 0, *a_leaf, 22, 9, 0, 3, 4, 5, -1, 8]  # a static, say
+    assert [_distance.description_distance_python(r, old)
+            for r in (kind, kind_shape, kind_dtype_shape, no_dtype_no_shape)] == [1, 2, 3, 1]
     arrays = [np.array(old, np.int64)]
-    for row in (new, new_shape, only_a):
+    for row in (new, new_shape, only_a, kind, kind_shape, kind_dtype_shape, no_dtype_no_shape):
         assert _kernels.closest_numba(np.array(row, np.int64), arrays)[1] == \
             _distance.description_distance_python(row, old)
 
 
 def test_the_twins_share_the_layout():
-    from nbjit.observe import distance as _distance
-
     assert (_kernels.DESCRIPTION_HEADER_WORDS, _kernels.DESCRIPTION_LEAF_WORDS) == (
         _distance.DESCRIPTION_HEADER_WORDS, _distance.DESCRIPTION_LEAF_WORDS)
-    row = _explain.describe_call((jnp.ones(2), {"a": 1.0}), {"k": np.ones(1)}, (), (), ()).row
+    row = _descriptions.describe_call((jnp.ones(2), {"a": 1.0}), {"k": np.ones(1)}, (), (),
+                                      ()).row
     assert len(row) == _kernels.DESCRIPTION_HEADER_WORDS + 3 * _kernels.DESCRIPTION_LEAF_WORDS
 
 
@@ -319,8 +326,9 @@ def test_explaining_a_few_entries_loads_no_numba():
 
 
 def test_closest_uses_the_kernel_past_the_crossover():
-    descriptions = [_explain.describe_call((jnp.ones(n),), {}, (), (), ()) for n in range(1, 400)]
-    new = _explain.describe_call((jnp.ones(123),), {}, (), (), ())
+    descriptions = [_descriptions.describe_call((jnp.ones(n),), {}, (), (), ())
+                    for n in range(1, 400)]
+    new = _descriptions.describe_call((jnp.ones(123),), {}, (), (), ())
     assert len(descriptions) * len(new.row) >= _explain.NUMBA_CLOSEST_MIN_WORDS
     index, distance = _explain.closest(new, descriptions)
     assert (index, distance) == (122, 0)
@@ -427,11 +435,11 @@ def test_equally_close_without_shardings_most_recent_first(records):
 def test_equally_close_entries_agree_in_python_and_the_kernel(monkeypatch):
     # 400 entries, each differing in one shape from the call; the kernel past
     # the crossover and the Python loop below it name the same ties in order.
-    descriptions = [_explain.describe_call((jnp.ones(n), jnp.ones(2)), {}, (), (), ())
+    descriptions = [_descriptions.describe_call((jnp.ones(n), jnp.ones(2)), {}, (), (), ())
                     for n in range(3, 203)]
-    descriptions += [_explain.describe_call((jnp.ones(2), jnp.ones(n)), {}, (), (), ())
+    descriptions += [_descriptions.describe_call((jnp.ones(2), jnp.ones(n)), {}, (), (), ())
                      for n in range(3, 203)]
-    new = _explain.describe_call((jnp.ones(2), jnp.ones(2)), {}, (), (), ())
+    new = _descriptions.describe_call((jnp.ones(2), jnp.ones(2)), {}, (), (), ())
     kernel = _explain._closest_entries(new, descriptions)
     assert "nbjit._kernels" in sys.modules
     monkeypatch.setattr(_explain, "NUMBA_CLOSEST_MIN_WORDS", 10**9)
@@ -447,3 +455,78 @@ def test_more_ties_than_named_are_counted(records):
     message = _explained(records, lambda: f(*[jnp.ones(2)] * 4))
     assert "4 of 4 cached signatures are equally close: (args[3]: shape" in message
     assert message.count("; or (") == 2 and "; or 1 more" in message
+
+
+# -- every difference named, each counted (issue 46) ---------------------------
+
+
+def test_a_kind_change_names_the_shape_and_dtype_that_changed_with_it(records):
+    f = _fresh(lambda x: x * 2)
+    f(np.ones((8, 8), np.float32))
+    message = _explained(records, lambda: f(jnp.ones((16, 8))))
+    assert "args[0]: kind numpy -> jax.Array; args[0]: shape float32[8,8] -> float32[16,8]" \
+        in message
+    g = _fresh(lambda x: x * 2)
+    g(np.ones((8, 8), np.float32))
+    message = _explained(records, lambda: g(jnp.ones((16, 8), jnp.int32)))
+    assert ("args[0]: kind numpy -> jax.Array; args[0]: dtype float32[8,8] -> int32[16,8]; "
+            "args[0]: shape float32[8,8] -> int32[16,8]") in message
+    rows = [r for r in nbjit.ranked_misses() if "args[0]: kind" in r.fields]
+    assert any(r.fields == ("args[0]: kind", "args[0]: shape") for r in rows)
+
+
+def test_a_dtype_change_alone_is_named(records):
+    f = _fresh(lambda x: x * 2)
+    f(jnp.ones(3))
+    message = _explained(records, lambda: f(jnp.ones(3, jnp.int32)))
+    assert "against the closest of 1 cached signatures: args[0]: dtype float32[3] -> int32[3]" \
+        in message
+
+
+def test_the_closer_entry_wins_against_one_that_differs_in_two_statics(records):
+    """f(x, 1, 1) and f(x, 1, 2) cached; f(x, 5, 1) differs from the first in one
+    static argument, from the second in two: no tie."""
+    f = _fresh(lambda x, a, b: x * a * b, static_argnums=(1, 2))
+    x = jnp.ones(3)
+    f(x, 1, 1)
+    f(x, 1, 2)
+    message = _explained(records, lambda: f(x, 5, 1))
+    assert "against the closest of 2 cached signatures: args[1]: static argument value 1 -> 5;" \
+        in message
+    g = nbjit.jit(lambda x, c, d: x * c * d, static_argnames=("c", "d"))
+    g(x, c=1, d=1)
+    g(x, c=1, d=2)
+    message = _explained(records, lambda: g(x, c=5, d=1))
+    assert "against the closest of 2 cached signatures: kwargs['c']: static argument value " \
+           "1 -> 5;" in message
+
+
+def test_a_dtype_change_is_closer_than_kind_and_shape(records):
+    f = _fresh(lambda x: x * 2)
+    f(np.ones((8, 8), np.float32))  # kind, dtype and shape away from the call
+    f(jnp.ones((16, 8)))  # the dtype only
+    message = _explained(records, lambda: f(jnp.ones((16, 8), jnp.int32)))
+    assert "against the closest of 2 cached signatures: args[0]: dtype" in message
+
+
+class _LooksAlike:
+    """Unequal to any other instance, with the same repr."""
+
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        return self is other
+
+    def __repr__(self):
+        return "LooksAlike()"
+
+
+def test_no_alternative_is_printed_twice(records):
+    f = _fresh(lambda x, s: x, static_argnums=1)
+    x = jnp.ones(3)
+    f(x, _LooksAlike())
+    f(x, _LooksAlike())
+    message = _explained(records, lambda: f(x, _LooksAlike()))
+    assert "2 of 2 cached signatures are equally close" in message
+    assert message.count("args[1]: static argument value a new object, not equal") == 1

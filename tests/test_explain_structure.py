@@ -204,3 +204,55 @@ def test_filter_jits_wrapped_module_named_by_its_field():
         nbjit.filter_jit(Scaled(x, scale))(x)
     fields = [r.fields for r in nbjit.ranked_misses() if "Scaled" in r.function]
     assert ("fun.scale (static field)",) in fields, fields
+
+
+# -- every static field that changed is named, and counted (issue 46) ----------
+
+
+class Layer(eqx.Module):
+    w: jax.Array
+    scale: float = eqx.field(static=True)
+    activation: object = eqx.field(static=True)
+
+
+def _layers(s0, a0, s1, a1):
+    return Stack([Layer(x, s0, a0), Layer(x, s1, a1)])
+
+
+def _records_of(call, records):
+    before = len(records())
+    with nbjit.explain_misses():
+        call()
+    (message,) = records()[before:]
+    return message
+
+
+@pytest.mark.parametrize("jit", [nbjit.jit, nbjit.filter_jit], ids=["jit", "filter_jit"])
+def test_every_changed_static_field_of_a_module_is_named(records, jit):
+    f = jit(lambda m: m.blocks[0].w * m.blocks[1].scale)
+    f(_layers(1.0, jax.nn.relu, 1.0, jax.nn.relu))
+    message = _records_of(lambda: f(_layers(1.0, jax.nn.gelu, 3.0, jax.nn.relu)), records)
+    assert ("args[0].blocks[0].activation (static field): <function relu> -> <function gelu>; "
+            "args[0].blocks[1].scale (static field): 1.0 -> 3.0") in message, message
+
+
+@pytest.mark.parametrize("jit", [nbjit.jit, nbjit.filter_jit], ids=["jit", "filter_jit"])
+def test_an_entry_one_field_away_is_closer_than_one_two_fields_away(records, jit):
+    f = jit(lambda m: m.blocks[0].w * m.blocks[1].scale)
+    f(_layers(1.0, jax.nn.relu, 1.0, jax.nn.relu))  # two fields away from the call
+    f(_layers(1.0, jax.nn.gelu, 2.0, jax.nn.relu))  # one field away
+    message = _records_of(lambda: f(_layers(1.0, jax.nn.gelu, 3.0, jax.nn.relu)), records)
+    assert "against the closest of 2 cached signatures: args[0].blocks[1].scale (static " \
+           "field): 2.0 -> 3.0;" in message, message
+
+
+@pytest.mark.parametrize("jit", [nbjit.jit, nbjit.filter_jit], ids=["jit", "filter_jit"])
+def test_equally_close_entries_each_named_once(records, jit):
+    f = jit(lambda m: m.blocks[0].w * m.blocks[1].scale)
+    f(_layers(1.0, jax.nn.relu, 1.0, jax.nn.relu))
+    f(_layers(1.0, jax.nn.relu, 2.0, jax.nn.relu))
+    message = _records_of(lambda: f(_layers(1.0, jax.nn.gelu, 3.0, jax.nn.relu)), records)
+    assert "2 of 2 cached signatures are equally close" in message
+    alternatives = message.split(": ", 2)[2].split("; or ")
+    assert len(alternatives) == len(set(alternatives)) == 2, message
+    assert all("scale (static field)" in a and "activation" in a for a in alternatives), message

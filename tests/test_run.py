@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -59,6 +60,7 @@ def project(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
+    (pkg / "path0.py").write_text("import sys\nprint(sys.path[0])\n")
     (pkg / "tool.py").write_text(textwrap.dedent("""\
         import sys, jax, nbjit
         print("name", __name__)
@@ -109,9 +111,52 @@ def test_run_module(project):
 def test_run_missing_script_or_module(project):
     done = _nbjit_run("app/nope.py", cwd=project)
     assert done.returncode == 2 and "can't open file" in done.stderr
+    assert "never imported jax" not in done.stderr  # it never ran: Python's message alone
     done = _nbjit_run("-m", "pkg.nope", cwd=project)
     assert done.returncode == 1 and "No module named pkg.nope" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr and "never imported jax" not in done.stderr
+
+
+def _console_script() -> str:
+    """The `nbjit` console script installed beside this Python (pyproject's
+    [project.scripts], as pip wrote it)."""
+    script = shutil.which("nbjit", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("no nbjit console script installed beside this Python")
+    return script
+
+
+def test_the_console_script_runs_a_module_as_python_m_does(project):
+    """`nbjit run -m pkg.tool` from the folder holding `pkg` (the current folder
+    first on sys.path, as `python -m`), through the real entry point."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    run = subprocess.run([_console_script(), "run", "-m", "pkg.tool", "--opt", "v"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "name __main__", "argv0 True ['--opt', 'v']", "patched True", "value 2 3 1"]
+    assert "nbjit run: dispatch report" in run.stderr and "never imported jax" not in run.stderr
+    path0 = subprocess.run(
+        [_console_script(), "run", "-m", "pkg.path0"], cwd=project, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT)
+    plain = subprocess.run([sys.executable, "-m", "pkg.path0"], cwd=project, env=env,
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert path0.returncode == plain.returncode == 0, path0.stderr
+    assert path0.stdout == plain.stdout == f"{project}\n"
+    missing = subprocess.run([_console_script(), "run", "-m", "pkg.nope"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=TIMEOUT)
+    assert missing.returncode == 1 and "No module named pkg.nope" in missing.stderr
+    assert "never imported jax" not in missing.stderr
+
+
+def test_the_console_script_runs_a_script_with_its_folder_first(project):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    run = subprocess.run([_console_script(), "run", "app/script.py"], cwd=project, env=env,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr
+    assert "path0 True" in run.stdout.splitlines()  # the script's own folder, first
 
 
 def test_run_script_in_process_calls_on_exit(project, monkeypatch):
@@ -330,6 +375,71 @@ def test_run_of_a_script_that_never_imports_jax(tmp_path):
     run = _nbjit_run("nojax.py", cwd=tmp_path)
     assert run.returncode == 0 and run.stdout == "False\n"
     assert "no nbjit function was called (the script never imported jax)" in run.stderr
+
+
+LIBRARY = textwrap.dedent("""\
+    import jax, jax.numpy as jnp
+
+    @jax.jit
+    def bias_correction(m, count):  # a helper optax-style libraries jit and call in traces
+        return m / (1 - 0.9 ** count)
+
+    @jax.jit
+    def public_step(x):  # a library function the user calls at top level
+        return x + 1
+    """)
+
+TRACED_SCRIPT = textwrap.dedent("""\
+    import jax, jax.numpy as jnp
+    import fakelib
+
+    @jax.jit
+    def loss(w):
+        return (w ** 2).sum()
+
+    @jax.jit
+    def step(w, count):
+        return w - fakelib.bias_correction(jax.grad(loss)(w), count)
+
+    w = jnp.ones(3)
+    for i in range(1, 4):
+        w = step(w, i)
+    fakelib.public_step(w)
+    print(float(loss(w)))
+    """)
+
+
+def test_report_keeps_calls_inside_other_traces_apart(tmp_path):
+    """A call with tracers inside another trace is staged into it (traced), not
+    a slow call; a library's function that only ran so is named on a line of
+    its own, apart from the user's functions (issue 46)."""
+    import json
+
+    library = tmp_path / "lib" / "site-packages"  # where pip installs libraries
+    library.mkdir(parents=True)
+    (library / "fakelib.py").write_text(LIBRARY)
+    (tmp_path / "train.py").write_text(TRACED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(library)])}
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run([sys.executable, "-m", "nbjit", "run", "--json", "report.json",
+                          "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads((tmp_path / "report.json").read_text())["functions"]}
+    helper = rows["fakelib.bias_correction (fakelib.py:3)"]
+    assert (helper["calls"], helper["slow"], helper["traced"], helper["library"]) == (1, 0, 1, True)
+    assert helper["slow_reasons"] == {}
+    loss = rows["loss (train.py:4)"]  # the user's own: under grad in step's trace, then at top
+    assert (loss["calls"], loss["slow"], loss["traced"], loss["library"]) == (2, 0, 1, False)
+    table, after = out.stderr.split("library functions run only inside your traces", 1)
+    assert "bias_correction" not in table and "fakelib.public_step" in table  # called at top
+    assert after.startswith(" (staged into them, as under jax.jit): "
+                            "fakelib.bias_correction (fakelib.py:3): 1 call")
+    header = table.splitlines()[1].split()
+    assert header[:6] == ["function", "calls", "hits", "misses", "slow", "traced"]
+    loss_cells = next(line for line in table.splitlines() if line.startswith("loss")).split()
+    assert loss_cells[2:7] == ["2", "0", "1", "0", "1"]  # calls hits misses slow traced
+    assert "tracer " not in loss_cells and loss_cells[-1] == "-"  # no slow reason
 
 
 GONE_SCRIPT = textwrap.dedent("""\

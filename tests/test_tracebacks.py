@@ -9,13 +9,19 @@ remove modes; those not marked ``__tracebackhide__`` in "tracebackhide" (the
 frames IPython and pytest show).
 """
 
+import itertools
+import json
 import os
+import re
+import subprocess
+import sys
 import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _diff import chain_of, nbjit_frames
 
 import nbjit
 
@@ -61,7 +67,7 @@ def _shown(error, mode):
 
 
 def _summary(error, mode):
-    return (type(error), str(error), _shown(error, mode), type(error.__cause__),
+    return (type(error), str(error), _shown(error, mode), chain_of(error),
             getattr(error, "__notes__", None))
 
 
@@ -151,3 +157,205 @@ def test_construction_errors_show_no_nbjit_frames(mode, options):
     factory = _summary(_catch(lambda: nbjit.jit(**options)(first)), mode)
     assert factory[0] is got["jax"][0] and factory[1] == got["jax"][1]
     assert not any(file == "dispatch.py" for _, file in factory[2]), factory[2]
+
+
+# ---------------------------------------------------------------------------
+# Mistakes a user makes: jax.jit's error, chained as jax.jit chains it (no
+# exception nbjit caught on its way to JAX's path), with no frame of nbjit's;
+# in every mode, "off" included for the chain (there nbjit's frames show).
+
+
+class _EqRaises:
+    """Equal hashes, comparing raises. A salt per pair: JAX's trace cache is the
+    process's, so one pair's instance must never meet another's."""
+
+    def __init__(self, salt):
+        self.salt = salt
+
+    def __hash__(self):
+        return self.salt
+
+    def __eq__(self, other):
+        raise ValueError("no comparing me")
+
+
+_salts = itertools.count(1000)
+
+
+def _mistakes(jit):
+    """name -> a call that raises, each on a function called before (its hit path)."""
+    x = jnp.arange(4.0)
+    calls = {}
+
+    donating = jit(lambda a: a + 1, donate_argnums=0)
+    donated = jnp.arange(4.0)
+    donating(jnp.ones(4)), donating(donated)  # the second call donates `donated`
+    calls["donated array used again"] = lambda: donating(donated)
+
+    fresh = jit(lambda a: a * 2, donate_argnums=0)
+    gone = jnp.arange(5.0)
+    fresh(gone)
+    calls["donated array used again, new signature"] = lambda: fresh(gone)
+
+    static = jit(lambda a, n: a * len(n), static_argnums=1)
+    static(x, (1, 2))
+    calls["unhashable static argument (a dict)"] = lambda: static(x, {"a": 1})
+    compared = jit(lambda a, s: a, static_argnums=1)
+    salt = next(_salts)
+    compared(x, _EqRaises(salt))
+    calls["static argument whose __eq__ raises"] = lambda: compared(x, _EqRaises(salt))
+
+    keywords = jit(lambda a, b=0, c=0: a + b + c)
+    keywords(x, b=1)
+    calls["other keyword names, a bad value"] = lambda: keywords(x, c="s")
+
+    many = jit(lambda *xs: sum(xs))
+    many(*[x] * 20)
+    calls["many arguments, one a string"] = lambda: many(*[x] * 19, "s")
+
+    deleted = jit(lambda a, b: a + b)
+    deleted(x, x)
+    dead = jnp.arange(4.0)
+    dead.delete()
+    calls["deleted input"] = lambda: deleted(x, dead)
+
+    host = jit(lambda a: a * 2)
+    host(np.ones(3)), host(np.ones(3))
+
+    def guarded():
+        with jax.transfer_guard("disallow"):
+            host(np.ones(3))
+
+    calls["host input under a transfer guard"] = guarded
+
+    def inside_handler():  # jax.jit's error has the caller's exception as context
+        try:
+            raise KeyError("the caller's own")
+        except KeyError:
+            static(x, {"a": 1})
+
+    calls["while the caller handles its own exception"] = inside_handler
+    return calls
+
+
+MISTAKES = list(_mistakes(jax.jit))
+
+
+def _no_addresses(text):
+    return re.sub(r"0x[0-9a-f]+", "0x?", text)
+
+
+@pytest.mark.parametrize("case", MISTAKES)
+@pytest.mark.parametrize("filtering", [*MODES, "off"])
+def test_mistakes_raise_and_chain_as_under_jax_jit(filtering, case):
+    before = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", filtering)
+    try:
+        errors = {name: _catch(_mistakes(jit)[case])
+                  for name, jit in (("jax", jax.jit), ("nbjit", nbjit.jit))}
+    finally:
+        jax.config.update("jax_traceback_filtering", before)
+    nb, jx = errors["nbjit"], errors["jax"]
+    assert type(nb) is type(jx)
+    # jax.jit raises that one from its C++ cache (its own message, no JAX api
+    # boundary: no UnfilteredStackTrace in "remove_frames"), nbjit from JAX's
+    # trace cache: a difference of its own, not a chained exception.
+    cpp_cache = case == "static argument whose __eq__ raises"
+    if not cpp_cache:
+        assert _no_addresses(str(nb)) == _no_addresses(str(jx))
+    if not (cpp_cache and filtering == "remove_frames"):
+        assert chain_of(nb) == chain_of(jx), "".join(traceback.format_exception(nb))
+    if filtering != "off":  # "off" shows nbjit's frames, as documented
+        shown = "quiet_remove_frames" if filtering == "auto" else filtering
+        assert _shown(nb, shown) == _shown(jx, shown)
+        assert nbjit_frames(nb) == []
+
+
+# The same mistakes printed: a script's uncaught exception, and IPython's
+# own traceback formatting, each in a fresh process.
+
+_SCRIPT = """\
+import sys
+import jax, jax.numpy as jnp
+import nbjit
+jit = jax.jit if sys.argv[1] == "jax" else nbjit.jit
+x = jnp.arange(4.0)
+step = jit(lambda a: a + 1, donate_argnums=0)
+scale = jit(lambda a, n: a * len(n), static_argnums=1)
+step(jnp.ones(4)), step(x), scale(x, (1, 2))
+if sys.argv[2] == "donated":
+    step(x)
+else:
+    scale(jnp.ones(4), {"a": 1})
+"""
+
+
+def _printed(text):
+    """A printed traceback without addresses, line numbers, and counts of the
+    frames IPython hides (nbjit's are among them)."""
+    text = re.sub(r"skipping hidden \d+ frame", "skipping hidden ? frame", text)
+    return re.sub(r"line \d+", "line ?", _no_addresses(text))
+
+
+def _run(script, *args):
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return run
+
+
+def _assert_clean(printed):
+    assert "nbjit" + os.sep not in printed and "<binder" not in printed, printed
+    assert "During handling of the above exception" not in printed, printed
+
+
+@pytest.mark.parametrize("mistake", ["donated", "unhashable static"])
+def test_uncaught_in_a_script_prints_jax_jits_traceback(tmp_path, mistake):
+    script = tmp_path / "mistake.py"
+    script.write_text(_SCRIPT)
+    printed = {}
+    for which in ("jax", "nbjit"):
+        run = _run(script, which, mistake)
+        assert run.returncode == 1, run.stderr
+        printed[which] = run.stderr
+    _assert_clean(printed["nbjit"])
+    assert _printed(printed["nbjit"]) == _printed(printed["jax"])
+
+
+_IPYTHON = """\
+import contextlib, io, json, sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance(colors="nocolor")
+shell.run_cell(
+    "import jax, jax.numpy as jnp, nbjit\\n"
+    "def make(jit):\\n"
+    "    return (jit(lambda a: a + 1, donate_argnums=0),\\n"
+    "            jit(lambda a, n: a * len(n), static_argnums=1))\\n")
+cells = {}
+for jit in ("jax.jit", "nbjit.jit"):
+    for name, call in (("donated", "step(x)"), ("unhashable static", "scale(x, {'a': 1})")):
+        warm = shell.run_cell(f"x = jnp.arange(4.0); step, scale = make({jit}); "
+                              "step(jnp.ones(4)), scale(x, (1, 2)), step(x)")
+        assert warm.error_in_exec is None, warm.error_in_exec
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            result = shell.run_cell(call.replace("x,", "jnp.ones(4),"))
+        assert result.error_in_exec is not None, name
+        cells[f"{jit} {name}"] = out.getvalue()
+with open(sys.argv[1], "w") as f:
+    json.dump(cells, f)
+"""
+
+
+def test_ipython_formats_jax_jits_traceback(tmp_path):
+    """Through IPython's own traceback formatting (`InteractiveShell.run_cell`,
+    ultratb), where JAX's default mode hides frames rather than removing them."""
+    pytest.importorskip("IPython")
+    script = tmp_path / "cells.py"
+    script.write_text(_IPYTHON)
+    run = _run(script, str(tmp_path / "cells.json"))
+    assert run.returncode == 0, run.stderr
+    cells = json.loads((tmp_path / "cells.json").read_text())
+    for name in ("donated", "unhashable static"):
+        nb, jx = cells[f"nbjit.jit {name}"], cells[f"jax.jit {name}"]
+        _assert_clean(nb)
+        assert _printed(nb) == _printed(jx)

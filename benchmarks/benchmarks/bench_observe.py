@@ -26,7 +26,7 @@ def _nbjit_module(name):
 
 
 def _rows(entries, leaves, seed=0):
-    """`entries` packed description rows of `leaves` leaves (5 + 7 * leaves words each)."""
+    """`entries` packed description rows of `leaves` leaves (header + 8 words a leaf)."""
     r = common.rng(seed)
     kernels = _nbjit_module("nbjit._kernels")
     if not hasattr(kernels, "description_distances"):

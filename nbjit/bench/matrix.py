@@ -552,21 +552,25 @@ def _filter_jit_rows() -> list[Scenario]:
     ]
 
 
-def select(matrix: Sequence[Scenario], pattern: str | None) -> list[Scenario]:
-    """Scenarios whose name matches ``pattern``.
+_REGEX_ONLY = frozenset("^$|()+\\{}.")  # a pattern with any of these is a regex, not a glob
 
-    A regular expression searched in the name if it has ``^`` or ``$``
-    (``args_1$``, ``^args_[12]$``); else a glob if it has ``*?[`` (the whole
-    name matches: ``args_1*``); else a substring.
-    """
+
+def select(matrix: Sequence[Scenario], pattern: str | None) -> list[Scenario]:
+    """Scenarios whose name matches ``pattern``: a regular expression searched
+    in the name (``host_array_fresh|workload_mnist``, ``args_1$``,
+    ``^args_[12]$``), so a plain word matches as a substring; or, written
+    with ``*`` or ``?`` and nothing else of a regular expression's syntax, a
+    glob that the whole name matches (``jit_simple_*_10``). ValueError for a
+    pattern that is neither."""
     if not pattern:
         return list(matrix)
-    if "^" in pattern or "$" in pattern:
-        regex = re.compile(pattern)
-        return [s for s in matrix if regex.search(s.name)]
-    if any(ch in pattern for ch in "*?["):
+    if any(ch in pattern for ch in "*?") and not any(ch in pattern for ch in _REGEX_ONLY):
         return [s for s in matrix if fnmatch.fnmatchcase(s.name, pattern)]
-    return [s for s in matrix if pattern in s.name]
+    try:
+        regex = re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"--only {pattern!r} is not a regular expression ({error})") from None
+    return [s for s in matrix if regex.search(s.name)]
 
 
 def scenario(name: str) -> Scenario:

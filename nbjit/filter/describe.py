@@ -18,16 +18,16 @@ from jax import tree_util
 
 from nbjit.filter.leaves import is_array
 from nbjit.filter.static import rebuild_call
-from nbjit.observe import explain as _explain
+from nbjit.observe import descriptions as _descriptions
 
 __all__ = ["describe_filter_call"]
 
 
 def describe_filter_call(static: tuple, arrays: list,
-                         context: tuple) -> _explain.CallDescription:
+                         context: tuple) -> _descriptions.CallDescription:
     """The description of one call, from its static key and traced arrays."""
     fun, args, kwargs = rebuild_call(static, arrays, None)
-    leaves: list[_explain.LeafDescription] = []
+    leaves: list[_descriptions.LeafDescription] = []
     statics: list[tuple[str, type, Any]] = []
     structure: list[tuple[str, str]] = []
     treedefs: list[tuple[str, Any]] = []
@@ -36,22 +36,16 @@ def describe_filter_call(static: tuple, arrays: list,
         (f"kwargs[{name!r}]", kwargs[name]) for name in sorted(kwargs)]
     for path, value in parts:
         pairs, treedef = tree_util.tree_flatten_with_path(value)
-        _explain.add_structure(path, treedef, structure, treedefs)
+        _descriptions.add_structure(path, treedef, structure, treedefs)
         for key_path, leaf in pairs:
             leaf_path = path + tree_util.keystr(key_path)
             if is_array(leaf):
-                leaves.append(_explain.describe_leaf(leaf_path, leaf))
+                leaves.append(_descriptions.describe_leaf(leaf_path, leaf))
             else:
                 statics.append((leaf_path, type(leaf), leaf))
     names = tuple(sorted(kwargs))
-    word, flag = _explain.word_of, _explain.flag_of
-    row = [len(leaves), word((len(args), tuple(structure))), word(names),
-           word(tuple(statics)), word(context)]
-    for leaf in leaves:
-        row += (word(leaf.path), word(leaf.kind), word(leaf.dtype), flag(leaf.weak_type),
-                flag(leaf.committed), word(leaf.sharding),
-                -1 if leaf.shape is None else len(leaf.shape), word(leaf.shape))
-    return _explain.CallDescription(
+    row = _descriptions.pack_row(leaves, statics, len(args), structure, names, context)
+    return _descriptions.CallDescription(
         tuple(leaves), tuple(statics), names, tuple(structure), context, tuple(row),
-        np.array(row, dtype=np.int64), next(_explain.description_serials), len(args),
+        np.array(row, dtype=np.int64), next(_descriptions.description_serials), len(args),
         tuple(treedefs))

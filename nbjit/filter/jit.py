@@ -307,8 +307,9 @@ class Compiled:
 
 
 # ---------------------------------------------------------------------------
-# One FilterPjitFunction per wrapped function (weakly keyed when it is a
-# function, else by its names, as equinox's compile cache), per options.
+# One CallPlan (its inner PjitFunction) per wrapped function (weakly keyed
+# when it is a function, else by its names, as equinox's compile cache), per
+# options.
 
 _plans_by_function: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _plans_by_name: dict[tuple, CallPlan] = {}

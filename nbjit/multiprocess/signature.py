@@ -117,7 +117,8 @@ class Signature:
 def describe_signature(name: str, options_text: str, description: Any,
                        args: tuple = (), kwargs: dict | None = None,
                        host_values: bool = False) -> Signature:
-    """The stable signature of one call (`description`: `_explain.describe_call`'s).
+    """The stable signature of one call (`description`: what
+    `nbjit.observe.descriptions.describe_call` gives).
 
     With `host_values`, the bytes of every host leaf (numpy arrays and
     scalars, Python scalars) of `args` and `kwargs` enter it too.

@@ -1,6 +1,7 @@
 """Seeing dispatch: statistics and slow reasons (`stats`), explained and
-ranked misses (`explain`, `distance`), per-phase timing (`profile`), the
-run report (`report`) and the names everything prints (`names`).
+ranked misses (`explain`, over `descriptions` and their `distance`),
+per-phase timing (`profile`), the run report (`report`) and the names
+everything prints (`names`).
 
 What the core calls of it is registered here, on import: the miss's
 description and explanation and `stats()` (`plug`), the hit path's timed

@@ -5,18 +5,24 @@ tests/test_explain.py), in a module that imports neither numba nor jax: a
 miss with few cached entries finds its closest entry without loading numba
 (whose first import is slow).
 
-A call description packs into one int64 row (`nbjit.observe.explain` builds it):
-  header: [n_leaves, structure_id, keyword_names_id, statics_id, context_id]
+A call description packs into one int64 row (`nbjit.observe.descriptions.pack_row`):
+  header: [n_leaves, structure_id, keyword_names_id, context_id]
   then per leaf, fixed width:
   [path_id, kind_id, dtype_id, weak_type, committed, sharding_id, ndim, shape_id]
-Words are the fields' hashes, so equal fields pack to equal words. The
-distance of two rows counts the fields `nbjit.observe.explain.differences` would name:
-each differing header word (not the leaf count), and per leaf of the new
-row the fields of the cached leaf with the same path (a kind change is
-one field, as are ndim and shape together). A leaf whose path the other
-row lacks adds nothing: the structure, keyword or argument-count word
-that differs already counts it. Leaves are matched by path, first at the
-same position (the common case), else by a scan.
+Words are the fields' hashes, so equal fields pack to equal words; a leaf
+with no dtype packs 0 there, with no shape -1 as its ndim. Each static
+argument (or, under filter_jit, each non-array leaf) is a leaf too: its
+exact type as its kind, its value's hash in place of the shape.
+The distance of two rows counts the fields `nbjit.observe.explain.differences`
+would name: each differing header word (not the leaf count), and per leaf
+of the new row the fields of the cached leaf with the same path: dtype,
+weak type, committedness, sharding, and ndim and shape together; a kind
+change is one field, plus the dtype and the shape where both leaves have one
+and it changed too. A leaf whose path the other row lacks adds nothing: the
+structure, keyword or argument-count word that differs already counts it.
+Leaves are matched by path, first at the same position (the common case),
+else by a scan. The structure and context words count one however many of
+their fields differ (`nbjit.observe.explain` counts those when it matters).
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ from collections.abc import Sequence
 __all__ = ["DESCRIPTION_HEADER_WORDS", "DESCRIPTION_LEAF_WORDS", "closest_python",
            "description_distance_python"]
 
-DESCRIPTION_HEADER_WORDS = 5
+DESCRIPTION_HEADER_WORDS = 4
 DESCRIPTION_LEAF_WORDS = 8
 
 
 def _leaf_distance_python(a: Sequence[int], i: int, b: Sequence[int], j: int) -> int:
-    if a[i + 1] != b[j + 1]:
-        return 1
+    if a[i + 1] != b[j + 1]:  # another kind, and a dtype or shape both have that changed
+        return (1 + (a[i + 2] != 0 and b[j + 2] != 0 and a[i + 2] != b[j + 2])
+                + (a[i + 6] >= 0 and b[j + 6] >= 0
+                   and (a[i + 6] != b[j + 6] or a[i + 7] != b[j + 7])))
     return ((a[i + 2] != b[j + 2]) + (a[i + 3] != b[j + 3]) + (a[i + 4] != b[j + 4])
             + (a[i + 5] != b[j + 5]) + (a[i + 6] != b[j + 6] or a[i + 7] != b[j + 7]))
 

@@ -1,17 +1,21 @@
 """Explained misses: which field of a call differs from the closest cached one.
 
-At every miss the dispatcher calls `describe_call` (per-leaf path, kind,
-dtype, shape, weak type, sharding, committedness; static values; keyword
-names; pytree structure; trace context) and the new entry keeps the
-description: the cost is paid on misses only, never on hits. While
+At every miss the dispatcher calls `describe_call`
+(`nbjit.observe.descriptions`: per-leaf path, kind, dtype, shape, weak
+type, sharding, committedness; static values; keyword names; pytree
+structure; trace context) and the new entry keeps the description: the
+cost is paid on misses only, never on hits. While
 `jax.config.jax_explain_cache_misses` is on, or inside
 ``with nbjit.explain_misses():``, a miss of a function that already holds
 (or held) entries logs one WARNING on the ``nbjit`` logger (`miss_done`) naming
 the function, the call site, and what differs from the closest cached
 signature, whether the signature had been evicted by the LRU, and whether
-JAX compiled anything new for it. A changed pytree structure is named by the
-node where the treedefs part (``args[0].scale (static field): 1.0 -> 2.0``:
-`nbjit.observe.names.structure_difference`), in at most 120 characters.
+JAX compiled anything new for it. Every field that differs is named: a
+changed pytree structure by each node where the treedefs part
+(``args[0].scale (static field): 1.0 -> 2.0``:
+`nbjit.observe.names.node_differences`), in at most 120 characters each;
+a leaf of another kind by its kind, and by its dtype and shape where those
+changed too.
 
 Every miss is explained and timed, logged or not: `ranked_misses()` groups
 them by function, call site and differing fields, costliest first, and
@@ -19,7 +23,8 @@ them by function, call site and differing fields, costliest first, and
 naming them.
 
 The closest entry among many (shape churn leaves thousands) is the one
-with the fewest differing fields (leaves matched by path; ties: the newest),
+with the fewest differing fields, each static argument, leaf field and
+structural change counted (leaves matched by path; ties: the newest),
 found over packed int64 rows: by a Python loop for small caches
 (`nbjit.observe.distance`, which loads no numba), by one Numba kernel call over
 all rows (`_kernels.description_distances`) from `NUMBA_CLOSEST_MIN_WORDS`
@@ -41,19 +46,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from jax import tree_util
 
 from nbjit import _jax
-from nbjit._common import PYTHON_SCALARS
 from nbjit.observe import distance as _distance
 from nbjit.observe import stats as _stats
+from nbjit.observe.descriptions import (
+    CONTEXT_WORD,
+    STRUCTURE_WORD,
+    CallDescription,
+    LeafDescription,
+)
 from nbjit.observe.names import aval_text, call_site, process_label, structure_differences
 from nbjit.observe.table import Table
 
 logger = logging.getLogger("nbjit")
 
-__all__ = ["CallDescription", "LeafDescription", "describe_call", "explain",
-           "explain_misses", "enabled"]
+__all__ = ["RankedMiss", "RankedMisses", "assert_max_misses", "enabled", "explain",
+           "explain_misses", "ranked_misses", "reset_ranked_misses"]
 
 # The crossover: the Numba call has a fixed cost that the Python loop, whose
 # cost grows per packed word, overtakes from about this many words on.
@@ -94,124 +103,6 @@ def enabled() -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Descriptions
-
-
-@dataclass(frozen=True, eq=False)
-class LeafDescription:
-    """One argument leaf as the key sees it. `kind`: 'jax.Array', 'numpy', or a type name."""
-
-    path: str
-    kind: str
-    dtype: Any = None
-    shape: tuple | None = None
-    weak_type: bool | None = None
-    sharding: Any = None
-    committed: bool | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class CallDescription:
-    """Everything that enters one call's key, per argument path."""
-
-    leaves: tuple[LeafDescription, ...]
-    statics: tuple[tuple[str, type, Any], ...]  # (path, exact type, value)
-    keyword_names: tuple[str, ...]  # sorted
-    structure: tuple[tuple[str, str], ...]  # (argument path, its treedef) for pytrees
-    context: tuple
-    row: tuple[int, ...]  # packed (see _kernels: DESCRIPTION_*)
-    array: np.ndarray  # the same row as int64, for the kernel
-    serial: int = 0  # creation order: of two equally close entries the newer is named
-    positional: int = 0  # how many positional arguments (statics included)
-    # (argument path, its treedef) as `structure`: what `structure_difference` walks
-    treedefs: tuple[tuple[str, Any], ...] = ()
-
-
-def word_of(value: Any) -> int:
-    """One packed word standing for `value`: its hash (-1 if unhashable).
-
-    Equal values give equal words; a rare collision only makes the closest
-    entry less sharp (the message compares the descriptions themselves). A
-    hash, not an interning table, so that no value outlives its entry here.
-    """
-    try:
-        return hash(value)
-    except TypeError:
-        return -1
-
-
-def describe_leaf(path: str, x: Any) -> LeafDescription:
-    if isinstance(x, _jax.ArrayImpl) or isinstance(x, _jax.Tracer):
-        aval: Any = x.aval
-        if isinstance(x, _jax.Tracer):
-            return LeafDescription(path, type(x).__name__, getattr(aval, "dtype", None),
-                                   getattr(aval, "shape", None), getattr(aval, "weak_type", None))
-        return LeafDescription(path, "jax.Array", aval.dtype, aval.shape, aval.weak_type,
-                               x.sharding, x._committed)
-    if isinstance(x, np.ndarray | np.generic):
-        return LeafDescription(path, "numpy", x.dtype, x.shape, False)
-    if type(x) in PYTHON_SCALARS:
-        return LeafDescription(path, type(x).__name__, None, (), True)
-    return LeafDescription(path, type(x).__name__)
-
-
-def _flatten_argument(path: str, value: Any, leaves: list, structure: list,
-                      treedefs: list) -> None:
-    pairs, treedef = tree_util.tree_flatten_with_path(value)
-    add_structure(path, treedef, structure, treedefs)
-    for key_path, leaf in pairs:
-        leaves.append(describe_leaf(path + tree_util.keystr(key_path), leaf))
-
-
-def add_structure(path: str, treedef: Any, structure: list, treedefs: list) -> None:
-    """Keeps the treedef of the argument at `path` (its text: what the signature
-    and row hash; itself: what `structure_difference` walks) unless one leaf."""
-    if treedef.num_nodes != 1 or treedef.num_leaves != 1:
-        structure.append((path, str(treedef)))
-        treedefs.append((path, treedef))
-
-
-def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
-                  static_names: Sequence[str], context: tuple) -> CallDescription:
-    """The description of one call (the original `args` and `kwargs`, statics included).
-
-    Called on misses only: flattening with paths costs more than a whole hit.
-    """
-    static = set(static_positions)
-    leaves: list[LeafDescription] = []
-    statics: list[tuple[str, type, Any]] = []
-    structure: list[tuple[str, str]] = []
-    treedefs: list[tuple[str, Any]] = []
-    for i, value in enumerate(args):
-        if i in static:
-            statics.append((f"args[{i}]", type(value), value))
-        else:
-            _flatten_argument(f"args[{i}]", value, leaves, structure, treedefs)
-    for name in sorted(kwargs):
-        if name in static_names:
-            statics.append((f"kwargs[{name!r}]", type(kwargs[name]), kwargs[name]))
-        else:
-            _flatten_argument(f"kwargs[{name!r}]", kwargs[name], leaves, structure, treedefs)
-    names = tuple(sorted(kwargs))
-    row = [len(leaves), word_of((len(args), tuple(structure))), word_of(names),
-           word_of(tuple(statics)), word_of(context)]
-    for leaf in leaves:
-        row += (word_of(leaf.path), word_of(leaf.kind), word_of(leaf.dtype),
-                flag_of(leaf.weak_type), flag_of(leaf.committed), word_of(leaf.sharding),
-                -1 if leaf.shape is None else len(leaf.shape), word_of(leaf.shape))
-    return CallDescription(tuple(leaves), tuple(statics), names, tuple(structure), context,
-                           tuple(row), np.array(row, dtype=np.int64), next(description_serials),
-                           len(args), tuple(treedefs))
-
-
-description_serials = itertools.count(1)  # next() is atomic under the GIL
-
-
-def flag_of(value: bool | None) -> int:
-    return -1 if value is None else int(value)
-
-
-# ---------------------------------------------------------------------------
 # The closest cached description
 
 
@@ -225,13 +116,33 @@ def closest(new: CallDescription, cached: Sequence[CallDescription]) -> tuple[in
     loading numba pays off): every miss is explained for `ranked_misses`, and
     loading numba is slow, so small caches never pay for it.
     """
-    words = len(cached) * len(new.row)
-    if words < NUMBA_CLOSEST_MIN_WORDS or (
-            words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
+    if _in_python(new, cached):
         return _distance.closest_python(new.row, [d.row for d in cached])
     from nbjit import _kernels  # deferred: importing numba is slow (see above)
 
     return _kernels.closest_numba(new.array, [d.array for d in cached])
+
+
+def _in_python(new: CallDescription, cached: Sequence[CallDescription]) -> bool:
+    """Whether distances to `cached` are counted by the Python loop rather than
+    the Numba kernel: below the crossover, or below `PYTHON_CLOSEST_MAX_WORDS`
+    while numba is not loaded yet."""
+    words = len(cached) * len(new.row)
+    return words < NUMBA_CLOSEST_MIN_WORDS or (
+        words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules)
+
+
+def _distances(new: CallDescription, cached: Sequence[CallDescription]) -> np.ndarray:
+    """The packed distance (`nbjit.observe.distance`) of `new` to each of `cached`."""
+    if _in_python(new, cached):
+        return np.array([_distance.description_distance_python(new.row, d.row)
+                         for d in cached], dtype=np.int64)
+    from nbjit import _kernels
+
+    rows = [d.array for d in cached]
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([r.shape[0] for r in rows], out=offsets[1:])
+    return _kernels.description_distances(new.array, np.concatenate(rows), offsets)
 
 
 def by_age(descriptions: Sequence[CallDescription]) -> list[CallDescription]:
@@ -256,12 +167,20 @@ def _weak_text(weak: bool | None) -> str:
 def _leaf_differences(old: LeafDescription, new: LeafDescription) -> list[tuple[str, str]]:
     p = new.path
     if old.kind != new.kind:
+        # Another kind: its committedness, sharding and weak type follow from
+        # the kind; a dtype or shape that both have and that changed too is
+        # named as well (numpy f32[8,8] -> jax.Array f32[16,8]: both fields).
         text = f"{p}: kind {old.kind} -> {new.kind}"
         if old.weak_type is not None and new.weak_type is not None \
                 and old.weak_type != new.weak_type:
             text += (f" (the weak type changed: {_weak_text(old.weak_type)} -> "
                      f"{_weak_text(new.weak_type)}; {_WEAK_TYPE_FIX})")
-        return [(f"{p}: kind", text)]
+        changed = [(f"{p}: kind", text)]
+        if old.dtype is not None and new.dtype is not None and old.dtype != new.dtype:
+            changed.append((f"{p}: dtype", f"{p}: dtype {aval_text(old)} -> {aval_text(new)}"))
+        if old.shape is not None and new.shape is not None and old.shape != new.shape:
+            changed.append((f"{p}: shape", f"{p}: shape {aval_text(old)} -> {aval_text(new)}"))
+        return changed
     out = []
     if old.dtype != new.dtype:
         out.append((f"{p}: dtype", f"{p}: dtype {aval_text(old)} -> {aval_text(new)}"))
@@ -310,8 +229,12 @@ def field_differences(old: CallDescription, new: CallDescription) -> list[tuple[
                     f"positional argument count {old_args} -> {new_args}"))
     out += structure_differences(old, new)
     old_statics = {p: (t, v) for p, t, v in old.statics}
+    old_leaves = {leaf.path: leaf for leaf in old.leaves}
     for path, kind, value in new.statics:
         if path not in old_statics:
+            if path in old_leaves:  # filter_jit: an array before, a static value now
+                out.append((f"{path}: kind", f"{path}: kind {old_leaves[path].kind} -> "
+                                             f"static {kind.__name__}"))
             continue
         old_kind, old_value = old_statics[path]
         if old_kind is not kind:
@@ -323,11 +246,13 @@ def field_differences(old: CallDescription, new: CallDescription) -> list[tuple[
                       else f"{old_text} -> {new_text}")
             out.append((f"{path}: static argument value",
                         f"{path}: static argument value {change}"))
-    old_leaves = {leaf.path: leaf for leaf in old.leaves}
     for leaf in new.leaves:
         before = old_leaves.get(leaf.path)
         if before is not None:
             out += _leaf_differences(before, leaf)
+        elif leaf.path in old_statics:  # filter_jit: a static value before, an array now
+            was = old_statics[leaf.path][0].__name__
+            out.append((f"{leaf.path}: kind", f"{leaf.path}: kind static {was} -> {leaf.kind}"))
     out += _context_differences(old.context, new.context)
     return out
 
@@ -380,24 +305,27 @@ def _closest_entries(new: CallDescription, cached: Sequence[CallDescription]
     first (the same placement, so the fields that differ are what the caller
     changed), then the most recent first, as `closest` picks.
 
-    All distances, with `closest`'s choice of Python or the kernel: a miss
-    names each tie, where `closest` keeps one.
+    Close means the fewest differing fields, as `field_differences` names
+    them. The packed distance counts each exactly but for two header words,
+    the pytree structure and the trace context, which count one however many
+    of their fields differ: for an entry where one of those differs, the
+    fields are counted (`field_differences`) while its packed distance could
+    still make it the closest (a packed distance never exceeds the count).
     """
-    words = len(cached) * len(new.row)
-    if words < NUMBA_CLOSEST_MIN_WORDS or (
-            words < PYTHON_CLOSEST_MAX_WORDS and "nbjit._kernels" not in sys.modules):
-        from nbjit.observe import distance as _distance
-
-        distances = [_distance.description_distance_python(new.row, d.row) for d in cached]
-    else:
-        from nbjit import _kernels
-
-        rows = [d.array for d in cached]
-        offsets = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum([r.shape[0] for r in rows], out=offsets[1:])
-        distances = _kernels.description_distances(new.array, np.concatenate(rows), offsets)
-    best = min(distances)
-    tied = [i for i in range(len(cached) - 1, -1, -1) if distances[i] == best]
+    distances = _distances(new, cached)
+    counted = np.zeros(len(cached), dtype=bool)
+    row = new.row
+    while True:
+        best = int(distances.min())
+        refine = [i for i in np.flatnonzero((distances == best) & ~counted).tolist()
+                  if cached[i].row[STRUCTURE_WORD] != row[STRUCTURE_WORD]
+                  or cached[i].row[CONTEXT_WORD] != row[CONTEXT_WORD]]
+        if not refine:
+            break
+        for i in refine:
+            counted[i] = True
+            distances[i] = max(int(distances[i]), len(field_differences(cached[i], new)))
+    tied = np.flatnonzero(distances == best)[::-1].tolist()  # the most recent first
     shardings = [leaf.sharding for leaf in new.leaves]
     same: list[int] = []
     other: list[int] = []
@@ -419,12 +347,14 @@ def _why(new: CallDescription | None, miss: MissContext) -> tuple[tuple[str, ...
         cached = by_age(miss.cached)
         named, n_tied = _closest_entries(new, cached)
         tied = [field_differences(cached[i], new) for i in named]
-        shown = []
+        shown: list[str] = []
         for found in tied:
             text = "; ".join(text for _, text in found[:_MAX_DIFFERENCES])
             if len(found) > _MAX_DIFFERENCES:
                 text += f"; and {len(found) - _MAX_DIFFERENCES} more"
-            shown.append(text or "no described field differs")
+            text = text or "no described field differs"
+            if text not in shown:  # two entries that read alike are one alternative
+                shown.append(text)
         fields = tuple(field for field, _ in tied[0]) or ("no described field",)
         if n_tied == 1:
             return fields, f"against the closest of {len(cached)} cached signatures: {shown[0]}"

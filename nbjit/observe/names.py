@@ -1,5 +1,5 @@
 """How every report names things: functions, processes, call sites, avals,
-and the node where two pytree structures part (`structure_difference`).
+and the nodes where two pytree structures part (`node_differences`).
 
 The module below every other report (stats, explain, profile, the run
 report, multi-controller agreement): each names things through it, and it
@@ -23,9 +23,11 @@ import dataclasses
 import functools
 import os
 import sys
+import sysconfig
 import threading
 import types
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,9 +35,9 @@ from jax import tree_util
 
 from nbjit import _jax
 
-__all__ = ["STATEMENT_MAX", "aval_text", "call_site", "definition_site", "fit_statement",
-           "function_name", "name_like", "process_label", "qualified_name",
-           "structure_difference", "structure_differences", "value_text"]
+__all__ = ["STATEMENT_MAX", "aval_text", "call_site", "defined_in_library", "definition_site",
+           "fit_statement", "function_name", "name_like", "node_differences", "process_label",
+           "qualified_name", "structure_difference", "structure_differences", "value_text"]
 
 
 def qualified_name(fun: Any) -> str:
@@ -50,15 +52,43 @@ def qualified_name(fun: Any) -> str:
 def definition_site(fun: Any) -> str | None:
     """``"file.py:LINE"`` of the code that defines `fun` (the base name of its
     file), or None when it has no Python code (a builtin, a callable object)."""
+    code = _code_of(fun)
+    if code is None:
+        return None
+    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _code_of(fun: Any) -> types.CodeType | None:
+    """The code object that defines `fun` (through partials, bound methods and
+    a callable object's ``__call__``), or None."""
     while isinstance(fun, functools.partial):
         fun = fun.func
     fun = getattr(fun, "__func__", fun)  # a bound method
     code = getattr(fun, "__code__", None)
     if code is None and callable(fun):  # a callable object: its class's __call__
         code = getattr(type(fun).__call__, "__code__", None)
+    return code
+
+
+def defined_in_library(fun: Any) -> bool:
+    """Whether `fun` is an installed library's code (site-packages, or the
+    standard library), not the user's own: the run report lists library
+    functions that only ran inside the user's traces apart."""
+    code = _code_of(fun)
     if code is None:
-        return None
-    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+        return False
+    path = os.path.abspath(code.co_filename)
+    parts = path.split(os.sep)
+    return ("site-packages" in parts or "dist-packages" in parts
+            or path.startswith(_library_dirs()))
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    """Where installed code lives: the standard library and site-packages."""
+    paths = sysconfig.get_paths()
+    found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    return tuple(os.path.abspath(p) + os.sep for p in found)
 
 
 _ordinals: dict[tuple[str, str | None], int] = {}  # (qualified name, site) -> functions seen
@@ -137,7 +167,7 @@ def call_site() -> str:
 
 
 def aval_text(leaf: Any, *, kind: bool = False, weak: bool = False) -> str:
-    """``float32[2,3]`` of a described leaf (`nbjit.observe.explain.LeafDescription`),
+    """``float32[2,3]`` of a described leaf (`nbjit.observe.descriptions.LeafDescription`),
     or its kind when it has no dtype. With `kind`, a leaf that is not a
     jax.Array is prefixed by its kind (``numpy float32[3]``); with `weak`, a
     weakly typed one ends in `` weak``."""
@@ -151,7 +181,7 @@ def aval_text(leaf: Any, *, kind: bool = False, weak: bool = False) -> str:
 
 
 # ---------------------------------------------------------------------------
-# Pytree structures: the first node where two treedefs part, by its path
+# Pytree structures: the nodes where two treedefs part, by their paths
 
 STATEMENT_MAX = 120  # characters of one structural difference: never a treedef dump
 
@@ -160,9 +190,9 @@ _LEAF_TREEDEF = tree_util.tree_structure(0)
 
 
 def structure_differences(old: Any, new: Any) -> list[tuple[str, str]]:
-    """(field, statement) of each pytree argument whose structure differs
-    between two call descriptions (`nbjit.observe.explain.CallDescription`):
-    the first node (in tree order) where the two treedefs part, by its path."""
+    """(field, statement) of every node where the structures of two call
+    descriptions' pytree arguments part (`nbjit.observe.descriptions.CallDescription`),
+    in tree order, by its path (`node_differences`)."""
     old_text, new_text = dict(old.structure), dict(new.structure)
     old_defs, new_defs = dict(old.treedefs), dict(new.treedefs)
     out = []
@@ -172,15 +202,15 @@ def structure_differences(old: Any, new: Any) -> list[tuple[str, str]]:
             continue  # the same, or the argument count or keyword names differ (named there)
         a = old_defs.get(path, _LEAF_TREEDEF if path not in old_text else None)
         b = new_defs.get(path, _LEAF_TREEDEF if path not in new_text else None)
-        found = None
+        found: list[tuple[str, str]] = []
         if a is not None and b is not None:
             try:
-                found = structure_difference(path, a, b, _LeafNames(old), _LeafNames(new))
+                found = list(node_differences(path, a, b, _LeafNames(old), _LeafNames(new)))
             except Exception:  # an odd node (its data raised on ==): the coarse statement
-                found = None
+                found = []
         where = f"{path}: pytree structure"
-        out.append(found or (where, fit_statement(where, old_text.get(path, "(a leaf)"),
-                                                  new_text.get(path, "(a leaf)"))))
+        out += found or [(where, fit_statement(where, old_text.get(path, "(a leaf)"),
+                                               new_text.get(path, "(a leaf)")))]
     return out
 
 
@@ -212,46 +242,60 @@ class _LeafNames:
 
 def structure_difference(path: str, old: Any, new: Any, old_leaf: Any, new_leaf: Any
                          ) -> tuple[str, str] | None:
-    """(field, statement) of the first node where treedefs `old` and `new` differ,
-    walking both node by node (None: they do not). `old_leaf(path)` and
-    `new_leaf(path)` name a leaf of each call (its aval)."""
+    """(field, statement) of the first node where treedefs `old` and `new` differ
+    (None: they do not); `node_differences` names every one."""
+    return next(node_differences(path, old, new, old_leaf, new_leaf), None)
+
+
+def node_differences(path: str, old: Any, new: Any, old_leaf: Any, new_leaf: Any
+                     ) -> Iterator[tuple[str, str]]:
+    """(field, statement) of every node where treedefs `old` and `new` differ, in
+    tree order, walking both node by node. `old_leaf(path)` and
+    `new_leaf(path)` name a leaf of each call (its aval).
+
+    Below a node of another type, or a container whose keys or length
+    changed, the children do not line up: that node is one difference. A
+    custom node's changed static fields are one difference each, and its
+    children are walked on."""
     old_data, new_data = old.node_data(), new.node_data()
     if old_data is None and new_data is None:
-        return None  # two leaves: their avals are the leaves' fields
+        return  # two leaves: their avals are the leaves' fields
     if old_data is None or new_data is None or old_data[0] is not new_data[0]:
         old_type = None if old_data is None else old_data[0]
         new_type = None if new_data is None else new_data[0]
         if _is_namedtuple(old_type) and _is_namedtuple(new_type):
-            return (f"{path}: namedtuple type", fit_statement(f"{path}", _type_name(old_type),
-                                                     _type_name(new_type), " (namedtuple)"))
-        return (f"{path}: structure", fit_statement(
+            yield (f"{path}: namedtuple type", fit_statement(f"{path}", _type_name(old_type),
+                                                    _type_name(new_type), " (namedtuple)"))
+            return
+        yield (f"{path}: structure", fit_statement(
             path, old_leaf(path) if old_data is None else _node_text(old),
             new_leaf(path) if new_data is None else _node_text(new)))
+        return
     kind, old_aux = old_data
     new_aux = new_data[1]
     old_children, new_children = old.children(), new.children()
-    if kind is dict and old_aux != new_aux:
+    if kind is dict and old_aux != new_aux:  # JAX sorts a dict's keys: some changed
         added = [k for k in new_aux if k not in old_aux]
         removed = [k for k in old_aux if k not in new_aux]
         key, what = (added[0], "added") if added else (removed[0], "removed")
         more = len(added) + len(removed) - 1
-        return (f"{path}[{key!r}]: {what}", _cap(
+        yield (f"{path}[{key!r}]: {what}", _cap(
             f"{path}[{key!r}]: {what}" + (f" (and {more} more keys changed)" if more else "")))
+        return
     if kind in (list, tuple) and len(old_children) != len(new_children):
-        return (f"{path}: {kind.__name__} length",
-                f"{path}: {kind.__name__} of {len(old_children)} -> {len(new_children)}")
+        yield (f"{path}: {kind.__name__} length",
+               f"{path}: {kind.__name__} of {len(old_children)} -> {len(new_children)}")
+        return
     if kind not in (dict, list, tuple, type(None)) and not _is_namedtuple(kind):
         if not _equal(old_aux, new_aux):
-            return _aux_difference(path, kind, old_aux, new_aux, new)
+            yield from _aux_differences(path, kind, old_aux, new_aux, new)
         if len(old_children) != len(new_children):
-            return (f"{path}: children", f"{path}: {_type_name(kind)} with "
-                    f"{len(old_children)} -> {len(new_children)} children")
+            yield (f"{path}: children", f"{path}: {_type_name(kind)} with "
+                   f"{len(old_children)} -> {len(new_children)} children")
+            return
     keys = _child_keys(new, kind, new_aux, len(new_children))
     for key, a, b in zip(keys, old_children, new_children, strict=True):
-        found = structure_difference(path + key, a, b, old_leaf, new_leaf)
-        if found is not None:
-            return found
-    return None
+        yield from node_differences(path + key, a, b, old_leaf, new_leaf)
 
 
 def _is_namedtuple(kind: Any) -> bool:
@@ -318,22 +362,22 @@ def _static_field_names(treedef: Any, kind: Any, aux: Any) -> tuple[list[str], i
     return (names, offset) if len(names) + offset == len(aux) else None
 
 
-def _aux_difference(path: str, kind: Any, old: Any, new: Any, treedef: Any
-                    ) -> tuple[str, str]:
-    """A custom node whose aux data differs: the static field that changed
+def _aux_differences(path: str, kind: Any, old: Any, new: Any, treedef: Any
+                     ) -> Iterator[tuple[str, str]]:
+    """A custom node whose aux data differs: each static field that changed
     (dataclass-like nodes), else the shortest part of the aux data that did."""
     fields = _static_field_names(treedef, kind, new)
     if fields is not None and isinstance(old, tuple) and len(old) == len(new):
         names, offset = fields
         changed = [i for i in range(len(new)) if not _equal(old[i], new[i])]
-        if changed:
-            i = changed[0]
-            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        for i in changed:
             if i < offset:
                 where = f"{path} ({_type_name(kind)}'s wrapped-function fields)"
             else:
                 where = f"{path}.{names[i - offset]} (static field)"
-            return where, fit_statement(where, value_text(old[i]), value_text(new[i]), more)
+            yield where, fit_statement(where, value_text(old[i]), value_text(new[i]))
+        if changed:
+            return
     where = f"{path} ({_type_name(kind)} aux data"
     if isinstance(old, dict) and isinstance(new, dict) and old.keys() == new.keys():
         key = next(k for k in new if not _equal(old[k], new[k]))
@@ -344,7 +388,7 @@ def _aux_difference(path: str, kind: Any, old: Any, new: Any, treedef: Any
         where += f"[{i}]"
         old, new = old[i], new[i]
     where += ")"
-    return where, fit_statement(where, value_text(old), value_text(new))
+    yield where, fit_statement(where, value_text(old), value_text(new))
 
 
 def value_text(value: Any) -> str:

@@ -14,6 +14,7 @@ from nbjit.core.cache import Counters
 from nbjit.core.view import JitView
 from nbjit.observe import explain as _explain
 from nbjit.observe import stats as _stats
+from nbjit.observe.descriptions import describe_call
 
 __all__ = ["register"]
 
@@ -24,8 +25,7 @@ def describe(jitted: JitView, args: tuple, kwargs: dict, static_positions: Seque
     """(this call's description or None, and a function (JAX's cache misses after
     the compile) -> `explain.MissContext`)."""
     try:
-        description = _explain.describe_call(args, kwargs, static_positions, static_names,
-                                             context)
+        description = describe_call(args, kwargs, static_positions, static_names, context)
     except Exception:  # describing must never break a call
         description = None
     return description, lambda after: _explain.MissContext(

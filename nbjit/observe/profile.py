@@ -36,6 +36,7 @@ import numpy as np
 
 from nbjit.core import flavours as _flavours
 from nbjit.core.dispatch import PjitFunction
+from nbjit.core.view import info
 from nbjit.observe.stats import function_label
 from nbjit.observe.table import Table
 
@@ -71,7 +72,8 @@ def record(jitted: Any, t0: int, t_key: int, t_lookup: int, t_inputs: int, t_exe
 
 
 def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
-    """One miss (`kind` 'miss') or slow call ('slow') of `jitted`, timed whole."""
+    """One miss (`kind` 'miss'), slow call ('slow') or call staged into an outer
+    trace ('traced': a slow call for a tracer) of `jitted`, timed whole."""
     for prof in _active:
         prof._whole.setdefault(jitted, []).append((kind, nanoseconds))
 
@@ -79,10 +81,13 @@ def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
 def timed_call(jitted: Any, t0: int, fn: Callable, /, *args: Any) -> Any:
     """A slow or miss call under a profile: run it, record it whole."""
     misses = jitted.miss_count
+    reasons = info(jitted).counters.slow_reasons
+    traced = reasons.get("tracer", 0)
     try:
         return fn(*args)
     finally:
-        kind = "miss" if jitted.miss_count != misses else "slow"
+        kind = ("miss" if jitted.miss_count != misses
+                else "traced" if reasons.get("tracer", 0) != traced else "slow")
         record_whole(jitted, kind, _clock() - t0)
 
 
@@ -203,7 +208,8 @@ class Profile:
         return list(dict.fromkeys([*self._hits, *self._whole]))
 
     def whole_ns(self, jitted: Any) -> list[tuple[str, int]]:
-        """(kind, nanoseconds) of every miss ('miss') and slow call ('slow') of `jitted`."""
+        """(kind, nanoseconds) of every miss ('miss'), slow call ('slow') and call
+        under an outer trace ('traced') of `jitted`."""
         return list(self._whole.get(jitted, []))
 
     def by_name(self) -> dict[str, tuple[np.ndarray, list[tuple[str, int]]]]:
@@ -226,7 +232,7 @@ class Profile:
         for name, (phases_ns, whole) in self.by_name().items():
             phases = phases_ns / 1e3
             miss_us = [ns / 1e3 for kind, ns in whole if kind == "miss"]
-            slow_us = [ns / 1e3 for kind, ns in whole if kind == "slow"]
+            slow_us = [ns / 1e3 for kind, ns in whole if kind != "miss"]  # traced ones too
             row: dict[str, Any] = {
                 "name": name, "calls": len(phases) + len(whole), "hits": len(phases),
                 "misses": len(miss_us), "slow": len(slow_us),

@@ -9,7 +9,11 @@ and in misses and slow calls, timed whole (`nbjit.profile()`); signatures
 whose host inputs became resident or packed (with the packed compiles'
 time); then the misses ranked by the compile time they cost
 (`nbjit.ranked_misses()`).
-Every row is one function, named as `nbjit.stats()` names it.
+Every row is one function, named as `nbjit.stats()` names it. A call with
+tracers inside another trace is not a slow call: it is counted as traced
+(staged into that trace); an installed library's function whose calls all
+were (optax's helpers inside the user's jitted step) is named on one line
+apart from the table of the user's own functions.
 """
 
 from __future__ import annotations
@@ -32,21 +36,32 @@ _EXECUTE = _profile.PHASES.index("execute")
 
 
 def build(profile: _profile.Profile | None) -> dict[str, Any]:
-    """The report as plain data (what ``--json`` writes)."""
+    """The report as plain data (what ``--json`` writes).
+
+    A call made with tracers inside another trace (jit inside jit, grad,
+    vmap, scan) is staged into that trace, as jax.jit's are: it counts as
+    "traced", never as slow. `library` marks a function an installed
+    library defines (`nbjit.observe.names.defined_in_library`)."""
     timing: dict[str, dict[str, float]] = {}
     if profile is not None:
         for name, (phases, whole) in profile.by_name().items():
             times = timing[name] = {"dispatch_ms": float(phases[:, _DISPATCH_PHASES].sum()) / 1e6,
                                   "execute_ms": float(phases[:, _EXECUTE].sum()) / 1e6,
-                                  "miss_ms": 0.0, "slow_ms": 0.0}
+                                  "miss_ms": 0.0, "slow_ms": 0.0, "traced_ms": 0.0}
             for kind, ns in whole:
                 times[f"{kind}_ms"] += ns / 1e6
     functions = []
+    libraries = _stats.library_names()
     # The live functions and those gone by exit (a step made inside main()):
     # the names profile.by_name() gives (function_label)
     for name, s in [*_stats.stats().items(), *_stats.retired().items()]:
+        if not s.calls:
+            continue  # made, never called: nothing ran
+        slow_reasons = dict(s.slow_reasons)
+        traced = slow_reasons.pop("tracer", 0)
         row: dict[str, Any] = {"name": name, "calls": s.calls, "hits": s.hits, "misses": s.misses,
-               "slow": s.slow, "slow_reasons": dict(s.slow_reasons),
+               "slow": s.slow - traced, "traced": traced, "slow_reasons": slow_reasons,
+               "library": name in libraries,
                "evictions": s.evictions, "miss_seconds": s.miss_seconds,
                "resident": s.resident, "packed_compiles": s.packed_compiles,
                "packed_seconds": s.packed_seconds}
@@ -60,12 +75,27 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
             "ranked_misses": _explain.ranked_misses().to_dicts()}
 
 
+def _inside_traces_only(row: dict[str, Any]) -> bool:
+    """A library's function whose every call was staged into another trace
+    (optax's helpers inside the user's jitted step): not the user's dispatch."""
+    return bool(row.get("library")) and row.get("traced", 0) == row["calls"]
+
+
 def format_text(report: dict[str, Any]) -> str:
-    rows = report["functions"]
-    if not rows:
+    """The report as the text ``run`` prints: the functions nbjit dispatched
+    (the user's own, and libraries' called outside any trace) in a table,
+    with a "traced" column when some calls were staged into another trace;
+    library functions that only ran inside the user's traces in one line."""
+    all_rows = [r for r in report["functions"] if r["calls"]]
+    if not all_rows:
         return "nbjit run: no nbjit function was called"
+    rows = [r for r in all_rows if not _inside_traces_only(r)]
+    staged = [r for r in all_rows if _inside_traces_only(r)]
     timed = report["profiled"]
+    traced_column = any(r.get("traced", 0) for r in rows)
     header = ["function", "calls", "hits", "misses", "slow"]
+    if traced_column:
+        header.append("traced")
     if timed:
         header += ["dispatch ms", "execute ms", "miss ms", "slow ms"]
     header.append("slow reasons")
@@ -73,6 +103,8 @@ def format_text(report: dict[str, Any]) -> str:
     for r in rows:
         name = r["name"] if r.get("process") is None else f"{r['name']} [{_rank(r['process'])}]"
         cells = [name, str(r["calls"]), str(r["hits"]), str(r["misses"]), str(r["slow"])]
+        if traced_column:
+            cells.append(str(r.get("traced", 0)))
         if timed:
             cells += [f"{r.get(k, 0.0):.2f}" for k in ("dispatch_ms", "execute_ms", "miss_ms",
                                                       "slow_ms")]
@@ -80,7 +112,16 @@ def format_text(report: dict[str, Any]) -> str:
         body.append(cells)
     lines = ["nbjit run: dispatch report" + (f" ({report['process']})"
                                              if report.get("process") else "")]
-    lines += Table(header, body, right=frozenset(range(1, len(header) - 1))).lines()
+    if body:
+        lines += Table(header, body, right=frozenset(range(1, len(header) - 1))).lines()
+    if traced_column:
+        lines.append("traced = calls with tracers inside another trace (jit, grad, vmap, scan): "
+                     "staged into that trace, as jax.jit's are; not slow")
+    if staged:
+        names = "; ".join(f"{r['name']}: {r['calls']} call{'s' if r['calls'] != 1 else ''}"
+                          for r in staged)
+        lines.append(f"library functions run only inside your traces (staged into them, as "
+                     f"under jax.jit): {names}")
     for r in rows:
         line = _stats.host_inputs_line(r["name"], r.get("resident", 0),
                                        r.get("packed_compiles", 0), r.get("packed_seconds", 0.0))

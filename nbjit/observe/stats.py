@@ -36,10 +36,10 @@ from typing import Any
 from nbjit import _jax
 from nbjit.core import flavours as _flavours
 from nbjit.core.view import JitView, info
-from nbjit.observe.names import function_name, process_label
+from nbjit.observe.names import defined_in_library, function_name, process_label
 from nbjit.observe.table import Table
 
-__all__ = ["DispatchStats", "SLOW_REASONS", "StatsTable", "snapshot", "stats"]
+__all__ = ["DispatchStats", "SLOW_REASONS", "StatsTable", "library_names", "snapshot", "stats"]
 
 # Why a call took JAX's own path instead of nbjit's (the keys of
 # `DispatchStats.slow_reasons`). One per place the dispatcher gives up.
@@ -191,8 +191,9 @@ _retired_lock = threading.Lock()
 
 # While `keep_retired()` is on (a ``python -m nbjit run``), the counters of every
 # function collected since, by their identity: (name, counters, its namespace,
-# weakly). The run report names every function that ran, also one gone by exit.
-_retired: dict[int, tuple[str, Any, Any]] | None = None
+# weakly, whether a library defines it). The run report names every function
+# that ran, also one gone by exit.
+_retired: dict[int, tuple[str, Any, Any, bool]] | None = None
 
 
 def _watch(jitted: JitView) -> None:
@@ -201,16 +202,16 @@ def _watch(jitted: JitView) -> None:
     if _retired is not None:
         facts = info(jitted)
         weakref.finalize(jitted, _retire, function_label(jitted), facts.counters,
-                         weakref.ref(facts.namespace))
+                         weakref.ref(facts.namespace), defined_in_library(facts.fun))
 
 
 _flavours.live_listeners.append(_watch)
 
 
-def _retire(name: str, counters: Any, namespace: Any) -> None:
+def _retire(name: str, counters: Any, namespace: Any, library: bool) -> None:
     with _retired_lock:
         if _retired is not None:
-            _retired.setdefault(id(counters), (name, counters, namespace))
+            _retired.setdefault(id(counters), (name, counters, namespace, library))
 
 
 def keep_retired() -> None:
@@ -229,7 +230,7 @@ def retired() -> StatsTable:
         gone = list((_retired or {}).values())
     live = {id(info(jitted).counters) for jitted in live_functions()}
     rows: dict[str, DispatchStats] = {}
-    for name, counters, namespace_ref in gone:
+    for name, counters, namespace_ref, _ in gone:
         if id(counters) in live:
             continue
         namespace = namespace_ref()  # its function may live on (and its entries with it)
@@ -238,6 +239,16 @@ def retired() -> StatsTable:
         if s.calls:
             rows[name] = s
     return StatsTable(rows)
+
+
+def library_names() -> set[str]:
+    """The names (as `stats()` and `retired()` give them) of the functions that
+    an installed library defines (`nbjit.observe.names.defined_in_library`):
+    optax's, equinox's, ... rather than the user's own."""
+    with _retired_lock:
+        gone = {name for name, _, _, library in (_retired or {}).values() if library}
+    return gone | {function_label(jitted) for jitted in live_functions()
+                   if defined_in_library(info(jitted).fun)}
 
 
 def live_functions() -> list[JitView]:

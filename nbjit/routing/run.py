@@ -60,15 +60,18 @@ def launching() -> bool:
 
 def run_script(argv: Sequence[str], module: bool = False,
                on_exit: Callable[[], None] | None = None, filter_jit: bool = True,
-               on_jax: Callable[[], None] | None = None) -> int:
+               on_jax: Callable[[], None] | None = None,
+               on_start: Callable[[], None] | None = None) -> int:
     """Runs ``argv[0]`` (a path, or a module name with `module`) with ``argv[1:]``.
 
     Returns the exit status the script would have had (0, a `sys.exit` code,
     1 after an uncaught exception, whose traceback is printed from the
-    script's first frame, as Python prints it). A `SystemExit` with a
+    script's first frame, as Python prints it; 2 for a missing script and 1
+    for a module not found, as Python says them). A `SystemExit` with a
     non-integer code propagates, so Python reports it as it would for the
-    script. `on_exit`, if given, runs after the script (also when it raised
-    or exited): the hook for an end-of-run report. `filter_jit=False` leaves
+    script. `on_start`, if given, runs once the script or module was found,
+    just before it runs; `on_exit` after it ran (also when it raised or
+    exited): the hooks for an end-of-run report. `filter_jit=False` leaves
     `equinox.filter_jit` alone (else it is routed to `nbjit.filter_jit`).
     """
     if not argv:
@@ -78,16 +81,13 @@ def run_script(argv: Sequence[str], module: bool = False,
         print(f"python -m nbjit run: can't open file {os.path.abspath(target)!r}: "
               "No such file or directory", file=sys.stderr)
         return 2
+    _set_path0(os.getcwd() if module else os.path.dirname(os.path.abspath(target)))
     if module and (problem := _module_problem(target)):
         print(f"python -m nbjit run: {problem}", file=sys.stderr)  # as `python -m` says it
         return 1
     sys.argv[:] = list(argv)  # runpy sets argv[0] to the path it runs
-    if not module:
-        script_dir = os.path.dirname(os.path.abspath(target))
-        if sys.path and sys.path[0] in ("", os.getcwd()):
-            sys.path[0] = script_dir  # what `python script.py` puts there
-        else:
-            sys.path.insert(0, script_dir)
+    if on_start is not None:
+        on_start()
     hook = _route_on_import(filter_jit, on_jax)
     try:
         if module:
@@ -240,6 +240,30 @@ class _ThenLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str) -> Any:  # the rest of the loader's interface
         return getattr(self._loader, name)
+
+
+def _set_path0(entry: str) -> None:
+    """Makes `entry` ``sys.path[0]``, as ``python script.py`` (its directory) or
+    ``python -m`` (the current directory) would: in place of the entry Python
+    put there for the launcher (the current directory under ``python -m
+    nbjit``, the console script's own directory under ``nbjit``), else first.
+    Under ``python -P`` (no such entry) nothing changes, as Python adds none."""
+    if sys.flags.safe_path:
+        return
+    if sys.path and sys.path[0] in _launcher_entries():
+        sys.path[0] = entry
+    elif entry not in sys.path[:1]:
+        sys.path.insert(0, entry)
+
+
+def _launcher_entries() -> set[str]:
+    """What Python put first on ``sys.path`` for what launched this process:
+    the current directory (``python -m``; ``""`` in an interactive start) or
+    the launching script's directory (the console script, as Python resolves
+    it: symlinks followed)."""
+    launcher = sys.argv[0] if sys.argv else ""
+    return {"", os.getcwd(), os.path.dirname(os.path.abspath(launcher)),
+            os.path.dirname(os.path.realpath(launcher))}
 
 
 def _module_problem(name: str) -> str | None:

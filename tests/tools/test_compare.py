@@ -58,6 +58,29 @@ def test_time_batch_sync_each_reports_median():
     assert out == 7 and synced == [7] * 5 and dt >= 0
 
 
+def test_select_any_regex_a_plain_word_a_substring():
+    """`--only 'a|b'`: either (issue 46: an unanchored alternation matched nothing)."""
+    names = [s.name for s in bench.select(bench.scenarios(), "host_array_fresh|workload_mnist")]
+    assert "workload_mnist_train_step" in names and len(names) > 1
+    assert all(n.startswith("host_array_fresh") or "workload_mnist" in n for n in names)
+    assert [s.name for s in bench.select(bench.scenarios(), "args_1$|jit_trivial$")] == [
+        "jit_trivial", "args_1"]
+    assert [s.name for s in bench.select(bench.scenarios(), "(static_args_k)")] == [
+        "static_args_kwargs"]
+    word = [s.name for s in bench.select(bench.scenarios(), "mnist")]
+    assert word == [s.name for s in bench.scenarios() if "mnist" in s.name] and word
+    with pytest.raises(ValueError, match="not a regular expression"):
+        bench.select(bench.scenarios(), "args_(")
+
+
+def test_cli_only_takes_a_regex(capsys):
+    assert cli.main(["compare", "--list", "--only", "args_1$|workload_mnist"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == ["args_1", "workload_mnist_train_step"]
+    assert cli.main(["compare", "--list", "--only", "args_("]) == 2
+    assert "not a regular expression" in capsys.readouterr().err
+
+
 def test_select_glob_and_substring():
     names = [s.name for s in bench.select(bench.scenarios(), "jit_simple_*_10")]
     assert names == ["jit_simple_many_args_10", "jit_simple_pruned_args_10"]
