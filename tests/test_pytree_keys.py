@@ -272,6 +272,31 @@ def test_a_namedtuple_registered_after_its_reader_was_built_keys_as_jax_does():
     assert nb._cache_size() == jx._cache_size() == 2
 
 
+class _Unhashable(type):
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(cls, other):
+        return cls is other
+
+
+class OddPair(tuple, metaclass=_Unhashable):
+    """A namedtuple-like node whose type cannot be hashed (JAX reads it as a namedtuple)."""
+
+    _fields = ("a", "b")
+
+
+def test_which_nodes_are_read_as_namedtuples():
+    """Only a namedtuple that jax.tree_util did not register, with the type alone
+    as node data; a registered subclass, a type that cannot be hashed (looked up
+    among the registrations: read by the one-level path) are not."""
+    assert structure._namedtuple_node(AdamState, None)
+    assert structure._namedtuple_node(Empty, None)
+    assert not structure._namedtuple_node(Labelled, None)  # registered: its own flatten
+    assert not structure._namedtuple_node(AdamState, "aux")
+    assert not structure._namedtuple_node(OddPair, None)
+    assert not structure._namedtuple_node(tuple, None) and not structure._namedtuple_node(Box, None)
+
+
 def test_optax_states_are_read_by_their_reader():
     optax = pytest.importorskip("optax")
     params = {"l0": {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}, "l1": {"w": jnp.ones((3, 2))}}

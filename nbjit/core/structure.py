@@ -292,7 +292,7 @@ def _namedtuple_node(node_type: Any, aux: Any) -> bool:
     empty instance (no user code runs for a namedtuple), which gives the
     type itself as node data only for a namedtuple node."""
     if (aux is not None or not isinstance(node_type, type) or not issubclass(node_type, tuple)
-            or not hasattr(node_type, "_fields") or node_type in _jax.pytree_registrations):
+            or not hasattr(node_type, "_fields") or _registered(node_type)):
         return False
     try:
         children, data = _jax.dispatch_registry.flatten_one_level(tuple.__new__(node_type, ()))
@@ -307,9 +307,18 @@ def _one_level_data(node_type: Any, aux: Any) -> Any:
     jax.tree_util function registered), whose treedef holds None and whose
     one-level flatten gives its type."""
     if (aux is None and isinstance(node_type, type) and issubclass(node_type, tuple)
-            and node_type not in _jax.pytree_registrations):
+            and not _registered(node_type)):
         return node_type
     return aux
+
+
+def _registered(node_type: type) -> bool:
+    """Whether a jax.tree_util function registered `node_type` (a type whose
+    metaclass makes it unhashable counts as registered: the one-level path)."""
+    try:
+        return node_type in _jax.pytree_registrations
+    except TypeError:
+        return True
 
 
 def _module_fields(node_type: Any, aux: Any, n_children: int

@@ -27,8 +27,8 @@ Writes: a call that writes `WAKE_MIN_BYTES` to `WAKE_MAX_BYTES` while the
 signature's last computation is done, as it was at the call before
 (`WAKE_AFTER_IDLE`: a loop waiting for every call), first dispatches a
 trivial computation (`_waker`), so the runtime's worker thread wakes while
-the values are written; a signature that writes `ROTATE_MIN_BYTES` or more on every call
-keeps `ROTATE_SLOTS` slots and writes the one used longest ago.
+the values are written; a signature that writes `ROTATE_MIN_BYTES` or more
+on every call keeps `ROTATE_SLOTS` slots and writes the one used longest ago.
 """
 
 from __future__ import annotations
