@@ -87,6 +87,11 @@ debug_nans = _config.debug_nans
 # Pytree flattening with the registry jit itself uses (so custom nodes agree).
 dispatch_registry = _tree_util.dispatch_registry
 flatten_for_dispatch = dispatch_registry.flatten
+# The types registered as pytree nodes through jax.tree_util (every public
+# register function records its type here as it registers it in the C++
+# registries): a type absent from it is a node only as JAX's built-ins are
+# (a namedtuple). Live: a type registered later is in it from then on.
+pytree_registrations: dict = _tree_util._registry
 
 python_scalar_types = frozenset(_dtypes.python_scalar_types)
 REUSE_INPUT = _jaxlib_ext.ArrayCopySemantics.REUSE_INPUT

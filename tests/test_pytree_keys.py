@@ -188,6 +188,141 @@ def test_equinox_modules_are_read_per_structure():
 
 
 # ---------------------------------------------------------------------------
+# Namedtuples (optax's states): read by exact type and position, as JAX keys them
+
+
+class AdamState(collections.namedtuple("AdamState", "count mu nu")):
+    """An optimizer state as optax writes them: a step count and two trees."""
+
+
+Empty = collections.namedtuple("Empty", "")
+
+
+class Labelled(collections.namedtuple("Labelled", "value label")):
+    """A namedtuple subclass registered with a flatten of its own: `label` is node
+    data (a change recompiles), `value` the one child. Not a namedtuple node."""
+
+
+jax.tree_util.register_pytree_node(Labelled, lambda t: ((t.value,), t.label),
+                                   lambda label, children: Labelled(children[0], label))
+
+
+def _read_by_a_reader(nb, *args):
+    """Whether the call's key is a reader's (its id heads the key), not the general path's."""
+    got = nb.key_of(args)
+    return got is not None and type(got[1][0]) is int
+
+
+def _adam(params):
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return (AdamState(jnp.zeros((), jnp.int32), zeros, zeros), Empty())
+
+
+def test_namedtuple_states_are_read_by_their_reader():
+    params = {f"l{i}": {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)} for i in range(2)}
+    x = np.ones((2, 4), np.float32)
+    state = _adam(params)
+    nb = _check_calls([(params, state, x), (params, state, x)])
+    assert nb.miss_count == 1 and _read_by_a_reader(nb, params, state, x)
+    assert len(_readers(nb)) == 1
+
+
+@pytest.mark.parametrize("calls", [
+    # field values: array / None / Python scalar / another structure
+    [(AdamState(jnp.ones(()), None, None),), (AdamState(jnp.ones(()), jnp.ones(2), None),),
+     (AdamState(1.0, None, None),), (AdamState(jnp.ones(()), [jnp.ones(2)], None),)],
+    # the same fields in another type, and a plain tuple of the same length
+    [(AdamState(jnp.ones(()), None, None),),
+     (collections.namedtuple("AdamState", "count mu nu")(jnp.ones(()), None, None),),
+     ((jnp.ones(()), None, None),), (Empty(),), ((),)],
+    # a registered namedtuple subclass: its node data (the label) is keyed, by value
+    [(Labelled(jnp.ones(2), "a"),), (Labelled(jnp.ones(2), "b"),), (Labelled(jnp.ones(3), "a"),),
+     (Labelled(jnp.ones(2), "a"),)],
+])
+def test_namedtuple_structures_key_as_jax_keys_them(calls):
+    nb = _check_calls(calls)
+    distinct = {jax.tree_util.tree_structure(c) for c in calls}
+    for args in calls:  # (a call without leaves is keyed without a reader)
+        assert _read_by_a_reader(nb, *args) or not jax.tree.leaves(args), args
+    assert nb._cache_size() >= len(distinct)
+
+
+def test_a_registered_namedtuple_subclass_is_flattened_by_its_own_function():
+    """`Labelled` has `_fields`, but JAX flattens it with its registered function:
+    its label is node data, not a leaf. Read as a namedtuple, a new label would be
+    a new leaf value (no recompile); as JAX keys it, a new signature."""
+    nb, jx = _both(lambda t: t.value * 2 if t.label == "double" else t.value)
+    for label in ("double", "same", "double"):
+        assert_same_call(nb, jx, Labelled(jnp.ones(2), label))
+        assert nb._cache_size() == jx._cache_size()
+    assert nb._cache_size() == 2
+    source = inspect.getsource(_readers(nb)[0])
+    assert "flatten_one_level" in source
+
+
+def test_a_namedtuple_registered_after_its_reader_was_built_keys_as_jax_does():
+    Late = collections.namedtuple("Late", "value label")
+    nb, jx = _both(lambda t: t)
+    assert_same_call(nb, jx, Late(jnp.ones(2), jnp.zeros(2)))
+    assert _read_by_a_reader(nb, Late(jnp.ones(2), jnp.zeros(2)))
+    jax.tree_util.register_pytree_node(Late, lambda t: ((t.value,), None),
+                                       lambda _, children: Late(children[0], None))
+    out, _ = assert_same_call(nb, jx, Late(jnp.ones(2), jnp.zeros(2)))  # (the label: dropped)
+    assert out.label is None
+    assert nb._cache_size() == jx._cache_size() == 2
+
+
+class _Unhashable(type):
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(cls, other):
+        return cls is other
+
+
+class OddPair(tuple, metaclass=_Unhashable):
+    """A namedtuple-like node whose type cannot be hashed (JAX reads it as a namedtuple)."""
+
+    _fields = ("a", "b")
+
+
+def test_which_nodes_are_read_as_namedtuples():
+    """Only a namedtuple that jax.tree_util did not register, with the type alone
+    as node data; a registered subclass, a type that cannot be hashed (looked up
+    among the registrations: read by the one-level path) are not."""
+    assert structure._namedtuple_node(AdamState, None)
+    assert structure._namedtuple_node(Empty, None)
+    assert not structure._namedtuple_node(Labelled, None)  # registered: its own flatten
+    assert not structure._namedtuple_node(AdamState, "aux")
+    assert not structure._namedtuple_node(OddPair, None)
+    assert not structure._namedtuple_node(tuple, None) and not structure._namedtuple_node(Box, None)
+
+
+def test_optax_states_are_read_by_their_reader():
+    optax = pytest.importorskip("optax")
+    params = {"l0": {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}, "l1": {"w": jnp.ones((3, 2))}}
+    x = np.ones((5, 4), np.float32)
+
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(x @ p["l0"]["w"] + p["l0"]["b"]) @ p["l1"]["w"])
+
+    for opt in (optax.adam(1e-2), optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2)),
+                optax.sgd(1e-2, momentum=0.9)):
+        def step(p, s, x, opt=opt):
+            grads = jax.grad(loss)(p, x)
+            updates, s = opt.update(grads, s, p)
+            return optax.apply_updates(p, updates), s
+
+        nb, jx = nbjit.jit(step), jax.jit(step)
+        pn = pj = params
+        sn = sj = opt.init(params)
+        for _ in range(3):
+            (pn, sn), (pj, sj) = nb(pn, sn, x), jx(pj, sj, x)
+            assert_same_outputs((pn, sn), (pj, sj))
+        assert nb._cache_size() == jx._cache_size() == 1
+        assert _read_by_a_reader(nb, pn, sn, x), opt
+
+
+# ---------------------------------------------------------------------------
 # Random structures: every pair the readers see agrees with JAX
 
 
@@ -233,6 +368,8 @@ def test_random_structures_agree_with_jax_jit(first, second):
         tree = _build(recipe)
         assert_same_call(nb, jx, tree, 1.0)
         assert nb._cache_size() == jx._cache_size()
+        if not jax.tree_util.treedef_is_leaf(jax.tree.structure(tree)):  # (a leaf: no reader)
+            assert _read_by_a_reader(nb, tree, 1.0)  # every structure here has a reader
 
 
 # ---------------------------------------------------------------------------

@@ -597,6 +597,33 @@ def test_writes_wake_the_worker_first_while_it_is_idle():
     assert len(wakes) <= 1, len(wakes)
 
 
+def test_a_loop_that_waits_every_few_calls_does_not_wake_the_worker():
+    """The first call after a wait finds the last computation done, but the call
+    before it did not: no wake (WAKE_AFTER_IDLE), the runtime's threads start once,
+    for the call's own computation. Results as jax.jit's."""
+    def slow(x):
+        y = jax.lax.fori_loop(0, 1000, lambda _, y: jnp.sin(y) * 1.0001, x)
+        return jnp.sum(y, axis=0)
+
+    xs = [np.full((_resident.WAKE_MIN_BYTES // 4 // 64, 64), i, np.float32) for i in range(4)]
+    f, g = nbjit.jit(slow), jax.jit(slow)
+    for i in range(16):
+        assert_same_outputs(jax.block_until_ready(f(xs[i % 4])), g(xs[i % 4]))
+    wakes = _counting_wakes(f, xs[0])
+    for group in range(5):
+        if group == 1:  # (the first group's first call still follows the waited calls above)
+            assert len(wakes) <= 1
+            wakes.clear()
+        outs = [f(xs[i]) for i in range(4)]  # waited for every 4 calls only
+        jax.block_until_ready(outs)
+        for i, out in enumerate(outs):
+            assert_same_outputs(out, g(xs[i]))
+    assert wakes == []
+    for i in range(3):  # waiting for every call again: woken from the second on
+        jax.block_until_ready(f(xs[i]))
+    assert len(wakes) == 2
+
+
 @pytest.mark.parametrize("why", ["no compile", "synchronous runtime"])
 def test_no_wake_where_none_can_be_made(monkeypatch, why):
     """A runtime where the trivial computation cannot be made, or where it

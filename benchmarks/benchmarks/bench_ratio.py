@@ -78,3 +78,60 @@ class DispatchRatio:
         return {"samples": samples, "number": 1}
 
     track_ratio.unit = "nbjit/jax.jit"
+
+
+class TrainingLoop:
+    """compare's ``workload_training_loop``: an MLP with Adam's state (optax's,
+    else a hand-written one with a namedtuple state), a new numpy batch each
+    step, waited for every 10 steps (asynchronous dispatch, as people write
+    it). nbjit.jit and jax.jit run paired segments of steps in one process;
+    two figures: per step (the loop's throughput) and until each call
+    returns (what the loop waits for before its next step). ``track_ratio``
+    is nbjit / jax.jit, ``track_nbjit_us`` and ``track_jax_us`` each side's
+    median in microseconds (measured in the same paired segments)."""
+
+    params = [["per_step", "until_return"]]
+    param_names = ["figure"]
+    timeout = 300
+    SCENARIO = "workload_training_loop"
+
+    def setup(self, figure):
+        import dataclasses
+
+        self.jit = common.get_jit("nbjit")
+        self.bench = common.bench_module()
+        self.scenario = common.scenario(self.SCENARIO)
+        self.settings = dataclasses.replace(self.bench.Settings(), rounds=41, min_rounds=9,
+                                            max_seconds=2.0)
+
+    def _rows(self):
+        import jax
+
+        rows = []
+        for _ in range(BLOCKS):
+            row = self.bench.run_scenario(self.scenario, self.jit, jax.jit, self.settings)
+            if row.ratio is None or getattr(row, "loop", None) is None:
+                raise NotImplementedError(row.note or "no training loop timing")
+            rows.append(row)
+        return rows
+
+    def track_ratio(self, figure):
+        key = "ratio" if figure == "per_step" else "return_ratio"
+        samples = [three_digits(r.ratio if key == "ratio" else r.loop[key]) for r in self._rows()]
+        return {"samples": samples, "number": 1}
+
+    track_ratio.unit = "nbjit/jax.jit"
+
+    def track_nbjit_us(self, figure):
+        return {"samples": [three_digits(r.a_us if figure == "per_step" else
+                                         r.loop["return_a_us"]) for r in self._rows()],
+                "number": 1}
+
+    track_nbjit_us.unit = "us"
+
+    def track_jax_us(self, figure):
+        return {"samples": [three_digits(r.b_us if figure == "per_step" else
+                                         r.loop["return_b_us"]) for r in self._rows()],
+                "number": 1}
+
+    track_jax_us.unit = "us"

@@ -26,6 +26,7 @@ import numpy as np
 # Upstream's own jit, captured where JAX defines it (see nbjit.bench.runner).
 from nbjit._jax import jax_jit
 from nbjit.bench import filter_cases as fc  # equinox is imported when a row is built
+from nbjit.bench import training
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class Case:
     # "a" and "b" are the ratio's sides, any other is timed with them and named
     # in the row's note (filter_jit rows: nbjit, the ideal, equinox).
     sides: tuple[tuple[str, Callable[..., Any], tuple[tuple[Any, ...], ...]], ...] = ()
+    # A training loop (`nbjit.bench.training.Loop`): timed per step and until
+    # each call returns, in segments of steps, instead of call by call.
+    loop: Any = None
 
     @classmethod
     def new_values(cls, fun: Callable[..., Any], pool: Sequence[tuple[Any, ...]],
@@ -451,6 +455,14 @@ def _mnist_case() -> Case:
     return Case.new_values(_mnist_step, pool)
 
 
+def _training_loop_case() -> Case:
+    """An MLP with Adam's state (optax's, else a hand-written one), a new numpy
+    batch each step, waited for every few steps (`nbjit.bench.training`)."""
+    loop = training.mlp_loop(offset=HOST_OFFSET)
+    x, y = loop.sources[0]
+    return Case(loop.step, (loop.params, loop.state, x, y), loop=loop)
+
+
 def _host_array_rows() -> list[Scenario]:
     rows = []
     for fresh, aligned in ((False, False), (False, True), (True, False), (True, True)):
@@ -463,6 +475,8 @@ def _host_array_rows() -> list[Scenario]:
             rows.append(Scenario(name, 3, kind, _host_array_case(size, fresh, aligned), True))
     rows.append(Scenario("workload_mnist_train_step", 6, "4 params + new 392 KiB batch",
                          _mnist_case, False))
+    rows.append(Scenario("workload_training_loop", 15, "per step: MLP + Adam, new batch",
+                         _training_loop_case, False))
     return rows
 
 

@@ -44,6 +44,7 @@ import numpy as np
 from nbjit._jax import jax_jit
 from nbjit.bench import measure
 from nbjit.bench.matrix import Case, Scenario
+from nbjit.bench.training import loop_row
 
 
 @dataclass
@@ -66,6 +67,9 @@ class Row:
     note: str = ""
     # Contenders beyond a and b (Case.sides): name -> median of per-round a / it.
     other_ratios: dict[str, float] | None = None
+    # A training loop's row (Case.loop): a_us/b_us are per step, and this holds
+    # the time until each call returns (nbjit.bench.training.loop_row).
+    loop: dict[str, Any] | None = None
 
 
 Jit = Callable[..., Callable[..., Any]]
@@ -188,6 +192,8 @@ def run_scenario(
         row.note = f"skipped: needs {scenario.needs} (not installed)"
         return row
     case = scenario.build()
+    if case.loop is not None:  # a training loop: per step, and until each call returns
+        return loop_row(row, case.loop, jit_a, jit_b, settings, _side_names(self_check))
     if case.sides:
         if self_check:  # the row's B side (the ideal) against itself
             _, fun, pool = case.sides[1]
@@ -226,11 +232,19 @@ def run_scenario(
     if "floor" in result.names:
         row.floor_us = result.median_us("floor")
     row.ratio, row.ratio_p10, row.ratio_p90 = ratio.median, ratio.p10, ratio.p90
+    _record_rounds(row, result)
+    row.note = "; ".join(notes)
+    return row
+
+
+def _side_names(self_check: bool) -> tuple[str, str]:
+    return ("jax.jit (A)", "jax.jit") if self_check else ("nbjit", "jax.jit")
+
+
+def _record_rounds(row: Row, result: measure.Interleaved) -> None:
     row.rounds = result.per_call_s.shape[0]
     row.calls_per_batch = result.calls_per_batch
     row.seconds = result.seconds
-    row.note = "; ".join(notes)
-    return row
 
 
 def _run_sides(row: Row, case: Case, block: bool, settings: measure.Settings) -> Row:
@@ -260,9 +274,7 @@ def _run_sides(row: Row, case: Case, block: bool, settings: measure.Settings) ->
             row.other_ratios[name] = other.median
             notes.append(f"{name} {result.median_us(name):.1f} us, a/{name} {other.median:.3f} "
                          f"[{other.p10:.3f}-{other.p90:.3f}]")
-    row.rounds = result.per_call_s.shape[0]
-    row.calls_per_batch = result.calls_per_batch
-    row.seconds = result.seconds
+    _record_rounds(row, result)
     row.note = "; ".join(notes)
     return row
 

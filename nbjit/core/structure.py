@@ -29,8 +29,11 @@ Invariants:
   * A reader whose guards pass saw exactly the treedef JAX computes: dicts are
     read in the treedef's key order (JAX sorts keys) after an exact type and
     length check, so every key read present means the same key set; lists and
-    tuples by exact type and length; ``None`` by identity; every other node
-    (namedtuples, registered classes, dataclasses) through the registry's own
+    tuples by exact type and length; ``None`` by identity; a namedtuple (a
+    node keyed by its type alone: optax's states) by exact type and length,
+    and while no jax.tree_util function has registered that type (a
+    registered one is a custom node, flattened by its own function); every
+    other node (registered classes, dataclasses) through the registry's own
     one-level flatten, its node data compared to the one seen (identity, then
     ``==``: as treedef equality compares it). An equinox Module is read as
     equinox's generated flatten reads it: exact type, ``__dict__`` holding
@@ -225,13 +228,18 @@ class _Writer:
         if node_type is list or node_type is tuple:
             self.guards.append(f"type({x}) is {node_type.__name__} and len({x}) == {len(children)}")
             names = self.unpack(x, len(children)) if children else []
+        elif _namedtuple_node(node_type, aux):  # read as a tuple: JAX's namedtuple node
+            t = self.constant(node_type, "T")
+            self.guards.append(f"type({x}) is {t} and len({x}) == {len(children)}"
+                               f" and {t} not in REGISTERED")  # (registered later: custom)
+            names = self.unpack(x, len(children)) if children else []
         elif (fields := _module_fields(node_type, aux, len(children))) is not None:
             names = self.module(x, node_type, aux, *fields)
-        else:  # namedtuples, registered nodes, Modules: JAX's one-level flatten
+        else:  # registered nodes, other Modules: JAX's one-level flatten
             self.guards.append(f"type({x}) is {self.constant(node_type, 'T')}")
             parts, data_name = self.local("c"), self.local("d")
             self.line(f"{parts}, {data_name} = flatten_one_level({x})")
-            expected = self.constant(aux, "A")
+            expected = self.constant(_one_level_data(node_type, aux), "A")
             self.guards.append(f"({data_name} is {expected} or {data_name} == {expected})")
             names = self.unpack(parts, len(children))
         for name, child in zip(names, children, strict=True):
@@ -272,6 +280,45 @@ class _Writer:
             self.host = True
         else:
             self.items.append(x)
+
+
+def _namedtuple_node(node_type: Any, aux: Any) -> bool:
+    """Whether a treedef node is one JAX flattens as a namedtuple: a tuple
+    subclass with ``_fields`` that no jax.tree_util function registered (a
+    registered one, namedtuple or not, is a custom node: its own flatten).
+    Its node data is the type alone (``(T, None)``) and its children are the
+    tuple's items, in order, so a reader guards the exact type and length
+    and unpacks it. Checked once more by JAX's own one-level flatten of an
+    empty instance (no user code runs for a namedtuple), which gives the
+    type itself as node data only for a namedtuple node."""
+    if (aux is not None or not isinstance(node_type, type) or not issubclass(node_type, tuple)
+            or not hasattr(node_type, "_fields") or _registered(node_type)):
+        return False
+    try:
+        children, data = _jax.dispatch_registry.flatten_one_level(tuple.__new__(node_type, ()))
+    except Exception:  # (an odd tuple subclass: the one-level path reads it)
+        return False
+    return data is node_type and not children
+
+
+def _one_level_data(node_type: Any, aux: Any) -> Any:
+    """The node data JAX's one-level flatten gives a node whose treedef holds
+    `aux`: the same, except for a namedtuple node (a tuple subclass that no
+    jax.tree_util function registered), whose treedef holds None and whose
+    one-level flatten gives its type."""
+    if (aux is None and isinstance(node_type, type) and issubclass(node_type, tuple)
+            and not _registered(node_type)):
+        return node_type
+    return aux
+
+
+def _registered(node_type: type) -> bool:
+    """Whether a jax.tree_util function registered `node_type` (a type whose
+    metaclass makes it unhashable counts as registered: the one-level path)."""
+    try:
+        return node_type in _jax.pytree_registrations
+    except TypeError:
+        return True
 
 
 def _module_fields(node_type: Any, aux: Any, n_children: int
@@ -360,7 +407,8 @@ def reader_source(params: Sequence[str], trees: Sequence[Any], leaves: Sequence[
               + "        return None\n")
     scope = {**SIGNATURE_SCOPE, **writer.scope, "UNKEYABLE": UNKEYABLE,
              "HOST_LEAVES": _HOST_LEAF_TYPES, "HOST_ARRAYS": _HOST_ARRAY_TYPES,
-             "is_array": _is_array, "flatten_one_level": _jax.dispatch_registry.flatten_one_level}
+             "is_array": _is_array, "flatten_one_level": _jax.dispatch_registry.flatten_one_level,
+             "REGISTERED": _jax.pytree_registrations}
     return source, scope
 
 

@@ -24,10 +24,11 @@ and compares while the computation runs; a difference drops that run and
 takes the puts.
 
 Writes: a call that writes `WAKE_MIN_BYTES` to `WAKE_MAX_BYTES` while the
-signature's last computation is done first dispatches a trivial computation
-(`_waker`), so the runtime's worker thread wakes while the values are
-written; a signature that writes `ROTATE_MIN_BYTES` or more on every call
-keeps `ROTATE_SLOTS` slots and writes the one used longest ago.
+signature's last computation is done, as it was at the call before
+(`WAKE_AFTER_IDLE`: a loop waiting for every call), first dispatches a
+trivial computation (`_waker`), so the runtime's worker thread wakes while
+the values are written; a signature that writes `ROTATE_MIN_BYTES` or more
+on every call keeps `ROTATE_SLOTS` slots and writes the one used longest ago.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ from nbjit.host.layout import (
 
 __all__ = ["COMPARE_MIN_BYTES", "PROBE_EVERY", "PROCESS_MAX_BYTES", "RESIDENT_CAP",
            "ROTATE_MIN_BYTES", "ROTATE_SLOTS",
-           "SIGNATURE_MAX_BYTES", "SPECULATE_AFTER", "WAKE_MAX_BYTES", "WAKE_MIN_BYTES",
+           "SIGNATURE_MAX_BYTES", "SPECULATE_AFTER", "WAKE_AFTER_IDLE", "WAKE_MAX_BYTES",
+           "WAKE_MIN_BYTES",
            "WRITE_AFTER", "ResidentSlots",
            "resident_bytes", "resident_record"]
 
@@ -148,13 +150,19 @@ _SPECULATE = """    if streak[0] >= SPECULATE_AFTER:
 
 
 # Writes of WAKE_MIN_BYTES to WAKE_MAX_BYTES: while this signature's last call
-# is done (the runtime's worker thread idle, soon asleep), a trivial
-# computation is dispatched first, so the worker wakes while the values are
-# written and takes the call's computation without sleeping in between.
+# is done (the runtime's worker thread idle, soon asleep), and was done at the
+# call before too (WAKE_AFTER_IDLE calls in a row: a loop that waits for every
+# call), a trivial computation is dispatched first, so the worker wakes while
+# the values are written and takes the call's computation without sleeping in
+# between. A loop that waits only every few calls finds it done once per wait:
+# it is not woken there (see WAKE_AFTER_IDLE).
 _WAKE = """    try:
-        idle = not free or ready(free[-1][0])
-        if idle:
-            wake()
+        if not free or ready(free[-1][0]):
+            idle[0] += 1
+            if idle[0] >= WAKE_AFTER_IDLE:
+                wake()
+        else:
+            idle[0] = 0
     except Exception:  # (a retired or deleted fence, a slot taken meanwhile: no wake)
         pass
 """
@@ -458,7 +466,8 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
              "ready": _jax.ArrayImpl.is_ready, "RETIRED": _RETIRED, "fallback": fallback,
              "F32MAX": FLOAT32_MAX, "inner": inner.prepare, "pool": pool, "same": _unchanged,
              "streak": pool.streak, "WRITE_AFTER": WRITE_AFTER, "PROBE_EVERY": PROBE_EVERY,
-             "free": pool.free, "wake": wake, "spare": pool.add_spares,
+             "free": pool.free, "wake": wake, "spare": pool.add_spares, "idle": [0],
+             "WAKE_AFTER_IDLE": WAKE_AFTER_IDLE,
              **{f"D{j}": s.dtype for j, s in enumerate(layouts)}}
     if speculate:
         scope.update(counts=pool.counts, SPECULATE_AFTER=SPECULATE_AFTER, run=inner.execute,
@@ -520,6 +529,13 @@ PROBE_EVERY = 16
 # computation's read of the freshly written bytes costs more than the wake.
 WAKE_MIN_BYTES = 16 << 10
 WAKE_MAX_BYTES = 1 << 20
+# Calls in a row that found the signature's last computation done before a
+# call wakes the worker. The wake saves the worker's wake-up latency only
+# where every call waits for it (a loop that blocks on each result); in a
+# loop that blocks every few steps, the first call after the wait would pay
+# for a second wake-up of the runtime's threads (on a busy machine, one more
+# chance to be preempted while they start) for a gain of one latency per wait.
+WAKE_AFTER_IDLE = 2
 # A signature that writes ROTATE_MIN_BYTES or more on every call (none of its
 # leaves compared, or new values on WRITE_AFTER calls in a row) keeps
 # ROTATE_SLOTS slots and writes the least recently used: the slot the last

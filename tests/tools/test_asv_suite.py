@@ -89,7 +89,7 @@ def test_no_nbjit_jit_skips_the_nbjit_side(suite, monkeypatch):
     for cls, combo in _benchmark_classes(suite):
         if cls.__name__ == "NumpyToSharding":  # nbjit.device_put: no jit needed
             continue
-        if "nbjit" in combo or cls.__name__ == "DispatchRatio":
+        if "nbjit" in combo or cls.__name__ in ("DispatchRatio", "TrainingLoop"):
             assert _as_asv(cls, combo), f"{cls.__name__}{combo} ran without nbjit.jit"
             checked += 1
     assert checked > 20
@@ -123,6 +123,7 @@ def test_suite_scenarios_exist_in_the_matrix(suite):
     names = {s.name for s in bench.scenarios()}
     bench_ratio = sys.modules["benchmarks.bench_ratio"]
     assert set(bench_ratio.SCENARIOS) <= names
+    assert bench_ratio.TrainingLoop.SCENARIO in names
     dispatch = sys.modules["benchmarks.bench_dispatch"]
     assert set(dispatch._KIND_SCENARIO.values()) <= names
     assert {f"workload_{w}" for w in dispatch.Workloads.params[0]} <= names

@@ -522,3 +522,56 @@ def test_sides_row_times_its_own_contenders(jits):
 def test_sides_row_self_check_times_the_ideal_against_itself():
     row = bench.run_scenario(_sides_scenario(), jax.jit, jax.jit, TINY, self_check=True)
     assert row.ratio is not None and row.other_ratios == {}
+
+
+def test_training_loop_row_times_steps_and_returns():
+    """The training loop row: per step as the ratio, until-return figures in
+    `row.loop`, equal losses; the loader makes new arrays at the row's alignment."""
+    import nbjit
+    from nbjit.bench import training
+
+    loop = training.mlp_loop(layers=(16, 8, 4), batch=4)
+    scenario = bench.Scenario("loop", 15, "MLP + Adam", lambda: bench.Case(
+        loop.step, (loop.params, loop.state, *loop.sources[0]), loop=loop), block=False)
+    row = bench.run_scenario(scenario, nbjit.jit, jax_jit, TINY)
+    assert row.ratio is not None and row.a_us > 0 and row.b_us > 0
+    assert row.ratio_p10 <= row.ratio <= row.ratio_p90
+    assert row.loop["losses_equal"] and "DIFFER" not in row.note
+    assert row.loop["return_a_us"] > 0 and row.loop["return_b_us"] > 0
+    assert row.loop["return_p10"] <= row.loop["return_ratio"] <= row.loop["return_p90"]
+    assert "until the call returns" in row.note and loop.optimizer in row.note
+    load = loop.loader()
+    x1, y1 = load()
+    x2, _ = load()
+    assert x1 is not loop.sources[0][0] and x1.ctypes.data != x2.ctypes.data  # new arrays
+    assert x1.ctypes.data % 64 == loop.offset and np.array_equal(x1, loop.sources[0][0])
+    assert y1.dtype == np.int32 and y1.shape == (4,)
+
+
+def test_hand_written_adam_matches_optax():
+    """Without optax the row's optimizer is `hand_adam`: optax's adam, bit for bit
+    close, its state a namedtuple (read by the structure readers)."""
+    optax = pytest.importorskip("optax")
+    from nbjit.bench import training
+
+    params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
+    init, update = training.hand_adam(1e-2)
+    opt = optax.adam(1e-2)
+    s_hand, s_optax = init(params), opt.init(params)
+    assert isinstance(s_hand, training.AdamState)
+    for i in range(3):
+        grads = jax.tree.map(lambda p, i=i: jnp.sin(p + i), params)
+        u_hand, s_hand = update(grads, s_hand, params)
+        u_optax, s_optax = opt.update(grads, s_optax, params)
+        for a, b in zip(jax.tree.leaves(u_hand), jax.tree.leaves(u_optax), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
+
+
+def test_training_loop_without_optax_uses_the_hand_written_adam(monkeypatch):
+    from nbjit.bench import training
+
+    monkeypatch.setitem(sys.modules, "optax", None)  # import raises ImportError
+    loop = training.mlp_loop(layers=(8, 4), batch=2)
+    assert "hand-written" in loop.optimizer and isinstance(loop.state, training.AdamState)
+    p, s, value = jax.jit(loop.step)(loop.params, loop.state, *loop.loader()())
+    assert int(s.count) == 1 and np.isfinite(float(value))
