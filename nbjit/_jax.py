@@ -17,8 +17,12 @@ A sharding's device order is read here (`device_assignment`,
 from __future__ import annotations
 
 import jax
+import jaxlib
 
-SUPPORTED_JAX = ((0, 11, 2), (0, 13, 0))  # [lowest, first unsupported)
+# [lowest, first unsupported). 0.10.2 is what the TPU machines ship (jaxlib's
+# last wheels for Python 3.11); where 0.10.x's internals or its fast path
+# differ from 0.11.2+, the names below say so (JAXLIB_VERSION checks).
+SUPPORTED_JAX = ((0, 10, 2), (0, 13, 0))
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -30,10 +34,11 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 JAX_VERSION = _version_tuple(jax.__version__)
+JAXLIB_VERSION = _version_tuple(jaxlib.__version__)
 if not (SUPPORTED_JAX[0] <= JAX_VERSION < SUPPORTED_JAX[1]):
     raise ImportError(
-        f"nbjit supports jax >= 0.11.2, < 0.13 (found jax {jax.__version__}); "
-        "install a supported version, e.g. pip install 'jax>=0.11.2,<0.13'"
+        f"nbjit supports jax >= 0.10.2, < 0.13 (found jax {jax.__version__}); "
+        "install a supported version, e.g. pip install 'jax>=0.10.2,<0.13'"
     )
 
 # ruff: noqa: E402
