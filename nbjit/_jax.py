@@ -16,6 +16,9 @@ A sharding's device order is read here (`device_assignment`,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 import jaxlib
 
@@ -70,6 +73,36 @@ _traceback_util.register_exclusion(NBJIT_DIR)
 ArrayImpl = _jaxlib_ext.ArrayImpl
 JaxRuntimeError = jax.errors.JaxRuntimeError
 ExecuteResults = _jaxlib_ext.ExecuteResults
+# A hit given an array donated to an earlier call: from jaxlib 0.11.2 on, the
+# fast path finds it while computing the call's signature and JAX's path raises
+# RuntimeError ("Array has been deleted"). Before 0.11.2 only arrays deleted by
+# `.delete()` are found there; a donated one reaches the runtime, which rejects
+# it (INVALID_ARGUMENT, and a line logged on stderr), raised as ValueError.
+RUNTIME_REJECTS_DONATED_INPUTS = JAXLIB_VERSION < (0, 11, 2)
+
+
+def donated_input_rejected(error: BaseException, inputs: Sequence[Any]) -> bool:
+    """Whether `error`, raised by running an executable on `inputs`, is the
+    runtime rejecting an array donated to an earlier call, which jaxlib before
+    0.11.2 raises as ValueError from its fast path: some input was donated and
+    none deleted by `.delete()` (that one jaxlib finds first: RuntimeError)."""
+    if not RUNTIME_REJECTS_DONATED_INPUTS or not isinstance(error, JaxRuntimeError):
+        return False
+    deleted = [x for x in inputs if type(x) is ArrayImpl and x.is_deleted()]
+    return bool(deleted) and not any(map(_deleted_by_delete, deleted))
+
+
+def _deleted_by_delete(x: Any) -> bool:
+    """A deleted array that `.delete()` deleted, not donation: jaxlib dropped its
+    runtime array (a donated one keeps it, with its buffers gone), so even its
+    size on the device cannot be read."""
+    try:
+        x.on_device_size_in_bytes()
+    except Exception:
+        return True
+    return False
+
+
 # Frees Python objects whose last reference was dropped off the GIL (jaxlib's
 # PjitFunction calls its "maybe" twin on every call; without it a hit-only loop
 # grows resident memory with every call; see docs/performance.md,

@@ -26,6 +26,7 @@ from _diff import assert_same_call, assert_same_exception, assert_same_outputs
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import nbjit
+from nbjit import _jax
 
 
 def _pair(make: Callable[[], Callable], **options) -> tuple:
@@ -188,8 +189,9 @@ def test_array_donated_twice_across_calls():
     assert_same_outputs(nb(a_nb), jx(a_jx))  # a hit that donates
     assert a_nb.is_deleted() == a_jx.is_deleted()
     if a_jx.is_deleted():
-        e = _same_error(lambda: nb(a_nb), lambda: jx(a_jx), match="deleted")
-        assert isinstance(e, RuntimeError)
+        e = _same_error(lambda: nb(a_nb), lambda: jx(a_jx), match="deleted|donat")
+        # jaxlib < 0.11.2: the runtime rejects the donated buffer (INVALID_ARGUMENT)
+        assert type(e) is (ValueError if _jax.RUNTIME_REJECTS_DONATED_INPUTS else RuntimeError)
     else:  # a backend without donation: both keep the array
         assert_same_outputs(nb(a_nb), jx(a_jx))
     _assert_donating_cache_intact(nb, jx, 1)
