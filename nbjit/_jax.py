@@ -457,6 +457,26 @@ ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY
 # the caller's array (zero copy would use a 64-byte-aligned array in place, so
 # writing into it after the call could change a result).
 COPY_DURING_CALL = _jaxlib_ext.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+_reads_during_call: list[bool] = []  # computed once, at the first question
+
+
+def jax_path_reads_host_arrays_during_call() -> bool:
+    """Whether JAX's own path (jax.jit's miss, `device_put`) has read a numpy
+    array it does not use in place (one not 64-byte aligned) when the call
+    returns, so that a write to it after the call cannot change the result.
+
+    True on the CPU from jaxlib 0.11.2 on. Before that, the CPU client may
+    read it after the call has returned (a write right after changed results
+    at 256 KiB to 32 MiB); an accelerator's transfer is not known to have
+    read it either. Asked off the hit path (private copies for JAX's path);
+    the default backend is read once.
+    """
+    if not _reads_during_call:
+        _reads_during_call.append(JAXLIB_VERSION >= (0, 11, 2)
+                                  and jax.default_backend() == "cpu")
+    return _reads_during_call[0]
+
+
 # The config state behind the host-to-device transfer guard: None while no one
 # set a level (the common case, a cheap read); else `host_transfers_unguarded`
 # reads the level jaxlib applies.

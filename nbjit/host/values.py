@@ -28,15 +28,17 @@ ArrayImpl = _jax.ArrayImpl
 
 
 # Up to this size a copy costs less than reading the array's address; above it
-# only a 64-byte-aligned array is copied (jaxlib copies any other itself
-# while the call runs: it never uses it in place).
+# only a 64-byte-aligned array is copied where jaxlib copies any other itself
+# while the call runs (it never uses it in place: the CPU from jaxlib 0.11.2
+# on, `_jax.jax_path_reads_host_arrays_during_call`); elsewhere every one is.
 PRIVATE_COPY_ALWAYS_BYTES = 64 << 10
 
 
 def _private_leaf(x: Any) -> Any:
     if type(x) is not np.ndarray:
         return x
-    if x.nbytes <= PRIVATE_COPY_ALWAYS_BYTES or x.__array_interface__["data"][0] % ALIGN == 0:
+    if (x.nbytes <= PRIVATE_COPY_ALWAYS_BYTES or x.__array_interface__["data"][0] % ALIGN == 0
+            or not _jax.jax_path_reads_host_arrays_during_call()):
         return x.copy()
     return x
 
