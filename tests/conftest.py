@@ -16,12 +16,35 @@ request_host_devices(HOST_DEVICES)
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from nbjit._jax import JAX_VERSION  # noqa: E402
+
 
 @pytest.fixture
 def x64():
     """Runs a test with jax_enable_x64 on, restoring the previous value."""
     with jax.enable_x64(True) if hasattr(jax, "enable_x64") else _x64_ctx():
         yield
+
+
+@pytest.fixture
+def isolated_jax_caches():
+    """For tests of static leaves whose `__eq__` raises.
+
+    jax 0.10's treedef hash leaves static metadata out, so its process-wide
+    caches compare a static leaf with those of unrelated calls of the same
+    structure: such an object raises wherever an earlier call left one alike
+    (the other side of a differential test, say), and stays there to raise in
+    later tests. There JAX's caches are emptied before the test, after it, and
+    whenever it calls what this yields (between nbjit's side and the
+    reference's); from jax 0.11 on, nothing is cleared.
+    """
+    def clear() -> None:
+        if JAX_VERSION < (0, 11):
+            jax.clear_caches()
+
+    clear()
+    yield clear
+    clear()
 
 
 class _x64_ctx:
