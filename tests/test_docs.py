@@ -173,6 +173,8 @@ def scratch(tmp_path, monkeypatch):
 def test_examples_run(path, scratch):
     if "import equinox" in path.read_text() and importlib.util.find_spec("equinox") is None:
         pytest.skip("the page's examples use equinox (nbjit[equinox]), not installed")
+    if ".plot(" in path.read_text() and importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("the page's examples plot with matplotlib (nbjit[bench]), not installed")
     run_examples(path)
 
 
@@ -220,6 +222,7 @@ def test_every_published_figure_comes_from_one_run():
 
 
 def test_a_compare_md_or_png_from_another_run_is_stale(tmp_path):
+    pytest.importorskip("matplotlib", reason="it draws compare.png (nbjit[bench])")
     tables = _doc_tables()
     (tmp_path / "docs").mkdir()
     for name in ("compare.md", "compare.png", "compare.json"):
