@@ -4,7 +4,7 @@ Every ```python block of README.md and docs/*.md is executed, the blocks of
 one file in order in one namespace, in this process (so with the 8 host
 devices of tests/conftest.py), from a scratch directory. A block with a line
 ``# doctest: skip (REASON)`` is not run; the reason must say GPU or
-multi-process: those examples run in their own harness (scripts/gpu_check.sh,
+multi-process: those examples run in their own harness (scripts/accel_check.sh,
 tests/test_multiprocess.py). Every relative link (and ``#anchor``) must
 resolve; a link to a ``.py`` file whose text names ``file.py::name`` must
 point at a file that defines ``name``. The generated blocks (headline table,
