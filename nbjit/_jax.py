@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Sequence
+from typing import Any
 
 import jax
+import jaxlib
 
-SUPPORTED_JAX = ((0, 11, 2), (0, 13, 0))  # [lowest, first unsupported)
+# [lowest, first unsupported). 0.10.2 is what the TPU machines ship (jaxlib's
+# last wheels for Python 3.11); where 0.10.x's internals or its fast path
+# differ from 0.11.2+, the names below say so (JAXLIB_VERSION checks).
+SUPPORTED_JAX = ((0, 10, 2), (0, 13, 0))
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -33,10 +39,11 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 JAX_VERSION = _version_tuple(jax.__version__)
+JAXLIB_VERSION = _version_tuple(jaxlib.__version__)
 if not (SUPPORTED_JAX[0] <= JAX_VERSION < SUPPORTED_JAX[1]):
     raise ImportError(
-        f"nbjit supports jax >= 0.11.2, < 0.13 (found jax {jax.__version__}); "
-        "install a supported version, e.g. pip install 'jax>=0.11.2,<0.13'"
+        f"nbjit supports jax >= 0.10.2, < 0.13 (found jax {jax.__version__}); "
+        "install a supported version, e.g. pip install 'jax>=0.10.2,<0.13'"
     )
 
 # ruff: noqa: E402
@@ -69,6 +76,36 @@ _traceback_util.register_exclusion(NBJIT_DIR)
 ArrayImpl = _jaxlib_ext.ArrayImpl
 JaxRuntimeError = jax.errors.JaxRuntimeError
 ExecuteResults = _jaxlib_ext.ExecuteResults
+# A hit given an array donated to an earlier call: from jaxlib 0.11.2 on, the
+# fast path finds it while computing the call's signature and JAX's path raises
+# RuntimeError ("Array has been deleted"). Before 0.11.2 only arrays deleted by
+# `.delete()` are found there; a donated one reaches the runtime, which rejects
+# it (INVALID_ARGUMENT, and a line logged on stderr), raised as ValueError.
+RUNTIME_REJECTS_DONATED_INPUTS = JAXLIB_VERSION < (0, 11, 2)
+
+
+def donated_input_rejected(error: BaseException, inputs: Sequence[Any]) -> bool:
+    """Whether `error`, raised by running an executable on `inputs`, is the
+    runtime rejecting an array donated to an earlier call, which jaxlib before
+    0.11.2 raises as ValueError from its fast path: some input was donated and
+    none deleted by `.delete()` (that one jaxlib finds first: RuntimeError)."""
+    if not RUNTIME_REJECTS_DONATED_INPUTS or not isinstance(error, JaxRuntimeError):
+        return False
+    deleted = [x for x in inputs if type(x) is ArrayImpl and x.is_deleted()]
+    return bool(deleted) and not any(map(_deleted_by_delete, deleted))
+
+
+def _deleted_by_delete(x: Any) -> bool:
+    """A deleted array that `.delete()` deleted, not donation: jaxlib dropped its
+    runtime array (a donated one keeps it, with its buffers gone), so even its
+    size on the device cannot be read."""
+    try:
+        x.on_device_size_in_bytes()
+    except Exception:
+        return True
+    return False
+
+
 # Frees Python objects whose last reference was dropped off the GIL (jaxlib's
 # PjitFunction calls its "maybe" twin on every call; without it a hit-only loop
 # grows resident memory with every call; see docs/performance.md,
@@ -501,6 +538,26 @@ ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY
 # the caller's array (zero copy would use a 64-byte-aligned array in place, so
 # writing into it after the call could change a result).
 COPY_DURING_CALL = _jaxlib_ext.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+_reads_during_call: list[bool] = []  # computed once, at the first question
+
+
+def jax_path_reads_host_arrays_during_call() -> bool:
+    """Whether JAX's own path (jax.jit's miss, `device_put`) has read a numpy
+    array it does not use in place (one not 64-byte aligned) when the call
+    returns, so that a write to it after the call cannot change the result.
+
+    True on the CPU from jaxlib 0.11.2 on. Before that, the CPU client may
+    read it after the call has returned (a write right after changed results
+    at 256 KiB to 32 MiB); an accelerator's transfer is not known to have
+    read it either. Asked off the hit path (private copies for JAX's path);
+    the default backend is read once.
+    """
+    if not _reads_during_call:
+        _reads_during_call.append(JAXLIB_VERSION >= (0, 11, 2)
+                                  and jax.default_backend() == "cpu")
+    return _reads_during_call[0]
+
+
 # The config state behind the host-to-device transfer guard: None while no one
 # set a level (the common case, a cheap read); else `host_transfers_unguarded`
 # reads the level jaxlib applies.

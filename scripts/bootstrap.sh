@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Creates (or reuses) a Python 3.12 or 3.13 virtual environment with nbjit installed,
+# Creates (or reuses) a Python 3.11, 3.12 or 3.13 virtual environment with nbjit installed,
 # with its test, bench and equinox extras (so every test and every compare row runs:
 # nbjit.filter_jit's need equinox).
 #   bash scripts/bootstrap.sh [VENV_DIR] [EXTRA PIP REQUIREMENTS...]
-# VENV_DIR defaults to .venv; extras, e.g. "jax==0.11.2" "jaxlib==0.11.2",
-# are installed on top (used by CI to test the oldest supported jax).
+# VENV_DIR defaults to .venv; extras, e.g. "jax==0.10.2" "jaxlib==0.10.2",
+# are installed on top (used by CI to test older supported jax).
 # Reinstalls only when pyproject.toml, the extras or the interpreter changed.
-# NBJIT_PYTHON picks the interpreter: a version (3.12, the default, or 3.13),
+# NBJIT_PYTHON picks the interpreter: a version (3.12, the default, 3.11 or 3.13),
 # found as python3.X on the PATH, then under pyenv; or a path to a python.
+# Python 3.11 gets jax <= 0.10.2 (jaxlib's last wheels for 3.11): the TPU
+# machines' stack, CI's lowest leg.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv}
 shift || true
 choice=${NBJIT_PYTHON:-3.12}
-supported="3.12 3.13"  # keep in step with pyproject.toml's classifiers
+supported="3.11 3.12 3.13"  # keep in step with pyproject.toml's classifiers
 
 version_of() {  # "3.12" for a working interpreter, nothing for a broken one or a stale shim
   "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
@@ -45,7 +47,7 @@ if [ ! -x "$venv/bin/python" ]; then
     *)
       if [[ " $supported " != *" $choice "* ]]; then
         echo "error: NBJIT_PYTHON=$choice: nbjit supports Python $supported" \
-             "(jax 0.11+ has no wheels for 3.11; newer ones are untested)." >&2
+             "(older ones have no jax 0.10.2 wheels; newer ones are untested)." >&2
         exit 1
       fi
       python=$(find_python "$choice") || {

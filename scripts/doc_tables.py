@@ -207,7 +207,7 @@ def _host_rows(data: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
 def host_arrays_block(data: dict[str, Any]) -> str:
     """The README's sentence on host arrays: the `host_array_*` rows of the run."""
     sizes = " / ".join(size for _, size in HOST_SIZES)
-    parts = [f"{label} {' / '.join(f'{r['ratio']:.2f}' for r in rows)}"
+    parts = [f"{label} " + " / ".join(f"{r['ratio']:.2f}" for r in rows)
              for label, rows in _host_rows(data)]
     swinging = [r for _, rows in _host_rows(data) for r in rows if swings(r)]
     text = (f"In the run below, a call `f(params, x)` with a host array `x` of {sizes} "

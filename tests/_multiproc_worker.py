@@ -40,6 +40,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nbjit  # noqa: E402
+from nbjit import _jax  # noqa: E402
 from nbjit.multiprocess import agreement as _agreement  # noqa: E402
 
 MESH = Mesh(np.array(jax.devices()), ("x",))  # 8 devices, 4 per process
@@ -282,6 +283,22 @@ def deleted_global_array() -> None:
     assert isinstance(e, RuntimeError), e
 
 
+# jaxlib before 0.11 crashes the process (SIGSEGV) at a jax.jit hit of an
+# executable with no computation on this process's devices, where later ones
+# raise ValueError: there nbjit's hit is checked alone, for that ValueError.
+JAX_HIT_WITHOUT_LOCAL_COMPUTATION_CRASHES = _jax.JAXLIB_VERSION < (0, 11)
+
+
+def same_error_on_a_hit_without_local_computation(nb: Callable, jx: Callable,
+                                                  *args: Any) -> Any:
+    """`same_call` for a hit that runs nothing on this process (jax.jit raises)."""
+    if JAX_HIT_WITHOUT_LOCAL_COMPUTATION_CRASHES:
+        nb_ok, r_nb = outcome(nb, args, {})
+        assert not nb_ok, "nbjit returned; jaxlib >= 0.11 raises ValueError"
+        return r_nb
+    return same_call(nb, jx, *args)
+
+
 def _other_process_device_calls(wrap: Callable, unwrap: Callable) -> None:
     """SingleDeviceSharding on the other process's device, uncommitted local input.
 
@@ -295,7 +312,7 @@ def _other_process_device_calls(wrap: Callable, unwrap: Callable) -> None:
     out = same_call(nb, jx, wrap(x))
     assert not out.is_fully_addressable and not out.addressable_shards
     for _ in range(2):
-        e = same_call(nb, jx, wrap(x))
+        e = same_error_on_a_hit_without_local_computation(nb, jx, wrap(x))
         assert isinstance(e, ValueError), e
 
 
@@ -315,7 +332,7 @@ def other_process_device_committed_local_input() -> None:
     x = jax.device_put(jnp.arange(4.0), jax.local_devices()[1])
     same_call(nb, jx, x)
     for _ in range(2):
-        e = same_call(nb, jx, x)
+        e = same_error_on_a_hit_without_local_computation(nb, jx, x)
         assert isinstance(e, ValueError), e
 
 

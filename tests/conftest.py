@@ -16,12 +16,35 @@ request_host_devices(HOST_DEVICES)
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from nbjit._jax import JAX_VERSION  # noqa: E402
+
 
 @pytest.fixture
 def x64():
     """Runs a test with jax_enable_x64 on, restoring the previous value."""
     with jax.enable_x64(True) if hasattr(jax, "enable_x64") else _x64_ctx():
         yield
+
+
+@pytest.fixture
+def isolated_jax_caches():
+    """For tests of static leaves whose `__eq__` raises.
+
+    jax 0.10's treedef hash leaves static metadata out, so its process-wide
+    caches compare a static leaf with those of unrelated calls of the same
+    structure: such an object raises wherever an earlier call left one alike
+    (the other side of a differential test, say), and stays there to raise in
+    later tests. There JAX's caches are emptied before the test, after it, and
+    whenever it calls what this yields (between nbjit's side and the
+    reference's); from jax 0.11 on, nothing is cleared.
+    """
+    def clear() -> None:
+        if JAX_VERSION < (0, 11):
+            jax.clear_caches()
+
+    clear()
+    yield clear
+    clear()
 
 
 class _x64_ctx:
@@ -45,11 +68,79 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "cpu_devices: assumes the 8 host CPU devices set up here (devices()[1..7], meshes of "
-        "8); skipped with the reason when JAX's default backend is not CPU (a GPU run: "
-        "scripts/gpu_check.sh) or has fewer devices (NBJIT_TEST_HOST_DEVICES)")
+        "8); skipped with the reason when JAX's default backend is not CPU (a GPU or TPU "
+        "run: scripts/accel_check.sh) or has fewer devices (NBJIT_TEST_HOST_DEVICES)")
+    config.addinivalue_line(
+        "markers",
+        "loopback: opens TCP sockets on 127.0.0.1 (like `multiprocess`); both skip with the "
+        "reason where the machine refuses them")
+    config.addinivalue_line(
+        "markers",
+        "cpu_host_memory: tests the CPU's host-memory strategy for fresh host values (resident "
+        "slots that device arrays alias through zero-copy puts; packing where puts copy, run "
+        "on the CPU by making them copy); skipped with the reason on other backends")
+    # scripts/accel_check.sh names the accelerator its parts run on: a part that
+    # found JAX on another backend (a plugin that did not load) stops at once.
+    expected = os.environ.get("NBJIT_EXPECT_BACKEND")
+    if expected and jax.default_backend() != expected:
+        raise pytest.UsageError(
+            f"NBJIT_EXPECT_BACKEND={expected} but JAX's default backend is "
+            f"{jax.default_backend()} ({jax.devices()}): its plugin did not load")
+    # One program at a time may hold a TPU chip (another one fails on libtpu's
+    # lock file), and an accelerator's memory is this session's: the Python
+    # processes tests start run JAX on the CPU, like CI's. Set once this
+    # process's backend has started (it keeps the accelerator; JAX read
+    # JAX_PLATFORMS at import).
+    if os.environ.get("JAX_PLATFORMS") != "cpu" and jax.default_backend() != "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def pytest_report_header(config):
+    """Where the session runs: JAX's backend and devices, and the versions."""
+    import platform
+
+    import jaxlib
+    import numba
+
+    devices = jax.devices()
+    kinds = sorted({d.device_kind for d in devices})
+    return [f"nbjit tests: backend {jax.default_backend()}, {len(devices)} device(s) "
+            f"({', '.join(kinds)}), host {platform.node()}; jax {jax.__version__}, "
+            f"jaxlib {jaxlib.__version__}, numba {numba.__version__}"]
+
+
+def _loopback_refused() -> str | None:
+    """Why a TCP socket on 127.0.0.1 cannot be opened here (None: it can).
+    jax.distributed's coordinator needs one; some sandboxes (the TPU machines
+    lent to this project) allow no internet socket at all."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+    except OSError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
+    networked = [item for item in items
+                 if item.get_closest_marker("multiprocess") or item.get_closest_marker("loopback")]
+    refused = _loopback_refused() if networked else None
+    if refused:
+        skip = pytest.mark.skip(reason="needs TCP sockets on the loopback (jax.distributed's "
+                                       f"coordinator, a profiler server); refused here: {refused}")
+        for item in networked:
+            item.add_marker(skip)
+    host_memory = [item for item in items if item.get_closest_marker("cpu_host_memory")]
+    if host_memory and jax.default_backend() != "cpu":
+        skip = pytest.mark.skip(
+            reason="tests the CPU's host-memory strategy (resident slots alias host memory "
+                   "through zero-copy puts; packing where puts copy); JAX's default backend "
+                   f"here is {jax.default_backend()}, whose host inputs take their own path")
+        for item in host_memory:
+            item.add_marker(skip)
     marked = [item for item in items if item.get_closest_marker("cpu_devices")]
     if not marked:
         return

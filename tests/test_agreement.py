@@ -23,6 +23,7 @@ import pytest
 
 import nbjit
 from nbjit import _jax
+from nbjit._common import warn_past
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.multiprocess import exchange as _exchange
 from nbjit.multiprocess.signature import MASK64, Memo
@@ -425,6 +426,23 @@ def test_a_mismatch_raises_the_local_error_first(timeout):
         t.join(60)
     assert {r: (type(e), str(e)) for r, e in outcomes.items()} == {
         0: (ValueError, "invalid on process 0"), 1: (ValueError, "invalid on process 1")}
+
+
+def test_the_skipped_agreement_warning_names_the_callers_line():
+    """`warn_past` (the warning when the store fails) points past the frames of the
+    files it is given: Python 3.12's `skip_file_prefixes`, walked by hand on 3.11."""
+    def as_if_nbjit():  # this file stands for nbjit's own frames
+        warn_past((__file__,), "skipped", _agreement.AgreementWarning)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_past((_jax.NBJIT_DIR + os.sep,), "skipped", _agreement.AgreementWarning)
+        line = sys._getframe().f_lineno - 1
+        as_if_nbjit()
+    first, second = caught
+    assert first.category is _agreement.AgreementWarning
+    assert (first.filename, first.lineno) == (__file__, line)
+    assert second.filename != __file__  # the first frame outside: pytest's, calling this test
 
 
 def test_a_client_without_try_get_or_increment():

@@ -26,6 +26,7 @@ from _diff import assert_same_call, assert_same_exception, assert_same_outputs
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import nbjit
+from nbjit import _jax
 
 
 def _pair(make: Callable[[], Callable], **options) -> tuple:
@@ -96,8 +97,10 @@ def test_unhashable_static_argument():
 
 # 2 -------------------------------------------------------------------------
 class _EqRaises:
-    """Hashes to `salt`; comparing raises. Each side gets its own salt, so JAX's
-    process-wide trace cache never compares one side's instance with the other's."""
+    """Hashes to `salt`; comparing raises. Each side gets its own salt and its own
+    class (`_EqRaisesJax`), so JAX's process-wide trace caches never compare one
+    side's instance with the other's: jax 0.10's treedef hash leaves static
+    metadata out, and only the type check JAX makes before `==` keeps them apart."""
 
     def __init__(self, salt: int) -> None:
         self.salt = salt
@@ -109,19 +112,23 @@ class _EqRaises:
         raise ValueError("no comparing me")
 
 
+class _EqRaisesJax(_EqRaises):
+    """jax.jit's side of `_EqRaises`."""
+
+
 def test_static_argument_whose_eq_raises():
     nb, jx = _pair(lambda: lambda x, s: x * 2, static_argnums=1)
     _warm(nb, jx, X, 3)
     # one call each: nothing to compare with yet
-    assert_same_call(lambda: nb(X, _EqRaises(1007)), lambda: jx(X, _EqRaises(2007)))
+    assert_same_call(lambda: nb(X, _EqRaises(1007)), lambda: jx(X, _EqRaisesJax(2007)))
     # a second instance hashes alike, so the lookup has to call __eq__
     e_nb, e_jax = assert_same_exception(lambda: nb(X, _EqRaises(1007)),
-                                        lambda: jx(X, _EqRaises(2007)))
+                                        lambda: jx(X, _EqRaisesJax(2007)))
     assert isinstance(e_nb, ValueError)
     for e in (e_nb, e_jax):
         assert "comparable using __eq__" in str(e)
     # the same instance again is found by identity, without __eq__, in both
-    s_nb, s_jax = _EqRaises(1009), _EqRaises(2009)
+    s_nb, s_jax = _EqRaises(1009), _EqRaisesJax(2009)
     assert_same_call(lambda: nb(X, s_nb), lambda: jx(X, s_jax))
     assert_same_call(lambda: nb(X, s_nb), lambda: jx(X, s_jax))
     _assert_cache_intact(nb, jx, X, 3)
@@ -188,8 +195,9 @@ def test_array_donated_twice_across_calls():
     assert_same_outputs(nb(a_nb), jx(a_jx))  # a hit that donates
     assert a_nb.is_deleted() == a_jx.is_deleted()
     if a_jx.is_deleted():
-        e = _same_error(lambda: nb(a_nb), lambda: jx(a_jx), match="deleted")
-        assert isinstance(e, RuntimeError)
+        e = _same_error(lambda: nb(a_nb), lambda: jx(a_jx), match="deleted|donat")
+        # jaxlib < 0.11.2: the runtime rejects the donated buffer (INVALID_ARGUMENT)
+        assert type(e) is (ValueError if _jax.RUNTIME_REJECTS_DONATED_INPUTS else RuntimeError)
     else:  # a backend without donation: both keep the array
         assert_same_outputs(nb(a_nb), jx(a_jx))
     _assert_donating_cache_intact(nb, jx, 1)
@@ -241,6 +249,8 @@ def test_error_source_location_is_the_callers():
     # modules. Compared as paths, not as a substring: a clone of the project
     # sits in a directory named nbjit, so the caller's path may contain it.
     where = re.search(r"error occurs at source:\s+(\S+):\d+:\d+", str(info.value))
+    if where is None and _jax.JAX_VERSION < (0, 11):
+        pytest.skip("jax 0.10's message for this error names no source location")
     assert where is not None, str(info.value)
     frame_file = os.path.realpath(where.group(1))
     package_dir = os.path.realpath(os.path.dirname(nbjit.__file__))

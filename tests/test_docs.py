@@ -4,7 +4,7 @@ Every ```python block of README.md and docs/*.md is executed, the blocks of
 one file in order in one namespace, in this process (so with the 8 host
 devices of tests/conftest.py), from a scratch directory. A block with a line
 ``# doctest: skip (REASON)`` is not run; the reason must say GPU or
-multi-process: those examples run in their own harness (scripts/gpu_check.sh,
+multi-process: those examples run in their own harness (scripts/accel_check.sh,
 tests/test_multiprocess.py). Every relative link (and ``#anchor``) must
 resolve; a link to a ``.py`` file whose text names ``file.py::name`` must
 point at a file that defines ``name``. The generated blocks (headline table,
@@ -173,6 +173,8 @@ def scratch(tmp_path, monkeypatch):
 def test_examples_run(path, scratch):
     if "import equinox" in path.read_text() and importlib.util.find_spec("equinox") is None:
         pytest.skip("the page's examples use equinox (nbjit[equinox]), not installed")
+    if ".plot(" in path.read_text() and importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("the page's examples plot with matplotlib (nbjit[bench]), not installed")
     run_examples(path)
 
 
@@ -220,6 +222,7 @@ def test_every_published_figure_comes_from_one_run():
 
 
 def test_a_compare_md_or_png_from_another_run_is_stale(tmp_path):
+    pytest.importorskip("matplotlib", reason="it draws compare.png (nbjit[bench])")
     tables = _doc_tables()
     (tmp_path / "docs").mkdir()
     for name in ("compare.md", "compare.png", "compare.json"):

@@ -4,6 +4,10 @@ The runtime logs an error line ("ExecutePrepareWithOomRetries failed ...
 Buffer has been deleted or donated") when a deleted buffer reaches execute;
 jaxlib never gets there (its signature computation finds the deleted array
 first). A donating function's hit checks its inputs before executing.
+
+Before jaxlib 0.11.2 jax.jit's hit hands a donated array to the runtime,
+which logs that line and rejects it (ValueError, INVALID_ARGUMENT); nbjit
+does the same there (`nbjit._jax.RUNTIME_REJECTS_DONATED_INPUTS`).
 """
 
 import subprocess
@@ -11,6 +15,8 @@ import sys
 import textwrap
 
 import pytest
+
+from nbjit import _jax
 
 SCRIPT = textwrap.dedent("""\
     import sys, jax, jax.numpy as jnp
@@ -49,6 +55,15 @@ def test_reusing_a_donated_array_raises_as_jax_jit_and_prints_nothing(jit):
     out = _run(jit)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
+    if _jax.RUNTIME_REJECTS_DONATED_INPUTS:  # jaxlib < 0.11.2: the runtime's error, logged
+        rejected = ("ValueError INVALID_ARGUMENT: Invalid buffer passed to Execute() as "
+                    "argument {} to replica 0: INVALID_ARGUMENT: Buffer has been deleted or "
+                    "donated.")
+        assert lines[:3] == [rejected.format(0), rejected.format(1), rejected.format(1)]
+        if jit == "nbjit":
+            assert lines[3] == "calls 0"  # raised from the hit, as jaxlib's fast path
+        assert out.stderr.count("ExecutePrepareWithOomRetries failed") == 3, out.stderr
+        return
     assert lines[:3] == ["RuntimeError Array has been deleted with shape=float32[3].",
                          "RuntimeError Array has been deleted with shape=float32[2].",
                          "RuntimeError Array has been deleted with shape=float32[3]."]

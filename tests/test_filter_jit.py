@@ -348,9 +348,10 @@ def test_bad_static_leaves_raise_as_equinox_and_leave_the_cache(bad):
     assert errors[0] is errors[1]
 
 
-def test_raising_eq_static_leaf():
+def test_raising_eq_static_leaf(isolated_jax_caches):
     outs = []
     for wrap in (nbjit.filter_jit, eqx.filter_jit):
+        isolated_jax_caches()  # jax 0.10: the other side's leaf is not compared with
         f = wrap(lambda x, s: x + 1)
         first = _RaisingEq()
         f(jnp.ones(2), first)

@@ -20,6 +20,7 @@ eqx = pytest.importorskip("equinox", reason="nbjit.filter_jit needs equinox (nbj
 from _diff import assert_same_outputs, counted  # noqa: E402
 
 import nbjit  # noqa: E402
+from nbjit import _jax  # noqa: E402
 from nbjit.filter import jit as filter_impl  # noqa: E402
 
 WRAPS = (nbjit.filter_jit, eqx.filter_jit)
@@ -140,6 +141,10 @@ class _RaisingEq:
 
 @pytest.mark.parametrize("bad", [_Unhashable, _RaisingEq], ids=["unhashable", "raising_eq"])
 def test_a_bad_static_leaf_after_keyed_calls_raises_as_equinox(bad):
+    if bad is _RaisingEq and _jax.JAX_VERSION < (0, 11):
+        pytest.skip("jax 0.10 compares a call's static leaves with those of earlier calls of "
+                    "the same structure: f(x, 1) after f(x, _RaisingEq()) raises in JAX's "
+                    "path, under equinox.filter_jit as under nbjit's")
     errors = []
     for wrap in WRAPS:
         f = wrap(lambda x, s: x + 1)

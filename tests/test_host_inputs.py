@@ -20,6 +20,8 @@ from hypothesis import given, settings
 from jax import lax
 
 import nbjit
+from nbjit import _jax
+from nbjit.core import hooks as _hooks
 from nbjit.core import record as _record
 from nbjit.core.inputs import plans as _plan
 from nbjit.core.inputs import steps as _steps
@@ -234,6 +236,27 @@ def test_caller_may_write_its_array_right_after_the_call():
         result = f(a)
         a[:] = 7
         np.testing.assert_array_equal(np.asarray(result), expected)
+
+
+@pytest.mark.parametrize("reads_during_call", [True, False])
+def test_jax_path_gets_copies_of_what_it_may_read_after_the_call(reads_during_call,
+                                                                monkeypatch):
+    """JAX's own path (a miss, a slow call) gets private copies of numpy arrays:
+    small and 64-byte-aligned ones always; the others only where JAX may read
+    them after the call returned (the CPU before jaxlib 0.11.2: a write right
+    after the call changed a miss's result; an accelerator), since elsewhere
+    jaxlib copies them while the call runs."""
+    monkeypatch.setattr(_jax, "_reads_during_call", [reads_during_call])
+    raw = np.zeros((1 << 20) + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    aligned = raw[start:start + (1 << 20)].view(np.float32)
+    unaligned = raw[start + 16:start + 16 + (1 << 20)].view(np.float32)
+    small = np.ones(4, np.float32)
+    (p_unaligned, p_aligned, p_small), _ = _hooks.private_copies(
+        (unaligned, aligned, small), {}, (), ())
+    assert p_aligned is not aligned and p_small is not small
+    assert (p_unaligned is unaligned) == reads_during_call
+    np.testing.assert_array_equal(p_aligned, aligned)
 
 
 @pytest.fixture

@@ -1,14 +1,23 @@
 """Memory: cache hits do not grow the process, dropped functions leave nothing.
 
-RSS is read from /proc/self/statm; nothing here is timed. The figures are
-printed (run with ``-s`` to see them). The million-call and 10,000-function
-runs are `slow`; CI runs smaller versions of the same checks.
+RSS is read from /proc/self/statm; nothing is asserted of time (a clock only
+sizes the hit loops, below). The figures are printed (run with ``-s`` to see
+them). The million-call and 10,000-function runs are `slow`; CI runs smaller
+versions of the same checks.
+
+On every backend: nbjit's hits may grow the process by what jax.jit's own
+hits grow it by in the same test (an accelerator's runtime keeps host memory
+of its own as calls queue), plus the limit; and a loop makes as many hits as
+fit a few seconds, at most the number asked for (on the CPU, all of them: a
+hit there is microseconds; on a TPU, jax.jit's hit with a numpy input took
+~0.5 ms).
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +53,12 @@ def _hit_workloads() -> dict:
     }
 
 
+HIT_LOOP_SECONDS = 6.0  # per side, at most: the hit loops' size (see the module docstring)
+
+
 def _rss_growth(jitted, args, kwargs, calls: int) -> float:
     """RSS growth in MB over `calls` cache hits, after a warm-up; no gc in the loop."""
-    for _ in range(20_000):
+    for _ in range(min(20_000, calls)):
         jitted(*args, **kwargs)
     gc.collect()
     before = _rss()
@@ -55,18 +67,39 @@ def _rss_growth(jitted, args, kwargs, calls: int) -> float:
     return (_rss() - before) / MB
 
 
-def _check_hits(name: str, calls: int, limit_mb: float) -> None:
+def _calls_that_fit(jitted_functions, args, kwargs, calls: int, seconds: float) -> int:
+    """`calls`, or fewer where the slowest of the functions' hits (timed over a
+    few hundred) would make a loop longer than `seconds`."""
+    slowest = 0.0
+    for jitted in jitted_functions:
+        jitted(*args, **kwargs)  # (jax.jit's miss)
+        start = time.perf_counter()
+        for _ in range(300):
+            out = jitted(*args, **kwargs)
+        jax.block_until_ready(out)
+        slowest = max(slowest, (time.perf_counter() - start) / 300)
+    return max(10_000, min(calls, int(seconds / max(slowest, 1e-9))))
+
+
+def _check_hits(name: str, calls: int, limit_mb: float,
+                seconds: float | None = HIT_LOOP_SECONDS) -> None:
+    """`calls` hits (fewer where they would take longer than `seconds`; None:
+    all of them) grow RSS by less than `limit_mb` beyond jax.jit's growth."""
     make, args, kwargs = _hit_workloads()[name]
-    jitted = make(nbjit.jit)
-    jitted(*args, **kwargs)
+    jitted, upstream_jitted = make(nbjit.jit), make(jax.jit)
+    jitted(*args, **kwargs)  # the miss
+    if seconds is not None:
+        calls = _calls_that_fit((jitted, upstream_jitted), args, kwargs, calls, seconds)
     misses, slow = jitted.miss_count, jitted.slow_count
     growth = _rss_growth(jitted, args, kwargs, calls)
-    upstream = _rss_growth(make(jax.jit), args, kwargs, calls)
+    upstream = _rss_growth(upstream_jitted, args, kwargs, calls)
     print(f"\n[memory] {name}: {calls} cache hits: nbjit RSS +{growth:.2f} MB, "
           f"jax.jit RSS +{upstream:.2f} MB")
     assert (jitted.miss_count, jitted.slow_count) == (misses, slow), "all calls were hits"
     assert jitted._cache_size() == 1
-    assert growth < limit_mb, f"{calls} cache hits grew RSS by {growth:.2f} MB"
+    # What jax.jit's own hits grew the process by is the runtime's, not nbjit's.
+    assert growth < limit_mb + max(upstream, 0.0), (
+        f"{calls} cache hits grew RSS by {growth:.2f} MB (jax.jit's: {upstream:.2f} MB)")
 
 
 @pytest.mark.parametrize("name", list(_hit_workloads()))
@@ -77,7 +110,7 @@ def test_cache_hits_do_not_grow_rss(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(_hit_workloads()))
 def test_million_cache_hits_grow_rss_by_less_than_5mb(name):
-    _check_hits(name, calls=1_000_000, limit_mb=5.0)
+    _check_hits(name, calls=1_000_000, limit_mb=5.0, seconds=None)
 
 
 # ---------------------------------------------------------------------------

@@ -9,11 +9,13 @@ DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 NOTEBOOKS = sorted(DOCS.glob("*.ipynb"))
 
 
+@pytest.mark.loopback  # the kernel talks to its client over ZMQ on 127.0.0.1
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_executes(path, tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (test extra)")
     nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed (test extra)")
     pytest.importorskip("ipykernel", reason="ipykernel is not installed (test extra)")
+    pytest.importorskip("matplotlib", reason="the notebook plots (bench extra)")
     root = str(DOCS.parent)  # the kernel imports this checkout's nbjit
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH")) if p))

@@ -31,6 +31,8 @@ from nbjit.host import packing as _packing
 from nbjit.host import policy as _policy
 from nbjit.host import resident as _resident
 
+pytestmark = pytest.mark.cpu_host_memory  # tests/conftest.py
+
 CALLS = 3 * _policy.PACK_AFTER  # enough fresh calls to pack, then run packed
 
 

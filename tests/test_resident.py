@@ -26,6 +26,8 @@ from nbjit.host import policy as _policy
 from nbjit.host import resident as _resident
 from nbjit.host.policy import TRANSITIONS, Stage
 
+pytestmark = pytest.mark.cpu_host_memory  # tests/conftest.py
+
 CALLS = 3 * _policy.PACK_AFTER  # enough fresh calls to go resident, then run resident
 
 

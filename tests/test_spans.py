@@ -269,6 +269,7 @@ _pywrap_profiler_plugin.trace("localhost:" + sys.argv[1], sys.argv[2], "", True,
 """
 
 
+@pytest.mark.loopback  # the profiler server and its client talk over TCP
 def test_a_capture_from_outside_the_process_sees_the_spans(tmp_path):
     """TensorBoard's capture button: a session started through jax.profiler.start_server."""
     pytest.importorskip("xprof.convert._pywrap_profiler_plugin",

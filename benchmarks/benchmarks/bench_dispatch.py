@@ -114,9 +114,12 @@ class PrunedArgs(_Timed):
 class Transfer(_Timed):
     """api_benchmark jit_dispatch_with(out)_transfer: x + 1 on 128 images of 224x224.
 
-    Timed per call, waiting for the result (as compare's rows, `sync_each`):
-    dispatching 25 MB of work after 25 MB of work measures how long the
-    queue has grown, which differed 4x between runs.
+    Timed per call until the result is ready, as compare's rows are
+    (`sync_each`: their us and ratio are that; the time until the call
+    returns is beside them in compare's JSON and notes). Dispatching 25 MB of
+    work after 25 MB of work measures how long the queue has grown, which
+    differed 4x between runs; and on an accelerator jax.jit returns before
+    its transfer is done, nbjit after its copy.
     """
 
     params = [[False, True], IMPLS]

@@ -14,8 +14,8 @@ dispatcher never imports it, and ``import nbjit`` does not either
 What it holds, by module:
 
 - `nbjit.bench.measure`: paired, interleaved timing (`Settings`,
-  `interleave`, `Interleaved`, `Ratio`, `time_batch`): a ratio against a
-  reference timed in the same process, rounds alternating.
+  `interleave`, `Interleaved`, `Ratio`, `time_batch`, `time_each`): a ratio
+  against a reference timed in the same process, rounds alternating.
 - `nbjit.bench.matrix`: the matrix (`Scenario`, `Case`, `scenarios`,
   `select`, `scenario`): api_benchmark's jit cases, argument counts, host
   inputs, workloads with new values on every call.
@@ -33,7 +33,14 @@ What it holds, by module:
 
 from nbjit.bench.floor import floor_call
 from nbjit.bench.matrix import HOST_OFFSET, POOL, Case, Scenario, scenario, scenarios, select
-from nbjit.bench.measure import Interleaved, Ratio, Settings, interleave, time_batch
+from nbjit.bench.measure import (
+    Interleaved,
+    Ratio,
+    Settings,
+    interleave,
+    time_batch,
+    time_each,
+)
 from nbjit.bench.report import (
     SELF_CHECK_BAND,
     Summary,
@@ -64,6 +71,6 @@ __all__ = [
     "compare", "first_difference", "floor_call", "fresh_copy", "format_markdown",
     "format_table", "interleave", "output_difference", "plot", "read_json", "run",
     "run_description", "run_scenario", "scenario", "scenarios",
-    "select", "self_check_failures", "self_check_record", "time_batch", "verdict",
+    "select", "self_check_failures", "self_check_record", "time_batch", "time_each", "verdict",
     "write_json", "writes_into_docs",
 ]

@@ -11,6 +11,14 @@ Pure Python + numpy: nothing here knows about JAX. Contenders are zero-argument
 callables; an optional ``sync`` is applied to the last result of each batch,
 outside the timed region (for example to wait for queued device work so that
 it does not spill into the next batch).
+
+Calls that start large asynchronous work (``sync_each``) are timed one by
+one, twice: until the call returns, and until its result is ready (``sync``
+done). On an accelerator the two differ by design, and differently for two
+dispatchers: one that copies a host input before it returns against one
+that returns once the copy is queued. The ready figure is what a step that
+needs the result waits for; the return figure, how soon the caller's
+Python goes on.
 """
 
 from __future__ import annotations
@@ -45,21 +53,34 @@ class Settings:
 
 @dataclass(frozen=True)
 class Interleaved:
-    """Per-call seconds of each contender in each round (rows: rounds)."""
+    """Per-call seconds of each contender in each round (rows: rounds).
+
+    With ``sync_each`` (`interleave`), ``per_call_s`` is the time until each
+    call's result was ready, and ``returned_s`` the time until the call
+    returned; otherwise ``returned_s`` is None.
+    """
 
     names: tuple[str, ...]
     per_call_s: np.ndarray  # shape (rounds, contenders)
     calls_per_batch: int
     seconds: float  # wall time the measurement took, calibration included
+    returned_s: np.ndarray | None = None  # same shape; sync_each only
 
-    def median_us(self, name: str) -> float:
-        return float(np.median(self.per_call_s[:, self.names.index(name)]) * 1e6)
+    def _seconds(self, returned: bool) -> np.ndarray:
+        if not returned:
+            return self.per_call_s
+        if self.returned_s is None:
+            raise ValueError("no return times: measured without sync_each")
+        return self.returned_s
 
-    def ratio(self, num: str, den: str) -> Ratio:
+    def median_us(self, name: str, returned: bool = False) -> float:
+        """Median per-call microseconds of `name` (`returned`: until the call returned)."""
+        return float(np.median(self._seconds(returned)[:, self.names.index(name)]) * 1e6)
+
+    def ratio(self, num: str, den: str, returned: bool = False) -> Ratio:
         """Median and p10-p90 of the per-round ratios ``num / den``."""
-        per_round = (
-            self.per_call_s[:, self.names.index(num)] / self.per_call_s[:, self.names.index(den)]
-        )
+        seconds = self._seconds(returned)
+        per_round = seconds[:, self.names.index(num)] / seconds[:, self.names.index(den)]
         return Ratio.of(per_round)
 
 
@@ -94,29 +115,56 @@ def time_batch(
     buffer: milliseconds on a VM) does not decide the round. For calls that
     start large asynchronous computations.
     """
+    if sync_each is not None:
+        returned, _, out = time_each(fn, k, sync_each, timer)
+        return k * returned, out
     out = None
     loop = itertools.repeat(None, k)
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        if sync_each is None:
-            t0 = timer()
-            for _ in loop:
-                out = fn()
-            total = timer() - t0
-        else:
-            times = []
-            for _ in loop:
-                out = None  # free the previous result before the clock starts
-                t0 = timer()
-                out = fn()
-                times.append(timer() - t0)
-                sync_each(out)
-            total = k * float(np.median(times))
+        t0 = timer()
+        for _ in loop:
+            out = fn()
+        total = timer() - t0
     finally:
         if gc_was_enabled:
             gc.enable()
     return total, out
+
+
+def time_each(
+    fn: Callable[[], Any],
+    k: int,
+    sync: Callable[[Any], Any],
+    timer: Timer = time.perf_counter,
+) -> tuple[float, float, Any]:
+    """Median seconds until a call of ``fn`` returns, and until its result is
+    ready (``sync(result)`` has returned), over ``k`` calls; and the last result.
+
+    Each call starts with nothing queued (the previous result was synced), with
+    the garbage collector off (see `time_batch`). Medians: the rare call that
+    pays for the machine's memory management (page faults, unmapping a large
+    buffer: milliseconds on a VM) does not decide the round.
+    """
+    out = None
+    returned, ready = [], []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in itertools.repeat(None, k):
+            out = None  # free the previous result before the clock starts
+            t0 = timer()
+            out = fn()
+            t1 = timer()
+            sync(out)
+            t2 = timer()
+            returned.append(t1 - t0)
+            ready.append(t2 - t0)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return float(np.median(returned)), float(np.median(ready)), out
 
 
 def calibrate(
@@ -165,8 +213,9 @@ def interleave(
     batch size ``k`` is calibrated once for all of them, then rounds run until
     ``settings.rounds`` are done or ``settings.max_seconds`` have passed (but
     at least ``settings.min_rounds``). ``sync`` runs on the last result of
-    every batch, untimed; with ``sync_each`` it runs after every call (see
-    `time_batch`).
+    every batch, untimed; with ``sync_each`` it runs after every call, and
+    each call is timed until it returns and until ``sync`` is done
+    (`time_each`; ``per_call_s`` is then the latter).
     """
     if not contenders:
         raise ValueError("interleave needs at least one contender")
@@ -179,18 +228,25 @@ def interleave(
         if sync is not None and settings.warmup_calls:
             sync(out)
     k = calibrate(fns, settings.target_batch_s, sync, timer, sync_each=sync_each)
-    per_call_sync = sync if sync_each else None
+    if sync_each and sync is None:
+        raise ValueError("sync_each needs a sync")
     n = len(fns)
     rows: list[list[float]] = []
+    returned_rows: list[list[float]] = []
     for r in range(settings.rounds):
-        row = [0.0] * n
+        row, returned_row = [0.0] * n, [0.0] * n
         for j in range(n):
             i = (r + j) % n
-            dt, out = time_batch(fns[i], k, timer, per_call_sync)
+            if sync_each and sync is not None:
+                returned_row[i], row[i], _ = time_each(fns[i], k, sync, timer)
+                continue
+            dt, out = time_batch(fns[i], k, timer)
             if sync is not None:
                 sync(out)
             row[i] = dt / k
         rows.append(row)
+        returned_rows.append(returned_row)
         if r + 1 >= settings.min_rounds and time.perf_counter() - start > settings.max_seconds:
             break
-    return Interleaved(names, np.asarray(rows), k, time.perf_counter() - start)
+    return Interleaved(names, np.asarray(rows), k, time.perf_counter() - start,
+                       np.asarray(returned_rows) if sync_each else None)

@@ -70,6 +70,14 @@ class Row:
     # A training loop's row (Case.loop): a_us/b_us are per step, and this holds
     # the time until each call returns (nbjit.bench.training.loop_row).
     loop: dict[str, Any] | None = None
+    # Rows timed call by call (`Scenario.sync_each`: large asynchronous work):
+    # a_us, b_us and ratio run until the result is ready; these, until the
+    # call returned (None on other rows).
+    a_return_us: float | None = None
+    b_return_us: float | None = None
+    return_ratio: float | None = None
+    return_ratio_p10: float | None = None
+    return_ratio_p90: float | None = None
 
 
 Jit = Callable[..., Callable[..., Any]]
@@ -226,15 +234,28 @@ def run_scenario(
             _settle(call)
     result = measure.interleave(contenders, settings, sync=jax.block_until_ready,
                                  sync_each=scenario.sync_each)
+    _record_times(row, result)
+    if result.returned_s is not None:
+        notes.insert(0, return_note(row))
+    row.note = "; ".join(notes)
+    return row
+
+
+def _record_times(row: Row, result: measure.Interleaved) -> None:
+    """A row's figures from its interleaved measurement (a, b, the floor)."""
     ratio = result.ratio("a", "b")
     row.a_us = result.median_us("a")
     row.b_us = result.median_us("b")
     if "floor" in result.names:
         row.floor_us = result.median_us("floor")
     row.ratio, row.ratio_p10, row.ratio_p90 = ratio.median, ratio.p10, ratio.p90
+    if result.returned_s is not None:  # timed until ready: until the calls returned too
+        returned = result.ratio("a", "b", returned=True)
+        row.a_return_us = result.median_us("a", returned=True)
+        row.b_return_us = result.median_us("b", returned=True)
+        row.return_ratio = returned.median
+        row.return_ratio_p10, row.return_ratio_p90 = returned.p10, returned.p90
     _record_rounds(row, result)
-    row.note = "; ".join(notes)
-    return row
 
 
 def _side_names(self_check: bool) -> tuple[str, str]:
@@ -245,6 +266,13 @@ def _record_rounds(row: Row, result: measure.Interleaved) -> None:
     row.rounds = result.per_call_s.shape[0]
     row.calls_per_batch = result.calls_per_batch
     row.seconds = result.seconds
+
+
+def return_note(row: Row) -> str:
+    """The note of a row timed until its result is ready: when the calls returned."""
+    return (f"timed until the result is ready; the call returned after {row.a_return_us:.1f} "
+            f"us / jax.jit {row.b_return_us:.1f} us, ratio {row.return_ratio:.2f} "
+            f"[{row.return_ratio_p10:.2f}-{row.return_ratio_p90:.2f}]")
 
 
 def _run_sides(row: Row, case: Case, block: bool, settings: measure.Settings) -> Row:

@@ -52,7 +52,7 @@ class Counters:
     already holds); a node's count is folded into `hits` here when it leaves
     the cache, so a namespace's hits are ``hits + sum(node.hits)``.
     Everything else is counted off the hit path. No counter takes a lock.
-    On CPython 3.12/3.13 with the GIL a thread switch cannot fall inside
+    On CPython 3.11-3.13 with the GIL a thread switch cannot fall inside
     ``node.hits += 1`` on a ``__slots__`` object (no eval-breaker check
     between its load and its store), so hits from many threads add up
     exactly (tests/test_stats.py checks it); the language does not promise

@@ -153,12 +153,14 @@ class PjitFunction:
 
         Refused inputs (a deleted array; something not a jax.Array) go to
         JAX's own path, which raises what it raises. A failure of the
-        execution itself (say, one buffer donated twice in a call) raises
-        ValueError with the runtime's message, as jaxlib's fast path does.
+        execution itself (say, one buffer donated twice in a call; before
+        jaxlib 0.11.2, an array donated to an earlier call) raises ValueError
+        with the runtime's message, as jaxlib's fast path does.
         """
         args = _hooks.real_args(args)
-        if isinstance(error, _jax.JaxRuntimeError) and all(
-                type(x) is ArrayImpl and not x.is_deleted() for x in inputs):
+        if isinstance(error, _jax.JaxRuntimeError) and (
+                _jax.donated_input_rejected(error, inputs)
+                or all(type(x) is ArrayImpl and not x.is_deleted() for x in inputs)):
             raise ValueError(str(error)) from error
         deleted = any(type(x) is ArrayImpl and x.is_deleted() for x in inputs)
         return self._slow(args, kwargs, "deleted_or_donated" if deleted else "execute_refused")

@@ -190,7 +190,8 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
     all_kept = len(kept) == len(leaves)
     return FastPath(
         executable=fastpath.xla_executable,
-        execute=(_checking_deleted(fastpath.xla_executable.execute_sharded) if donated
+        execute=(_checking_deleted(fastpath.xla_executable.execute_sharded)
+                 if donated and not _jax.RUNTIME_REJECTS_DONATED_INPUTS
                  else fastpath.xla_executable.execute_sharded),
         out_handlers=[
             _jax.result_handler(aval, sharding, committed)

@@ -42,7 +42,6 @@ signature.
 from __future__ import annotations
 
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,6 +49,7 @@ from typing import Any
 from jax import tree_util
 
 from nbjit import _jax
+from nbjit._common import warn_past
 from nbjit.core import view as _view
 from nbjit.core.view import JitView
 from nbjit.multiprocess.exchange import COUNTERS as _counters
@@ -149,8 +149,8 @@ def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
             _exchange(client, info, signature, call_site(), _jax.process_index(),
                       _jax.process_count(), validate=_local_validation(jitted, args, kwargs))
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
-        warnings.warn(f"nbjit: multi-process agreement of {info.name} skipped: {error}",
-                      AgreementWarning, skip_file_prefixes=_NOT_CALLER)
+        warn_past(_NOT_CALLER, f"nbjit: multi-process agreement of {info.name} skipped: "
+                  f"{error}", AgreementWarning)
 
 
 def _local_validation(jitted: JitView, args: tuple, kwargs: dict) -> Callable[[], None]:

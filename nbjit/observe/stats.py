@@ -10,7 +10,7 @@ constants behind the code"); a node's hits move into the counters when it
 leaves the cache. Misses, slow calls and evictions are counted on their own
 (already slow) paths, and `calls` is derived: hits + misses + slow.
 
-No counter takes a lock. Under the GIL of CPython 3.12/3.13, ``node.hits
+No counter takes a lock. Under the GIL of CPython 3.11-3.13, ``node.hits
 += 1`` on a ``__slots__`` object is not interrupted between its load and its
 store (no eval-breaker check between LOAD_ATTR, BINARY_OP on ints and
 STORE_ATTR), so hits from many threads add up exactly (tests/test_stats.py

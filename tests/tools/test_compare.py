@@ -81,6 +81,53 @@ def test_cli_only_takes_a_regex(capsys):
     assert "not a regular expression" in capsys.readouterr().err
 
 
+def test_time_each_times_the_return_and_the_result():
+    """Work that goes on after the call returns counts in the ready figure only."""
+    returned, ready, out = bench.time_each(lambda: 0.002, 3, time.sleep)
+    assert out == 0.002 and 0 <= returned < 0.002 <= ready
+
+
+def test_interleave_sync_each_keeps_both_figures():
+    """a returns at once and its work runs on (an enqueued transfer); b does its
+    work before it returns (a copy made in the call): a returns first, b is
+    ready first."""
+    def a():
+        return 0.003
+
+    def b():
+        time.sleep(0.001)
+        return 0.0
+
+    result = bench.interleave([("a", a), ("b", b)], TINY, sync=time.sleep, sync_each=True)
+    assert result.returned_s is not None and result.returned_s.shape == result.per_call_s.shape
+    assert result.ratio("a", "b", returned=True).median < 1 < result.ratio("a", "b").median
+    assert result.median_us("a", returned=True) < result.median_us("a")
+    plain = bench.interleave([("a", a), ("b", b)], TINY)
+    assert plain.returned_s is None
+    with pytest.raises(ValueError, match="sync_each"):
+        plain.ratio("a", "b", returned=True)
+
+
+def test_a_row_of_asynchronous_work_has_both_figures(tmp_path):
+    """A `sync_each` row: a_us / b_us / ratio until the result is ready, and the
+    figures until the call returned beside them (in the JSON and the note)."""
+    def build() -> bench.Case:
+        return bench.Case(operator.add, (jnp.ones(1000), np.ones(1000, np.float32)))
+
+    scenario = bench.Scenario("tiny_transfer", 1, "numpy", build, block=False, sync_each=True)
+    row = bench.run_scenario(scenario, jax_jit, jax_jit, TINY)
+    assert row.a_us is not None and row.a_return_us is not None
+    assert row.return_ratio is not None and row.return_ratio_p10 <= row.return_ratio_p90
+    assert row.a_return_us <= row.a_us and row.b_return_us <= row.b_us
+    assert row.note.startswith("timed until the result is ready; the call returned after")
+    path = str(tmp_path / "c.json")
+    bench.write_json(path, [row], {})
+    assert bench.read_json(path)[0][0] == row
+    plain = bench.run_scenario(dataclasses.replace(scenario, sync_each=False), jax_jit,
+                               jax_jit, TINY)
+    assert plain.a_return_us is None and plain.return_ratio is None
+
+
 def test_select_glob_and_substring():
     names = [s.name for s in bench.select(bench.scenarios(), "jit_simple_*_10")]
     assert names == ["jit_simple_many_args_10", "jit_simple_pruned_args_10"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from nbjit import _jax
@@ -88,7 +87,9 @@ def host_dtype(x: Any, canonical: dict) -> np.dtype | None:
 # on the CPU, only a 64-byte-aligned array is copied (jaxlib copies any other
 # itself while the call runs: it never uses it in place). Where the default
 # device has memory of its own (an accelerator) every array is copied: its
-# transfer reads the caller's array after the call returns.
+# transfer reads the caller's array after the call returns; so is it on the
+# CPU before jaxlib 0.11.2, whose client may read it after the call too
+# (`_jax.jax_path_reads_host_arrays_during_call`).
 PRIVATE_COPY_ALWAYS_BYTES = 64 << 10
 
 
@@ -112,7 +113,7 @@ def private_host_copies(args: tuple, kwargs: dict, static_positions: Sequence[in
     are left alone (they enter keys by ``==``). Arguments with no numpy
     array in them are returned as they are (same objects).
     """
-    every = jax.default_backend() != "cpu"
+    every = not _jax.jax_path_reads_host_arrays_during_call()
     changed_args = _private_changes(enumerate(args), static_positions, every)
     changed_kwargs = _private_changes(kwargs.items(), static_names, every)
     if changed_args:
