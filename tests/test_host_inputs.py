@@ -21,10 +21,10 @@ from jax import lax
 
 import nbjit
 from nbjit import _jax
-from nbjit.core import hooks as _hooks
 from nbjit.core import record as _record
 from nbjit.core.inputs import plans as _plan
 from nbjit.core.inputs import steps as _steps
+from nbjit.core.inputs import values as _values
 from nbjit.core.inputs.steps import HostInput as _HostInput
 from nbjit.host import policy as _policy
 
@@ -252,7 +252,7 @@ def test_jax_path_gets_copies_of_what_it_may_read_after_the_call(reads_during_ca
     aligned = raw[start:start + (1 << 20)].view(np.float32)
     unaligned = raw[start + 16:start + 16 + (1 << 20)].view(np.float32)
     small = np.ones(4, np.float32)
-    (p_unaligned, p_aligned, p_small), _ = _hooks.private_copies(
+    (p_unaligned, p_aligned, p_small), _ = _values.private_host_copies(
         (unaligned, aligned, small), {}, (), ())
     assert p_aligned is not aligned and p_small is not small
     assert (p_unaligned is unaligned) == reads_during_call

@@ -168,3 +168,30 @@ def test_a_client_that_cannot_map_is_not_asked_again():
     for _ in range(3):
         assert _staging.mapped_empty(_staging.DMA_MAP_MIN_BYTES, client).nbytes
     assert Refusing.calls == 1
+
+
+def test_packed_results_equal_jax_jits_bit_for_bit(staged):
+    """The packed program is other HLO than the original (its inputs are
+    slices of one buffer): where XLA could reorder a reduction, a dot or a
+    fused chain, its results must still equal jax.jit's bit for bit. On an
+    accelerator this is the path a training loop's batch takes."""
+    def fn(x, w, b, y):
+        h = jnp.tanh(x @ w + b)
+        logits = jax.nn.log_softmax(h)
+        return (jnp.sum(x), jnp.mean(x, axis=0), jnp.cumsum(w, axis=1), jnp.dot(x, w),
+                jnp.einsum("ij,jk->ik", h.T, x), jnp.prod(b), jnp.var(y), jnp.std(x),
+                logits, jnp.max(x * w[:, :1].T), (x * 1.1 + 0.3) * x - jnp.exp(-x),
+                jnp.linalg.norm(y))
+
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    rng = np.random.default_rng(4)
+    for i in range(3 * _policy.PACK_AFTER):
+        if i == 2 * _policy.PACK_AFTER:
+            assert _packing.wait(120)
+        args = (rng.standard_normal((32, 16)).astype(np.float32),
+                rng.standard_normal((16, 8)).astype(np.float32),
+                rng.standard_normal(8).astype(np.float32),
+                rng.standard_normal(1000).astype(np.float32))
+        assert_same_outputs(f(*args), g(*args))
+    node, _ = f._entry_for(args, {})
+    assert node.plan.stage is _policy.Stage.PACKED
