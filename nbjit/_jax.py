@@ -31,20 +31,15 @@ SUPPORTED_JAX = ((0, 10, 2), (0, 13, 0))
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+    return tuple(int("".join(c for c in piece if c.isdigit()) or 0)
+                 for piece in version.split(".")[:3])
 
 
 JAX_VERSION = _version_tuple(jax.__version__)
 JAXLIB_VERSION = _version_tuple(jaxlib.__version__)
 if not (SUPPORTED_JAX[0] <= JAX_VERSION < SUPPORTED_JAX[1]):
-    raise ImportError(
-        f"nbjit supports jax >= 0.10.2, < 0.13 (found jax {jax.__version__}); "
-        "install a supported version, e.g. pip install 'jax>=0.10.2,<0.13'"
-    )
+    raise ImportError(f"nbjit supports jax >= 0.10.2, < 0.13 (found jax {jax.__version__}); "
+                      "install a supported version, e.g. pip install 'jax>=0.10.2,<0.13'")
 
 # ruff: noqa: E402
 from jax._src import api as _api
@@ -546,11 +541,10 @@ def jax_path_reads_host_arrays_during_call() -> bool:
     array it does not use in place (one not 64-byte aligned) when the call
     returns, so that a write to it after the call cannot change the result.
 
-    True on the CPU from jaxlib 0.11.2 on. Before that, the CPU client may
-    read it after the call has returned (a write right after changed results
-    at 256 KiB to 32 MiB); an accelerator's transfer is not known to have
-    read it either. Asked off the hit path (private copies for JAX's path);
-    the default backend is read once.
+    True on the CPU from jaxlib 0.11.2 on. Before, the CPU client may read it
+    after the call returned (a write right after changed results at 256 KiB
+    to 32 MiB); an accelerator's transfer reads it after the call returns.
+    Asked off the hit path; the default backend is read once.
     """
     if not _reads_during_call:
         _reads_during_call.append(JAXLIB_VERSION >= (0, 11, 2)
@@ -654,28 +648,3 @@ def cpu_async_dispatch() -> bool:
     flag = getattr(_xla_bridge, "_CPU_ENABLE_ASYNC_DISPATCH", None)
     return True if flag is None else bool(flag.value)
 
-
-# --- host memory the device reads directly: DMA mapping ---
-_dma_unsupported: set[int] = set()  # ids of clients whose dma_map raised
-
-
-def dma_map(client, address: int, size: int) -> bool:
-    """Registers ``[address, address + size)`` with `client` for direct DMA
-    (the runtime then transfers from it without a copy of its own); False
-    where the client cannot (it is not tried again for that client)."""
-    if id(client) in _dma_unsupported:
-        return False
-    try:
-        client.dma_map(address, size)
-    except Exception:  # unimplemented on this platform, or refused
-        _dma_unsupported.add(id(client))
-        return False
-    return True
-
-
-def dma_unmap(client, address: int) -> None:
-    """Undoes `dma_map` (before the memory is freed)."""
-    try:
-        client.dma_unmap(address)
-    except Exception:  # the client is gone (interpreter exit): nothing is mapped any more
-        pass

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from nbjit import _jax
 from nbjit._common import ALIGN, align_up
 
 __all__ = ["DMA_MAP_MIN_BYTES", "PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "HostStaging",
@@ -293,9 +292,32 @@ def mapped_empty(nbytes: int, client: Any = None) -> np.ndarray:
     memory = mmap.mmap(-1, size)
     array = np.frombuffer(memory, np.uint8)  # (views of it stop at it: base collapsing)
     address = array.__array_interface__["data"][0]
-    if _jax.dma_map(client, address, size):
-        weakref.finalize(array, _jax.dma_unmap, client, address)
+    if _dma_map(client, address, size):
+        weakref.finalize(array, _dma_unmap, client, address)
     return array
+
+
+_dma_unsupported: set[int] = set()  # ids of clients whose dma_map raised
+
+
+def _dma_map(client: Any, address: int, size: int) -> bool:
+    """Registers ``[address, address + size)`` with `client` for direct DMA (the
+    jaxlib client's own method); False where it cannot (not asked again)."""
+    if id(client) in _dma_unsupported:
+        return False
+    try:
+        client.dma_map(address, size)
+    except Exception:  # unimplemented on this platform, or refused
+        _dma_unsupported.add(id(client))
+        return False
+    return True
+
+
+def _dma_unmap(client: Any, address: int) -> None:
+    try:
+        client.dma_unmap(address)
+    except Exception:  # the client is gone (interpreter exit): nothing is mapped any more
+        pass
 
 
 def _refcounts(buffers: list[np.ndarray]) -> list[int]:
