@@ -1,13 +1,16 @@
 """Where host inputs are put, per platform (nbjit/core/inputs/platforms.py):
 the table, the core's own path with no strategy plugged in, and a
 strategy's two hooks: how a `HostInput` step puts a numpy array (its
-`HostTransfer`), and what it does after a miss."""
+`HostTransfer`), and what it does after a miss. The calls run on the CPU
+device whatever JAX's default backend is: the tests plug strategies in for
+the "cpu" platform."""
 
 import contextlib
 import inspect
 
 import jax
 import numpy as np
+import pytest
 from _diff import assert_same_outputs, steps_of
 
 import nbjit
@@ -18,15 +21,21 @@ from nbjit.host import policy as _policy
 FRESH_CALLS = 3 * _policy.PACK_AFTER  # enough new values for the CPU's policy to arm
 
 
+@pytest.fixture(autouse=True)
+def on_the_cpu_device():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @contextlib.contextmanager
 def plugged(platform, strategy):
     """`strategy` for `platform` inside the block (None: the default), the table as before after."""
-    before = platforms.strategy_for(platform)
+    before = platforms._plugged.get(platform)
     platforms.plug_in(platform, strategy)
     try:
         yield strategy
     finally:
-        platforms.plug_in(platform, None if before is platforms.DEFAULT else before)
+        platforms.plug_in(platform, before)
 
 
 class Staging(platforms.InputStrategy):
@@ -64,9 +73,10 @@ def _fresh_args(k):
 
 def test_the_cpu_takes_the_host_memory_strategy_and_accelerators_staging():
     assert platforms.strategy_for("cpu") is host.HOST_MEMORY
-    for platform in ("tpu", "gpu"):
-        assert platforms.strategy_for(platform) is host.HOST_STAGED
-    assert platforms.strategy_for("a_platform_yet_to_come") is platforms.STAGED
+    for platform in ("tpu", "gpu", "a_platform_yet_to_come"):  # (packing only on request)
+        assert platforms.strategy_for(platform) is platforms.STAGED
+    with plugged("tpu", host.HOST_STAGED):  # what NBJIT_PACK_ACCELERATOR=1 plugs in
+        assert platforms.strategy_for("tpu") is host.HOST_STAGED
     with plugged("cpu", None):
         assert platforms.strategy_for("cpu") is platforms.DEFAULT
     with plugged("tpu", None):
@@ -74,9 +84,9 @@ def test_the_cpu_takes_the_host_memory_strategy_and_accelerators_staging():
     assert platforms.DEFAULT.host_transfer(None, None) is platforms.DIRECT
     aval = _jax.ShapedArray((3,), np.float32)
     staged = platforms.STAGED.host_transfer(aval, jax.sharding.SingleDeviceSharding(
-        jax.devices()[0]))
+        jax.devices("cpu")[0]))
     assert staged.semantics is _jax.ZERO_COPY and staged.stage is not None
-    assert platforms.platform_of(jax.sharding.SingleDeviceSharding(jax.devices()[0])) == "cpu"
+    assert platforms.platform_of(jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])) == "cpu"
 
 
 def test_the_core_puts_host_inputs_by_itself():

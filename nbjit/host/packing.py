@@ -36,7 +36,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.codegen import run_source
-from nbjit.core.inputs.staging import HostStaging, dma_client
+from nbjit.core.inputs.staging import HostStaging
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
@@ -147,8 +147,7 @@ def compile_packed(watched: Watched, record: FastPath, leaves: list) -> FastPath
     others = [leaves[j] for j in range(n_leaves) if j not in packed_leaves]
     nbytes = buffer_nbytes(layouts)
     staging = HostStaging(nbytes, [(s.offset, s.shape, s.dtype) for s in layouts],
-                          min(POOL_CAP, max(POOL_MIN, POOL_MAX_BYTES // nbytes)),
-                          dma_client(watched.sharding.device_set))
+                          min(POOL_CAP, max(POOL_MIN, POOL_MAX_BYTES // nbytes)))
     aval = _jax.ShapedArray((nbytes // 4,), np.dtype(np.uint32))
     sharding = watched.sharding
     devices = list(sharding.device_set)

@@ -43,7 +43,6 @@ from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
 from nbjit.core.inputs.staging import (
     clear_staging_pool,
     copy_parts,
-    dma_client,
     kernels_or_background,
     load_kernels,
     parallel_copy,
@@ -106,7 +105,7 @@ class ShardingPlan:
 
     __slots__ = ("sharding", "shape", "dtype", "weak_type", "aval", "devices", "domains",
                  "group_of_device", "_starts", "_stops", "_elem_offsets", "_byte_offsets",
-                 "_shard_shapes", "_nbytes", "_uint", "_slices", "_kernel_ok", "_parts", "_client")
+                 "_shard_shapes", "_nbytes", "_uint", "_slices", "_kernel_ok", "_parts")
 
     def __init__(self, sharding, shape: tuple[int, ...], dtype: np.dtype, weak_type: bool,
                  devices: list, domains: np.ndarray):
@@ -118,7 +117,6 @@ class ShardingPlan:
             _jax.ShapedArray(shape, dtype, weak_type=weak_type), sharding)
         self.devices = devices
         self.domains = domains
-        self._client = dma_client(devices)
         group_of_device, first_device = _domains.group_replicas(domains)
         self.group_of_device = group_of_device.tolist()
         n_groups = len(first_device)
@@ -158,7 +156,7 @@ class ShardingPlan:
     def put(self, x: np.ndarray) -> jax.Array:
         """`x` (an ndarray of exactly `shape` and `dtype`, any strides) as a
         committed jax.Array with `sharding`. `x` is read, never aliased."""
-        raw = staging_buffer(self._nbytes + ALIGN, self._client)
+        raw = staging_buffer(self._nbytes + ALIGN)
         address = raw.__array_interface__["data"][0]
         skip = align_up(address) - address
         staging = raw[skip:skip + self._nbytes]

@@ -33,10 +33,11 @@ The table, `strategy_for(platform)`:
     resident slots, packing), plugged in when ``import nbjit`` imports
     that room (`plug_in`); the CPU's device memory is host memory, which
     the device can read in place. Without it, `DEFAULT`.
-  * "tpu", "gpu": `nbjit.host`'s staged strategy (`STAGED`'s transfer, and
-    packing of a signature's changing host leaves into one put), plugged
-    in likewise. Without it, `STAGED`.
-  * every other platform: `STAGED`.
+  * every other platform: `STAGED`. Packing a signature's changing host
+    leaves into one staged put (`nbjit.host.HostStaged`) is plugged in for
+    "tpu" and "gpu" only on request (``NBJIT_PACK_ACCELERATOR=1``): its
+    program is other HLO than the original, and on a TPU a reduction of a
+    packed leaf came out one ulp away from jax.jit's.
 
 A record's host inputs take the strategy of their sharding's platform
 (`platform_of`); a miss's `on_miss` is that of its executable's first input.
@@ -52,7 +53,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.hooks import MissOutcome
-from nbjit.core.inputs.staging import StagingRing, dma_client
+from nbjit.core.inputs.staging import StagingRing
 
 __all__ = ["DEFAULT", "DIRECT", "STAGED", "HostTransfer", "InputStrategy", "Staged",
            "after_miss", "platform_of", "plug_in", "strategy_for"]
@@ -98,15 +99,14 @@ DEFAULT = InputStrategy()
 
 class Staged(InputStrategy):
     """A device with memory of its own: each numpy array is copied into a
-    private staging buffer (its step's own `StagingRing`, registered for DMA
-    where the runtime can) and put zero copy (see the module's docstring)."""
+    private staging buffer (its step's own `StagingRing`) and put zero copy
+    (see the module's docstring)."""
 
     name = "staged"
     RING_CAP = 8  # buffers per step: calls whose transfers are in flight each hold one
 
     def host_transfer(self, aval: Any, sharding: Any) -> HostTransfer:
-        ring = StagingRing(tuple(aval.shape), np.dtype(aval.dtype), self.RING_CAP,
-                           dma_client(sharding.device_set))
+        ring = StagingRing(tuple(aval.shape), np.dtype(aval.dtype), self.RING_CAP)
         return HostTransfer(_jax.ZERO_COPY, ring.stage)
 
 

@@ -12,7 +12,6 @@ count shows that nothing else (no live array, no transfer) holds it.
 from __future__ import annotations
 
 import collections
-import mmap
 import os
 import sys
 import threading
@@ -24,9 +23,9 @@ import numpy as np
 
 from nbjit._common import ALIGN, align_up
 
-__all__ = ["DMA_MAP_MIN_BYTES", "PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "HostStaging",
-           "StagingRing", "clear_staging_pool", "copy_parts", "dma_client", "host_staging_size",
-           "kernels_or_background", "load_kernels", "mapped_empty", "parallel_copy", "split_copy",
+__all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "HostStaging", "StagingRing",
+           "clear_staging_pool", "copy_parts", "host_staging_size", "kernels_or_background",
+           "load_kernels", "parallel_copy", "split_copy",
            "staging_buffer", "staging_pool_size"]
 
 # Big arrays: from PARALLEL_COPY_MIN_BYTES the copy into staging is split
@@ -47,14 +46,6 @@ COPY_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_
 _COPY_CHUNK_BYTES = 2 << 20  # the copy threads claim chunks of about this size
 _MAX_COPY_CHUNKS = 64
 
-# Staging buffers from DMA_MAP_MIN_BYTES bound for a device with memory of
-# its own are registered with its runtime for DMA where it can (`mapped_empty`):
-# its transfer then reads them directly instead of copying them first into
-# memory of its own. ``NBJIT_DMA_MAP=0`` (read at import) turns it off.
-DMA_MAP_MIN_BYTES = 1 << 20
-_PAGE = 4096
-dma_mapping = os.environ.get("NBJIT_DMA_MAP", "1").strip().lower() not in (
-    "0", "false", "no", "off")
 
 _kernels: Any = None  # nbjit._kernels once loaded
 _kernels_lock = threading.Lock()
@@ -270,56 +261,6 @@ def parallel_copy(parts: list[_CopyPart], x: np.ndarray, staging: np.ndarray,
     run.wait()
 
 
-def dma_client(devices: Any) -> Any:
-    """The runtime client to register staging for `devices` with (see
-    `mapped_empty`): None on the CPU, whose memory is host memory."""
-    device = next(iter(devices))
-    return None if device.platform == "cpu" else device.client
-
-
-def mapped_empty(nbytes: int, client: Any = None) -> np.ndarray:
-    """A uint8 array of at least `nbytes` that views of it keep alive (their `base`).
-
-    With a `client` (a device with memory of its own), from
-    DMA_MAP_MIN_BYTES, its memory is an anonymous mapping of its own (page
-    aligned), registered with the client for DMA where the client can, and
-    unregistered before it is unmapped (the array dies first: every view,
-    and a transfer reading it, holds it alive).
-    """
-    if client is None or not dma_mapping or nbytes < DMA_MAP_MIN_BYTES:
-        return np.empty(nbytes, np.uint8)
-    size = align_up(nbytes, _PAGE)
-    memory = mmap.mmap(-1, size)
-    array = np.frombuffer(memory, np.uint8)  # (views of it stop at it: base collapsing)
-    address = array.__array_interface__["data"][0]
-    if _dma_map(client, address, size):
-        weakref.finalize(array, _dma_unmap, client, address)
-    return array
-
-
-_dma_unsupported: set[int] = set()  # ids of clients whose dma_map raised
-
-
-def _dma_map(client: Any, address: int, size: int) -> bool:
-    """Registers ``[address, address + size)`` with `client` for direct DMA (the
-    jaxlib client's own method); False where it cannot (not asked again)."""
-    if id(client) in _dma_unsupported:
-        return False
-    try:
-        client.dma_map(address, size)
-    except Exception:  # unimplemented on this platform, or refused
-        _dma_unsupported.add(id(client))
-        return False
-    return True
-
-
-def _dma_unmap(client: Any, address: int) -> None:
-    try:
-        client.dma_unmap(address)
-    except Exception:  # the client is gone (interpreter exit): nothing is mapped any more
-        pass
-
-
 def _refcounts(buffers: list[np.ndarray]) -> list[int]:
     return [sys.getrefcount(raw) for raw in buffers]
 
@@ -331,7 +272,7 @@ _pool_bytes = 0
 _pool_lock = threading.Lock()
 
 
-def staging_buffer(size: int, client: Any = None) -> np.ndarray:
+def staging_buffer(size: int) -> np.ndarray:
     """A uint8 buffer of `size` bytes that nothing else uses.
 
     From STAGING_POOL_MIN_BYTES, one of the pooled buffers of that size that
@@ -347,7 +288,7 @@ def staging_buffer(size: int, client: Any = None) -> np.ndarray:
         for raw, count in zip(buffers, _refcounts(buffers), strict=True):
             if count == _FREE_REFCOUNT:
                 return raw
-        raw = mapped_empty(size, client)
+        raw = np.empty(size, np.uint8)
         if len(buffers) < _STAGING_POOL_PER_SIZE and _pool_bytes + size <= _STAGING_POOL_MAX_BYTES:
             buffers.append(raw)
             _pool_bytes += size
@@ -372,7 +313,7 @@ class HostStaging:
     (never reused, so never overwritten while read).
     """
 
-    __slots__ = ("nbytes", "layouts", "cap", "free", "made", "spare", "client", "__weakref__")
+    __slots__ = ("nbytes", "layouts", "cap", "free", "made", "spare", "__weakref__")
 
     CHUNK = 16  # items allocated at once (fewer where that passes CHUNK_BYTES)
     CHUNK_BYTES = 1 << 20
@@ -382,9 +323,8 @@ class HostStaging:
     FREE_REFCOUNT = 2
 
     def __init__(self, nbytes: int, layouts: list[tuple[int, tuple[int, ...], np.dtype]],
-                 cap: int, client: Any = None) -> None:
+                 cap: int) -> None:
         self.nbytes = nbytes
-        self.client = client  # (a device with memory of its own: see `mapped_empty`)
         # (start, stop, shape, dtype) of each leaf's view, from (offset, shape, dtype)
         self.layouts = [(offset, offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
                          shape, dtype) for offset, shape, dtype in layouts]
@@ -403,8 +343,7 @@ class HostStaging:
             # than making it. Each item's views are of the chunk (their base).
             stride = self.nbytes
             chunk = max(1, min(self.CHUNK, self.CHUNK_BYTES // stride))
-            raw = mapped_empty(stride * chunk + ALIGN, self.client)
-            raw[...] = 0
+            raw = np.zeros(stride * chunk + ALIGN, np.uint8)
             address = raw.__array_interface__["data"][0]
             skip = align_up(address) - address
             for k in range(chunk):
@@ -495,15 +434,13 @@ class StagingRing:
     runtime holds its own.
     """
 
-    __slots__ = ("shape", "dtype", "nbytes", "cap", "free", "made", "client", "__weakref__")
+    __slots__ = ("shape", "dtype", "nbytes", "cap", "free", "made", "__weakref__")
 
     # A free buffer as `getrefcount(candidate)` sees it in `stage`: the
     # deque, the local name and the call's argument.
     FREE_REFCOUNT = 3
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, cap: int,
-                 client: Any = None) -> None:
-        self.client = client  # (see `mapped_empty`)
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, cap: int) -> None:
         self.shape = shape
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
@@ -514,7 +451,7 @@ class StagingRing:
             _rings.add(self)
 
     def _new(self) -> np.ndarray:
-        raw = mapped_empty(self.nbytes + ALIGN, self.client)
+        raw = np.empty(self.nbytes + ALIGN, np.uint8)
         address = raw.__array_interface__["data"][0]
         skip = align_up(address) - address
         return raw[skip:skip + self.nbytes].view(self.dtype).reshape(self.shape)
