@@ -25,7 +25,12 @@ A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``:
 - ``modules`` in docs/design.md: every module of nbjit/, room by room, with
   the first sentence of its docstring;
 - ``rooms`` in docs/design.md: which room imports which, read from the code,
-  and which it may (tests/test_layers.py's `MAY_IMPORT`).
+  and which it may (tests/test_layers.py's `MAY_IMPORT`);
+- ``tpu`` in README.md, ``tpu-compare`` in docs/performance.md and
+  ``tpu-loop`` in docs/host-inputs.md: the committed run on a TPU
+  (docs/compare-tpu.json, ``compare --quick`` there, its self-check in its
+  metadata; docs/training-loop-tpu.json, ``benchmarks/training_loop.py``
+  there).
 
 Whole files, from the same JSON: docs/compare.md (the table as ``compare``
 prints it) and docs/compare.png (the plot; its PNG metadata names the run,
@@ -56,6 +61,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # this checkout's nbjit, installed or not
     sys.path.insert(0, str(ROOT))
 COMPARE_JSON = ROOT / "docs" / "compare.json"
+TPU_COMPARE_JSON = ROOT / "docs" / "compare-tpu.json"
+TPU_LOOP_JSON = ROOT / "docs" / "training-loop-tpu.json"
 
 # The README's rows: (scenario name, what the call passes). Each must be in
 # the JSON; a renamed scenario fails loudly here rather than vanishing.
@@ -300,6 +307,84 @@ def compare_block(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The README's TPU sentence: (row, what it is), the rows a TPU user meets most.
+TPU_ROWS: list[tuple[str, str]] = [
+    ("python_scalars_2_new_values", "two new Python scalars"),
+    ("numpy_args_2", "two numpy arrays"),
+    ("workload_mnist_train_step", "an MNIST step with a new numpy batch"),
+    ("workload_static_config", "a static config and a new numpy batch"),
+    ("jit_dispatch_with_transfer", "one 25 MB numpy array"),
+    ("args_1", "one jax.Array"),
+    ("args_100", "100 jax.Arrays"),
+]
+
+
+def _ready_ratio(row: dict[str, Any]) -> str:
+    """The row's ratio (until the result is ready for a row of asynchronous
+    work, with the ratio until the call returned beside it)."""
+    ratio, spread = _ratio(row)
+    if row.get("return_ratio") is not None:
+        return f"{ratio} ({spread}) until ready, {row['return_ratio']:.2f} until the call returns"
+    return f"{ratio} ({spread})"
+
+
+def _loop_sentence(loop: dict[str, Any]) -> str:
+    parts = [f"batch {r['batch']}: {r['step_ratio']:.2f} a step "
+             f"({r['step_p10_p90'][0]:.2f}-{r['step_p10_p90'][1]:.2f}), calls returning at "
+             f"{r['call_ratio']:.2f}, losses {'equal' if r['losses_equal'] else 'NOT equal'}"
+             for r in loop["loops"]]
+    w = loop["writes_after_the_call"]
+    return ("; ".join(parts) + f". A write to the numpy input right after the call changed "
+            f"{w['changed']['jax.jit']} of {w['calls']} of jax.jit's results and "
+            f"{w['changed']['nbjit']} of nbjit's.")
+
+
+def tpu_block(data: dict[str, Any], loop: dict[str, Any]) -> str:
+    """The README's statement of what a TPU user gets, from the TPU runs."""
+    meta = data["meta"]
+    v = meta["versions"]
+    rows = _rows(data, [name for name, _ in TPU_ROWS])
+    cells = "; ".join(f"{label} {_ready_ratio(row)}"
+                      for (_, label), row in zip(TPU_ROWS, rows, strict=True))
+    return (f"On a TPU v5e ({meta['date']}, nbjit {v.get('nbjit_commit') or '?'}, jax "
+            f"{v['jax']}, Python {v['python']}; nbjit / jax.jit, below 1 nbjit is faster): "
+            f"{cells}. The training loop of `benchmarks/training_loop.py` (an MLP, a new "
+            f"numpy batch each step, no block per step): {_loop_sentence(loop)} "
+            + self_check_line(meta) + "".join(f" Note: {note}." for note in loop.get("notes", []))
+            + " Every row: [docs/performance.md](docs/performance.md#on-a-tpu).")
+
+
+def tpu_compare_block(data: dict[str, Any]) -> str:
+    """docs/performance.md's TPU table: every row of the TPU run, and its summary."""
+    s, meta = data["summary"], data["meta"]
+    body = compare_block(data)
+    notes = "".join(f"\n\nNote: {note}." for note in meta.get("notes", []))
+    return (body + notes + f"\n\nGeometric mean of its {s['rows']} ratios: **{s['geomean']:.3f}**, "
+            f"with nbjit faster in {s['faster']} rows (p90 < 1), slower in {s['slower']} "
+            f"(p10 > 1), and {s['within_noise']} swinging across 1.0 (p10-p90 spans 1.0). "
+            + self_check_line(meta))
+
+
+def tpu_loop_block(loop: dict[str, Any]) -> str:
+    """docs/host-inputs.md's table of the training loop on the TPU."""
+    lines = [f"jax {loop['jax']}, {loop['device']}; nbjit / jax.jit, median (p10-p90) of "
+             "interleaved rounds:", "",
+             "| batch | jax.jit us a step | nbjit us a step | a step | until each call returns "
+             "| losses | host inputs |",
+             "|---:|---:|---:|---:|---:|---|---|"]
+    for r in loop["loops"]:
+        lines.append(f"| {r['batch']} | {r['jax_step_us']:.0f} | {r['nbjit_step_us']:.0f} "
+                     f"| {r['step_ratio']:.2f} ({r['step_p10_p90'][0]:.2f}-"
+                     f"{r['step_p10_p90'][1]:.2f}) | {r['call_ratio']:.2f} "
+                     f"| {'equal' if r['losses_equal'] else 'NOT equal'} "
+                     f"| {r['host_inputs'] or '-'} |")
+    w = loop["writes_after_the_call"]
+    lines += ["", f"A write to the numpy input right after the call (8 KiB to 25 MiB, "
+              f"{w['calls']} calls each): jax.jit's result changed {w['changed']['jax.jit']} "
+              f"times, nbjit's {w['changed']['nbjit']}."]
+    return "\n".join(lines)
+
+
 def slow_reasons_block() -> str:
     """The slow reasons' names, as the dispatcher counts them."""
     from nbjit.observe.stats import SLOW_REASONS
@@ -391,7 +476,12 @@ def targets(compare_json: pathlib.Path = COMPARE_JSON,
             root: pathlib.Path = ROOT) -> list[tuple[pathlib.Path, str, Callable[[], str]]]:
     """(file, block name, body maker) for every generated block."""
     data = json.loads(compare_json.read_text())
+    tpu = json.loads(TPU_COMPARE_JSON.read_text())
+    loop = json.loads(TPU_LOOP_JSON.read_text())
     return [
+        (root / "README.md", "tpu", lambda: tpu_block(tpu, loop)),
+        (root / "docs" / "performance.md", "tpu-compare", lambda: tpu_compare_block(tpu)),
+        (root / "docs" / "host-inputs.md", "tpu-loop", lambda: tpu_loop_block(loop)),
         (root / "README.md", "headline", lambda: headline_block(data)),
         (root / "README.md", "costs", lambda: costs_block(data)),
         (root / "README.md", "filter", lambda: filter_block(data)),

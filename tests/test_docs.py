@@ -491,3 +491,23 @@ def test_rows_whose_spread_spans_one_are_said_to_swing():
     assert "1 of these 12 rows swing across 1.0 between runs (p10-p90 spans 1.0: " \
            "`host_array_fresh_1m`)" in text
     assert "| 1.02 (0.90-1.20) swings |" in tables.host_arrays_table(data)
+
+
+def test_the_tpu_blocks_name_the_committed_tpu_runs():
+    """README's `tpu` block, performance.md's `tpu-compare` and host-inputs.md's
+    `tpu-loop` are written from docs/compare-tpu.json and
+    docs/training-loop-tpu.json, one commit, with the self-check's record."""
+    data = json.loads((ROOT / "docs" / "compare-tpu.json").read_text())
+    loop = json.loads((ROOT / "docs" / "training-loop-tpu.json").read_text())
+    commit = data["meta"]["versions"]["nbjit_commit"]
+    assert data["meta"]["machine"]["backend"] == "tpu" and loop["commit"] == commit
+    assert data["meta"]["self_check_after"]["rows"] == data["summary"]["rows"]
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- tpu:begin -->\n(.*?)<!-- tpu:end -->", readme, re.S).group(1)
+    assert f"nbjit {commit}" in block and "self-check" in block
+    for r in loop["loops"]:
+        assert f"batch {r['batch']}: {r['step_ratio']:.2f} a step" in block
+    performance = (ROOT / "docs" / "performance.md").read_text()
+    table = re.search(r"<!-- tpu-compare:begin -->\n(.*?)<!-- tpu-compare:end -->",
+                      performance, re.S).group(1)
+    assert table.count("\n| `") == data["summary"]["rows"]

@@ -364,7 +364,12 @@ def run(
 
 
 def _git_commit() -> str | None:
-    """HEAD's short hash, with ``+dirty`` when nbjit/ has uncommitted changes."""
+    """HEAD's short hash, with ``+dirty`` when nbjit/ has uncommitted changes;
+    ``NBJIT_COMMIT`` in the environment instead, where it is set (a copy of a
+    checkout whose git, if any, is not the one it came from: a lent machine's,
+    as scripts/accel_check.sh says)."""
+    if named := os.environ.get("NBJIT_COMMIT"):
+        return named
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # nbjit/
 
     def git(*args: str) -> str:
