@@ -167,7 +167,9 @@ def test_construction_errors_show_no_nbjit_frames(mode, options):
 
 class _EqRaises:
     """Equal hashes, comparing raises. A salt per pair: JAX's trace cache is the
-    process's, so one pair's instance must never meet another's."""
+    process's, so one pair's instance must never meet another's. Some caches
+    (jax 0.10.2's in-sharding cache, keyed by a tree whose hash leaves node data
+    out) do compare instances of different pairs: those are simply unequal."""
 
     def __init__(self, salt):
         self.salt = salt
@@ -176,6 +178,8 @@ class _EqRaises:
         return self.salt
 
     def __eq__(self, other):
+        if isinstance(other, _EqRaises) and other.salt != self.salt:
+            return False
         raise ValueError("no comparing me")
 
 
