@@ -21,7 +21,8 @@ from nbjit.routing import run as _run  # imports no jax
 _deferred = _run.launching() and "_deferred" not in globals()  # (not on reload)
 if not _deferred:
     # _jax checks the jax version at import; host, multiprocess and observe each
-    # register into the core (nbjit.core.hooks, nbjit.core.flavours) when imported.
+    # register into the core (nbjit.core.hooks, flavours, profiler, live, inputs.platforms)
+    # when imported.
     from nbjit import _jax, host, multiprocess, observe  # noqa: F401
     from nbjit.core.binders import binder_source
     from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit

@@ -25,7 +25,8 @@ BASE = {"_common", "_domains", "_jax", "_kernels"}
 # room -> the rooms it may import. The core is at the bottom (above the base
 # modules) and runs a call by itself, inputs onto devices included; the rooms
 # built on it plug in what is optional (nbjit/core/hooks.py, nbjit/core/flavours.py,
-# the CPU's input strategy in nbjit/core/inputs/platforms.py).
+# nbjit/core/profiler.py, nbjit/core/live.py, the CPU's input strategy in
+# nbjit/core/inputs/platforms.py).
 MAY_IMPORT: dict[str, set[str]] = {
     "_common": set(),
     "_jax": {"_common"},

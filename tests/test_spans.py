@@ -300,3 +300,27 @@ def test_a_capture_from_outside_the_process_sees_the_spans(tmp_path):
     (xspace,) = tmp_path.rglob("*.xplane.pb")
     assert calls > 0 and b"PjitFunction(remote_span)" in xspace.read_bytes()
     assert b"nbjit execute" in xspace.read_bytes()
+
+
+def test_the_core_holds_the_profiler_hooks_observe_registers():
+    """What a call does in a session is registered into the core by
+    `set_profiler_hooks` (nbjit/core/profiler.py), not assigned into it; with
+    nothing registered a miss and a slow call open no span, and a traced call
+    says what is missing."""
+    from nbjit.core import profiler
+    from nbjit.observe import spans
+
+    assert profiler.profiler_hooks() is spans.HOOKS
+    assert spans.HOOKS.traced_call is spans.traced_call
+    bare = profiler.ProfilerHooks()
+    profiler.set_profiler_hooks(bare)
+    try:
+        assert bare.slow_call is None
+        with bare.slow_span("tracer"), bare.miss_span(None, lambda after: None), \
+                bare.compile_span():
+            pass
+        with pytest.raises(LookupError, match="no traced call registered"):
+            bare.traced_call(None, (), {})
+    finally:
+        profiler.set_profiler_hooks(spans.HOOKS)
+    assert profiler.profiler_hooks() is spans.HOOKS

@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nbjit import _jax
-from nbjit.core import flavours as _flavours
 from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
@@ -49,6 +48,8 @@ from nbjit.core.hooks import MissFacts, MissOutcome
 from nbjit.core.inputs.platforms import after_miss
 from nbjit.core.inputs.values import canonical_dtypes, host_dtype, private_host_copies
 from nbjit.core.keys import leaf_signature
+from nbjit.core.live import register_live
+from nbjit.core.profiler import profiler_hooks
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.core.view import JitInfo, JitView, register_info
 
@@ -104,13 +105,13 @@ class PjitFunction:
         register_info(self, JitInfo(fun, options, self._donates, global_key, self._namespace,
                                     self._counters, jitted,
                                     str(getattr(self, "__name__", "function")), self._binders))
-        _flavours.register_live(self)  # for nbjit.stats() and the flavour switch
+        register_live(self)  # for nbjit.stats()
 
     # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if _tracing():  # in a profiler trace: jaxlib's spans around the call, nbjit's inside
-            return _flavours.traced_call(self, args, kwargs)
+            return profiler_hooks().traced_call(self, args, kwargs)
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
         try:  # a keyword call by its positional count: its binder checks the names
             binder = self._binders[~len(args) if kwargs else len(args)]
@@ -134,8 +135,9 @@ class PjitFunction:
         self._count_slow(reason)
         args, kwargs = self._private(_hooks.real_args(args), kwargs)
         with self._extension.jax_path():
-            if _tracing() and _flavours.SPANS.slow_call is not None:  # a span naming the reason
-                return _flavours.SPANS.slow_call(self, reason, args, kwargs)
+            traced = profiler_hooks().slow_call if _tracing() else None
+            if traced is not None:  # a span naming the reason
+                return traced(self, reason, args, kwargs)
             return self._jax_jitted(*args, **kwargs)
 
     def _private(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -175,11 +177,11 @@ class PjitFunction:
             if node.reason != "compile_failed":
                 self._count_slow(node.reason or "no_fastpath")
                 args, kwargs = self._private(args, kwargs)
-                with _flavours.SPANS.slow_span(node.reason or "no_fastpath"):
+                with profiler_hooks().slow_span(node.reason or "no_fastpath"):
                     return self._jax_cache_miss(*args, **kwargs)[0]
         if _jax.disable_jit.value:
             self._count_slow("disable_jit")
-            with _flavours.SPANS.slow_span("disable_jit"):
+            with profiler_hooks().slow_span("disable_jit"):
                 return self._fun(*args, **kwargs)
         if not _jax.is_top_level_trace():
             return self._slow(args, kwargs, "tracer")  # staged into an outer trace: never cached
@@ -221,7 +223,7 @@ class PjitFunction:
         if any(type(x) is ArrayImpl and x.is_deleted() for x in leaves):
             return self._slow(args, kwargs, "deleted_or_donated")  # JAX rejects it
         description, explaining = self._describe_miss(args, kwargs, signature[2])
-        with self._extension.jax_path(), _flavours.SPANS.miss_span(description, explaining):
+        with self._extension.jax_path(), profiler_hooks().miss_span(description, explaining):
             return self._compile_described(args, kwargs, leaves, signature, failed,
                                            description, explaining)
 
@@ -235,7 +237,7 @@ class PjitFunction:
         start = time.perf_counter()
         private_args, private_kwargs = self._private(args, kwargs)
         try:
-            with _flavours.SPANS.compile_span():
+            with profiler_hooks().compile_span():
                 outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
         except BaseException:
             self._compile_failed(signature, description, failed, time.perf_counter() - start)

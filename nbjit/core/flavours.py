@@ -1,5 +1,5 @@
-"""The hit path's registries: its flavours, the switch between them, and the
-live functions. The core owns them; the rooms above fill them when imported.
+"""The hit path's flavours and the switch between them. The core owns the
+registry; the rooms above fill it when imported.
 
 As JAX's `monitoring.py` keeps its listener lists at the bottom and lets
 higher layers register into them, and Numba's `core/event.py` lets any
@@ -15,28 +15,22 @@ module listen, the binders (`nbjit.core.binders`) import nothing of
   * `use_flavour(name)` switches the hit path of every live function, and of
     every function made later, to flavour `name` ("plain" or "timed": a
     `nbjit.profile()` starting and ending).
-  * `traced_call` is what a call runs while a profiler session collects
-    (registered by `nbjit.observe.spans`; `set_traced_call`).
-  * `register_live` / `live_functions`: every live jitted function (weak:
-    registering keeps nothing alive), for `nbjit.stats()`; `live_listeners`
-    hear of each new one (the run report's retired counts).
-  * `SPANS`: the spans the miss and slow paths open in a profiler trace
-    (`nbjit.observe.spans` fills them in; by default none).
+
+What a call does in a profiler session outside its hit path (the traced
+call, the spans of the miss and slow paths) is in `nbjit.core.profiler`;
+the live functions are in `nbjit.core.live`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["KEY_ONLY", "PLAIN", "SPANS", "Flavour", "SpanHooks", "add_flavour", "current_flavour",
-           "flavour", "live_functions", "live_listeners", "register_live", "set_traced_call",
-           "traced_call", "use_flavour", "watch_table"]
+__all__ = ["KEY_ONLY", "PLAIN", "Flavour", "add_flavour", "current_flavour", "flavour",
+           "use_flavour", "watch_table"]
 
 
 @dataclass(frozen=True)
@@ -103,7 +97,7 @@ def watch_table(table: _Table) -> str:
 def use_flavour(name: str) -> None:
     """Every binder table, live and future, switches to flavour `name`: "plain",
     or one that times the hit path ("timed"). "traced" is chosen per call (a
-    profiler session, `traced_call`) and "key_only" runs nothing: neither can be
+    profiler session: `nbjit.core.profiler`) and "key_only" runs nothing: neither can be
     every call's."""
     global _current
     flavour(name)  # registered
@@ -114,80 +108,3 @@ def use_flavour(name: str) -> None:
         tables = list(_tables.values())
     for table in tables:
         table.set_flavour(name)
-
-
-# ---------------------------------------------------------------------------
-# The call while a profiler session collects
-
-
-def _untraced(jitted: Any, args: tuple, kwargs: dict) -> Any:
-    raise LookupError("no traced call registered (import nbjit: nbjit.observe registers it)")
-
-
-_traced_call: Callable[[Any, tuple, dict], Any] = _untraced
-
-
-def set_traced_call(call: Callable[[Any, tuple, dict], Any]) -> None:
-    """Sets what a call runs while a profiler session collects (`nbjit.observe.spans`)."""
-    global _traced_call
-    _traced_call = call
-
-
-def traced_call(jitted: Any, args: tuple, kwargs: dict) -> Any:
-    """The call of `jitted` while a profiler session collects (see `set_traced_call`)."""
-    return _traced_call(jitted, args, kwargs)
-
-
-# ---------------------------------------------------------------------------
-# The live functions (weak: registering keeps nothing alive)
-
-_live: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # -> creation order
-_live_lock = threading.Lock()
-_registered = itertools.count()
-
-
-# Listeners called with each newly registered function (observe's retired
-# counts join here); they run outside the lock and must not raise.
-live_listeners: list[Callable[[Any], None]] = []
-
-
-def register_live(jitted: Any) -> None:
-    """Called once per jitted function, at construction."""
-    with _live_lock:
-        _live[jitted] = next(_registered)
-    for listener in live_listeners:
-        listener(jitted)
-
-
-def live_functions() -> list[Any]:
-    """The live jitted functions, oldest first."""
-    with _live_lock:
-        return sorted(_live, key=_live.__getitem__)
-
-
-# ---------------------------------------------------------------------------
-# The spans of the miss and slow paths, while a profiler session collects
-# (`nbjit.observe.spans` fills these in when imported; by default: none)
-
-_NO_SPAN = contextlib.nullcontext()
-
-
-def _no_span(*_args: Any) -> Any:
-    return _NO_SPAN
-
-
-class SpanHooks:
-    """What the miss and slow paths open around their work in a profiler trace.
-
-    `slow_span(reason)`, `miss_span(description, explaining)` and
-    `compile_span()` return context managers; `slow_call(jitted, reason, args,
-    kwargs)` is a slow call's run of JAX's path while a session collects."""
-
-    def __init__(self) -> None:
-        self.slow_span: Callable[[str], Any] = _no_span
-        self.miss_span: Callable[[Any, Callable[[Any], Any]], Any] = _no_span
-        self.compile_span: Callable[[], Any] = _no_span
-        self.slow_call: Callable[[Any, str, tuple, dict], Any] | None = None
-
-
-SPANS = SpanHooks()

@@ -5,7 +5,9 @@ everything prints (`names`).
 
 What the core calls of it is registered here, on import: the miss's
 description and explanation and `stats()` (`plug`), the hit path's timed
-(`profile`) and traced (`spans`) flavours (`nbjit.core.flavours`)."""
+(`profile`) and traced (`spans`) flavours (`nbjit.core.flavours`), what a
+call does in a profiler session (`spans`, `nbjit.core.profiler`) and the
+listener of new functions (`stats`, `nbjit.core.live`)."""
 
 from nbjit.observe import plug as _plug
 from nbjit.observe import profile, spans  # noqa: F401

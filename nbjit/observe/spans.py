@@ -37,10 +37,11 @@ from typing import Any
 
 from nbjit import _jax
 from nbjit.core import flavours as _flavours
+from nbjit.core.profiler import ProfilerHooks, set_profiler_hooks
 from nbjit.core.view import info
 from nbjit.observe import explain as _explain
 
-__all__ = ["TRACED", "call_name", "enabled", "traced_call"]
+__all__ = ["HOOKS", "TRACED", "call_name", "enabled", "traced_call"]
 
 TraceMe = _jax.TraceMe
 enabled = _jax.traceme_enabled  # any profiler session collecting host spans
@@ -132,7 +133,6 @@ TRACED = _flavours.add_flavour(_flavours.Flavour(
     finish="    span.__exit__(None, None, None)\n",
     leave="leave_phase(span, {fn}, {args})",
     scope={"phase": phase, "next_phase": next_phase, "leave_phase": leave_phase}))
-_flavours.set_traced_call(traced_call)
 
 
 def slow(jitted: Any, reason: str, args: tuple, kwargs: dict) -> Any:
@@ -150,7 +150,12 @@ def slow(jitted: Any, reason: str, args: tuple, kwargs: dict) -> Any:
         return info(jitted).jax_jitted(*args, **kwargs)
 
 
-_flavours.SPANS.slow_span = slow_span
-_flavours.SPANS.miss_span = miss_span
-_flavours.SPANS.compile_span = lambda: span(COMPILE)
-_flavours.SPANS.slow_call = slow
+def compile_span() -> Any:
+    return span(COMPILE)
+
+
+# What a call does while a session collects, outside its hit path's phases
+# (`nbjit.core.profiler`): the call itself, and the miss's and slow paths' spans.
+HOOKS = ProfilerHooks(traced_call=traced_call, slow_call=slow, slow_span=slow_span,
+                      miss_span=miss_span, compile_span=compile_span)
+set_profiler_hooks(HOOKS)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbjit import _jax
-from nbjit.core import flavours as _flavours
+from nbjit.core import live as _live
 from nbjit.core.view import JitView, info
 from nbjit.observe.names import defined_in_library, function_name, process_label
 from nbjit.observe.table import Table
@@ -183,10 +183,9 @@ class StatsTable(Mapping[str, DispatchStats]):
 
 
 # ---------------------------------------------------------------------------
-# The live functions: the core's registry (`nbjit.core.flavours`), which every
-# jitted function joins at construction (weak: registering keeps nothing alive)
+# The functions collected since `keep_retired()`: the core's live functions
+# (`nbjit.core.live`) tell `_watch` of each new one
 
-register = _flavours.register_live
 _retired_lock = threading.Lock()
 
 # While `keep_retired()` is on (a ``python -m nbjit run``), the counters of every
@@ -205,7 +204,7 @@ def _watch(jitted: JitView) -> None:
                          weakref.ref(facts.namespace), defined_in_library(facts.fun))
 
 
-_flavours.live_listeners.append(_watch)
+_live.add_live_listener(_watch)
 
 
 def _retire(name: str, counters: Any, namespace: Any, library: bool) -> None:
@@ -253,7 +252,7 @@ def library_names() -> set[str]:
 
 def live_functions() -> list[JitView]:
     """The live jitted functions, oldest first."""
-    return _flavours.live_functions()
+    return _live.live_functions()
 
 
 def function_label(jitted: JitView) -> str:
