@@ -1,24 +1,22 @@
 """What the rooms around the dispatcher read of a jitted function: `JitInfo` and `JitView`.
 
-Observability (stats, explain, profile), multi-controller agreement, the
-host-input policy and the lab read a few of a `PjitFunction`'s fields. They
-read them through this typed interface, never through `Any`: `JitView` is a
-`Protocol` that `nbjit.core.dispatch.PjitFunction` satisfies (the type
-checker holds it to that, see `nbjit.core.dispatch._as_view`). The
-fields keep their leading underscore because upstream's `PjitFunction` has
-no such public attributes (tests/test_object_surface.py); the members are
-read-only here, so no reader can assign them. Rooms that need only what a
-jitted function is read its `JitInfo` (`info(jitted)`), public fields fixed
-when it was made, rather than these private ones.
+Observability (stats, explain, profile, spans), multi-controller agreement,
+the host-input policy and the lab read what a jitted function is from its
+`JitInfo` (`info(jitted)`): public fields fixed when it was made, kept off
+the function's own attributes, which upstream's `PjitFunction` does not have
+(tests/test_object_surface.py). What changes as it runs and other rooms
+read (its compile count and its stats) is `JitView`, a `Protocol` that
+`nbjit.core.dispatch.PjitFunction` satisfies (the type checker holds it to
+that, see `nbjit.core.dispatch._as_view`); its members are read-only here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from nbjit.core.cache import Counters, Namespace, Node
+from nbjit.core.cache import Counters, Namespace
 
 __all__ = ["JitInfo", "JitView", "info", "register_info"]
 
@@ -58,44 +56,14 @@ def info(jitted: Any) -> JitInfo:
 
 
 class JitView(Protocol):
-    """The read-only face of a jitted function that other rooms may use."""
-
-    @property
-    def _fun(self) -> Callable[..., Any]:
-        """The Python function it jits."""
-
-    @property
-    def _options(self) -> Mapping[str, Any]:
-        """The jit options the caller passed (as `jax.jit` takes them)."""
-
-    @property
-    def _donates(self) -> bool:
-        """Whether any argument is donated."""
-
-    @property
-    def _global_key(self) -> Any:
-        """JAX's global cache key of its options (what twins share)."""
-
-    @property
-    def _namespace(self) -> Namespace:
-        """Its entries and counters in the cache, shared with its twins."""
-
-    @property
-    def _counters(self) -> Counters:
-        """Its namespace's counters (`nbjit.stats()`)."""
+    """What other rooms read of a jitted function itself, beside its `JitInfo`:
+    what changes as it runs."""
 
     @property
     def miss_count(self) -> int:
-        """Compiles through this jit object."""
-
-    @property
-    def _binders(self) -> Any:
-        """Its binder table (`nbjit.core.binders.BinderTable`)."""
+        """Compiles through this jit object (`nbjit.observe.profile` tells a miss
+        from a slow call by it)."""
 
     def stats(self) -> Any:
-        """Its `nbjit.DispatchStats`."""
-        ...
-
-    def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence[Any]]:
-        """The node a call would hit, and its dynamic leaves (no side effects)."""
+        """Its `nbjit.DispatchStats` (`nbjit.stats()`)."""
         ...

@@ -36,7 +36,7 @@ import numpy as np
 
 from nbjit.core import flavours as _flavours
 from nbjit.core.dispatch import PjitFunction
-from nbjit.core.view import info
+from nbjit.core.view import JitView, info
 from nbjit.observe.stats import function_label
 from nbjit.observe.table import Table
 
@@ -78,7 +78,7 @@ def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
         prof._whole.setdefault(jitted, []).append((kind, nanoseconds))
 
 
-def timed_call(jitted: Any, t0: int, fn: Callable, /, *args: Any) -> Any:
+def timed_call(jitted: JitView, t0: int, fn: Callable, /, *args: Any) -> Any:
     """A slow or miss call under a profile: run it, record it whole."""
     misses = jitted.miss_count
     reasons = info(jitted).counters.slow_reasons
