@@ -52,13 +52,13 @@ from nbjit import _jax
 from nbjit._common import warn_past
 from nbjit.core import view as _view
 from nbjit.core.view import JitView
-from nbjit.multiprocess.exchange import COUNTERS as _counters
 from nbjit.multiprocess.exchange import MASK64 as _MASK64
 from nbjit.multiprocess.exchange import NOT_CALLER as _NOT_CALLER
 from nbjit.multiprocess.exchange import (
     AgreementError,
     AgreementWarning,
     Counters,
+    add_counts,
     configure,
     counters,
 )
@@ -143,12 +143,13 @@ def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
     start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
                                    _config["check_host_values"])
-    _counters.describe_seconds += time.perf_counter() - start
+    add_counts(describe_seconds=time.perf_counter() - start)
     try:
         with _spans.span(_spans.AGREEMENT):  # in a profiler trace
             _exchange(client, info, signature, call_site(), _jax.process_index(),
                       _jax.process_count(), validate=_local_validation(jitted, args, kwargs))
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
+        add_counts(warnings=1)
         warn_past(_NOT_CALLER, f"nbjit: multi-process agreement of {info.name} skipped: "
                   f"{error}", AgreementWarning)
 

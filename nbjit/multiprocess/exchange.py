@@ -63,6 +63,7 @@ the simulated table (`python -m nbjit.multiprocess.simulate`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -75,9 +76,9 @@ from nbjit import _jax
 from nbjit.multiprocess.signature import MASK64 as _MASK64
 from nbjit.multiprocess.signature import Signature, first_difference, published_entries
 
-__all__ = ["COUNTERS", "MASK64", "NOT_CALLER", "PREFIX", "AgreementError", "AgreementWarning",
-           "Counters", "FunctionInfo", "ProcessState", "agree", "configure", "counters",
-           "settings"]
+__all__ = ["MASK64", "NOT_CALLER", "PREFIX", "AgreementError", "AgreementWarning",
+           "Counters", "FunctionInfo", "ProcessState", "add_counts", "agree", "configure",
+           "counters", "settings"]
 
 DEFAULT_TIMEOUT_S = 60.0
 _PREFIX = "nbjit/agreement"
@@ -148,11 +149,22 @@ class Counters:
 
 
 _counters = Counters()
-_counters_lock = threading.Lock()
+_counters_lock = threading.Lock()  # every write of `_counters` takes it
 
 
 def counters() -> Counters:
-    return _counters
+    """A copy of what agreement did in this process so far (taken under the lock)."""
+    with _counters_lock:
+        return dataclasses.replace(_counters)
+
+
+def add_counts(**amounts: float) -> None:
+    """Adds to this process's counters (`Counters` field -> amount), under their
+    lock: a bare ``+=`` from two threads reads, adds and writes back, and can
+    lose the other thread's update."""
+    with _counters_lock:
+        for name, amount in amounts.items():
+            setattr(_counters, name, getattr(_counters, name) + amount)
 
 
 @dataclass(frozen=True)
@@ -488,8 +500,7 @@ class _Attempt:
         self._set_latest("differs")
         if self.validate is not None:
             self.validate()  # an error JAX raises for this process's call alone comes first
-        with _counters_lock:
-            _counters.errors += 1  # AgreementErrors raised
+        add_counts(errors=1)  # AgreementErrors raised
         if verdict["kind"] == "not called":
             raise _missing_error(self.info, self.rank, self.n, verdict)
         raise _error(self.info, self.rank, self.n, verdict)
@@ -593,7 +604,6 @@ MASK64 = _MASK64
 NOT_CALLER = _NOT_CALLER
 PREFIX = _PREFIX
 settings = _config  # the timeout and the host-value switch (`configure` sets them)
-COUNTERS = _counters  # what agreement did in this process (`counters()` copies it)
 agree = _exchange
 FunctionInfo = _Function
 ProcessState = _Process
