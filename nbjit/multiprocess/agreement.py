@@ -52,26 +52,26 @@ from nbjit import _jax
 from nbjit._common import warn_past
 from nbjit.core import view as _view
 from nbjit.core.view import JitView
-from nbjit.multiprocess.exchange import MASK64 as _MASK64
-from nbjit.multiprocess.exchange import NOT_CALLER as _NOT_CALLER
 from nbjit.multiprocess.exchange import (
+    NOT_CALLER,
     AgreementError,
     AgreementWarning,
     Counters,
+    FunctionInfo,
     add_counts,
+    agree,
     configure,
     counters,
+    settings,
 )
-from nbjit.multiprocess.exchange import FunctionInfo as _Function
-from nbjit.multiprocess.exchange import agree as _exchange
-from nbjit.multiprocess.exchange import settings as _config
-from nbjit.multiprocess.signature import Memo as _Memo
 from nbjit.multiprocess.signature import (
+    MASK64,
+    Memo,
     Signature,
     describe_signature,
+    encode,
     first_difference,
 )
-from nbjit.multiprocess.signature import encode as _encode
 from nbjit.observe import spans as _spans
 from nbjit.observe.names import call_site, function_name, process_label
 
@@ -85,12 +85,12 @@ __all__ = ["AgreementError", "AgreementWarning", "Counters", "Signature",
 
 
 # sharding -> whether its devices span processes
-_sharding_spans = _Memo(lambda sharding: _jax.sharding_process_count(sharding) > 1, 4096)
-_functions: weakref.WeakKeyDictionary[Any, _Function] = weakref.WeakKeyDictionary()
+_sharding_spans = Memo(lambda sharding: _jax.sharding_process_count(sharding) > 1, 4096)
+_functions: weakref.WeakKeyDictionary[Any, FunctionInfo] = weakref.WeakKeyDictionary()
 _options_span: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
-def _function(jitted: JitView) -> _Function:
+def _function(jitted: JitView) -> FunctionInfo:
     """The function's name and store key (named only once it takes part)."""
     info = _functions.get(jitted)
     if info is None:
@@ -98,8 +98,8 @@ def _function(jitted: JitView) -> _Function:
 
         facts = _view.info(jitted)
         name = function_name(facts.fun)
-        info = _Function(name, f"{stable_text_hash(name) & _MASK64:016x}",
-                         _options_spans(jitted), _encode(facts.options))
+        info = FunctionInfo(name, f"{stable_text_hash(name) & MASK64:016x}",
+                            _options_spans(jitted), encode(facts.options))
         _functions[jitted] = info
     return info
 
@@ -142,15 +142,15 @@ def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
     info = _function(jitted)
     start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
-                                   _config["check_host_values"])
+                                   settings["check_host_values"])
     add_counts(describe_seconds=time.perf_counter() - start)
     try:
         with _spans.span(_spans.AGREEMENT):  # in a profiler trace
-            _exchange(client, info, signature, call_site(), _jax.process_index(),
-                      _jax.process_count(), validate=_local_validation(jitted, args, kwargs))
+            agree(client, info, signature, call_site(), _jax.process_index(),
+                  _jax.process_count(), validate=_local_validation(jitted, args, kwargs))
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
         add_counts(warnings=1)
-        warn_past(_NOT_CALLER, f"nbjit: multi-process agreement of {info.name} skipped: "
+        warn_past(NOT_CALLER, f"nbjit: multi-process agreement of {info.name} skipped: "
                   f"{error}", AgreementWarning)
 
 

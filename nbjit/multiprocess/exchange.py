@@ -73,15 +73,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from nbjit import _jax
-from nbjit.multiprocess.signature import MASK64 as _MASK64
-from nbjit.multiprocess.signature import Signature, first_difference, published_entries
+from nbjit.multiprocess.signature import MASK64, Signature, first_difference, published_entries
 
-__all__ = ["MASK64", "NOT_CALLER", "PREFIX", "AgreementError", "AgreementWarning",
+__all__ = ["NOT_CALLER", "PREFIX", "AgreementError", "AgreementWarning",
            "Counters", "FunctionInfo", "ProcessState", "add_counts", "agree", "configure",
            "counters", "settings"]
 
 DEFAULT_TIMEOUT_S = 60.0
-_PREFIX = "nbjit/agreement"
+PREFIX = "nbjit/agreement"
 _FIRST_POLL_S = 0.02
 _MAX_POLL_S = 0.5
 _GRACE_S = 2.0  # a waiting process decides for itself this long after its timeout
@@ -89,7 +88,7 @@ _DESCRIPTION_WAIT_S = 5.0  # a leader sets its description right after its incre
 # added to a generation's count by the decision that closes it: more than any number
 # of processes, and small enough that the store's int32 counter holds one per process
 CLOSED = 1 << 16
-_NOT_CALLER = (_jax.NBJIT_DIR + os.sep,)  # warnings point past nbjit's frames
+NOT_CALLER = (_jax.NBJIT_DIR + os.sep,)  # warnings point past nbjit's frames
 
 
 class AgreementError(ValueError):
@@ -117,18 +116,19 @@ def _env_timeout() -> float:
         return DEFAULT_TIMEOUT_S
 
 
-_config: dict[str, Any] = {"timeout_s": _env_timeout(),
-                           "check_host_values": os.environ.get("NBJIT_CHECK_AGREEMENT", "")
-                           not in ("", "0")}
+# the timeout and the host-value switch (`configure` sets them)
+settings: dict[str, Any] = {"timeout_s": _env_timeout(),
+                            "check_host_values": os.environ.get("NBJIT_CHECK_AGREEMENT", "")
+                            not in ("", "0")}
 
 
 def configure(timeout_s: float | None = None, check_host_values: bool | None = None) -> dict:
     """Sets the wait for other processes and the host-value switch; returns the old ones."""
-    old = dict(_config)
+    old = dict(settings)
     if timeout_s is not None:
-        _config["timeout_s"] = float(timeout_s)
+        settings["timeout_s"] = float(timeout_s)
     if check_host_values is not None:
-        _config["check_host_values"] = bool(check_host_values)
+        settings["check_host_values"] = bool(check_host_values)
     return old
 
 
@@ -168,14 +168,16 @@ def add_counts(**amounts: float) -> None:
 
 
 @dataclass(frozen=True)
-class _Function:
+class FunctionInfo:
+    """A function that takes part in agreement, as the exchange names it."""
+
     name: str
     key: str  # hex of the name's stable hash: the store's directory for it
     options_span: bool  # explicit in/out shardings span processes
     options_text: str
 
 
-class _Process:
+class ProcessState:
     """What this process did, per function key: the signatures it published
     (and in which generation), the ones it leads, its attempt count, each
     signature's generation, the decisions it acted on, and the waiting
@@ -215,7 +217,7 @@ class _Process:
             return True
 
 
-_this_process = _Process()
+_this_process = ProcessState()
 
 
 class _Store:
@@ -247,9 +249,9 @@ class _Store:
         return {key.rsplit("/", 1)[1]: value for key, value in found}
 
 
-def _exchange(client: Any, info: _Function, signature: Signature, site: str, rank: int,
-              n: int, process: _Process = _this_process,
-              validate: Callable[[], None] | None = None) -> None:
+def agree(client: Any, info: FunctionInfo, signature: Signature, site: str, rank: int,
+          n: int, process: ProcessState = _this_process,
+          validate: Callable[[], None] | None = None) -> None:
     """Publishes `signature`, then waits for the others (see the module docstring).
 
     Returns when every process published it; raises `AgreementError` when one
@@ -257,11 +259,11 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str, ran
     for this process's own call (JAX's, which comes first).
     """
     start = time.perf_counter()
-    store = _Store(client, f"{_PREFIX}/{info.key}/")
+    store = _Store(client, f"{PREFIX}/{info.key}/")
     attempt = _Attempt(store, info, signature, site, rank, n, process, validate)
     at_once = False
     try:
-        at_once = attempt.run(start + _config["timeout_s"])
+        at_once = attempt.run(start + settings["timeout_s"])
     finally:
         elapsed = time.perf_counter() - start
         with _counters_lock:
@@ -279,11 +281,11 @@ def _exchange(client: Any, info: _Function, signature: Signature, site: str, ran
 class _Attempt:
     """One exchange of one process: publish, wait, and decide when it must."""
 
-    def __init__(self, store: _Store, info: _Function, signature: Signature, site: str,
-                 rank: int, n: int, process: _Process, validate: Callable | None) -> None:
+    def __init__(self, store: _Store, info: FunctionInfo, signature: Signature, site: str,
+                 rank: int, n: int, process: ProcessState, validate: Callable | None) -> None:
         self.store, self.info, self.signature, self.site = store, info, signature, site
         self.rank, self.n, self.process, self.validate = rank, n, process, validate
-        self.key = signature.key & _MASK64
+        self.key = signature.key & MASK64
         self.me = f"{self.key:016x}"
         self.published, self.seq, self.gen, self.first = process.publish(info.key, self.key)
         self.round = f"{self.me}.{self.gen}"  # this generation's directory names
@@ -298,7 +300,7 @@ class _Attempt:
             return True
         store, me = self.store, self.me
         self.leads = (self.info.key, self.key, self.gen) in self.process.leads
-        end = deadline if self.leads else deadline + min(_config["timeout_s"], _GRACE_S)
+        end = deadline if self.leads else deadline + min(settings["timeout_s"], _GRACE_S)
         poll, at_once = _FIRST_POLL_S, True
         while True:
             now = time.perf_counter()
@@ -438,7 +440,7 @@ class _Attempt:
             sites |= {q: e["site"] for q, e in latest.items() if e["sig"] == self.me}
             verdict = json.dumps({"kind": "not called", "missing": missing, "id": decision,
                                   "by": self.rank, "sig": self.me, "gen": self.gen,
-                                  "timeout": _config["timeout_s"], "sites": _group(sites)})
+                                  "timeout": settings["timeout_s"], "sites": _group(sites)})
             store.set(f"closed/{self.round}", verdict)
             verdicts = {self.me: verdict}
         else:
@@ -447,7 +449,7 @@ class _Attempt:
             first = min(differing)  # the decision stands until it or this process calls again
             check = [[self.rank, self.seq], [first, differing[first]["seq"]]]
             verdicts = _verdicts(self._entries(differing), signatures, sites, self.n, early,
-                                 _config["timeout_s"], decision, check)
+                                 settings["timeout_s"], decision, check)
         for q, e in latest.items():
             if q != self.rank and e["state"] == "waiting" and e["sig"] in verdicts:
                 if q in differing:
@@ -557,7 +559,7 @@ def _ranks_text(ranges: list[list[int]]) -> str:
     return "processes " + ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in ranges)
 
 
-def _error(info: _Function, rank: int, n: int, verdict: dict) -> AgreementError:
+def _error(info: FunctionInfo, rank: int, n: int, verdict: dict) -> AgreementError:
     path, values = verdict["path"], _expand(verdict["values"])
     values[rank] = verdict["own"]  # this process may have called after the decision
     groups = _group(values)
@@ -577,7 +579,7 @@ def _error(info: _Function, rank: int, n: int, verdict: dict) -> AgreementError:
     return AgreementError(message, info.name, path, values)
 
 
-def _missing_error(info: _Function, rank: int, n: int, verdict: dict) -> AgreementError:
+def _missing_error(info: FunctionInfo, rank: int, n: int, verdict: dict) -> AgreementError:
     """The error of every process when some did not call within the timeout; a
     missing process that calls afterwards raises it too (every process skips it)."""
     missing, timeout = verdict["missing"], verdict["timeout"]
@@ -596,14 +598,3 @@ def _missing_error(info: _Function, rank: int, n: int, verdict: dict) -> Agreeme
         "in its collectives). A process that is only late (still compiling) needs a longer "
         f"NBJIT_AGREEMENT_TIMEOUT (now {timeout:g} s).")
     return AgreementError(message, info.name, "call", values)
-
-
-# The names the room's front (`nbjit.multiprocess.agreement`) and the simulation
-# use: this module's own objects, public.
-MASK64 = _MASK64
-NOT_CALLER = _NOT_CALLER
-PREFIX = _PREFIX
-settings = _config  # the timeout and the host-value switch (`configure` sets them)
-agree = _exchange
-FunctionInfo = _Function
-ProcessState = _Process

@@ -23,14 +23,15 @@ from nbjit import _jax
 from nbjit._common import PYTHON_SCALARS
 from nbjit.observe.names import aval_text
 
-__all__ = ["Signature", "describe_signature", "first_difference", "published_entries"]
+__all__ = ["MASK64", "Memo", "Signature", "describe_signature", "encode", "first_difference",
+           "published_entries"]
 
 _MAX_ENTRIES = 512  # described entries published per signature; the rest fold into one
 _MAX_TEXT = 240  # characters per described value
-_MASK64 = (1 << 64) - 1
+MASK64 = (1 << 64) - 1
 
 
-class _Memo(dict):
+class Memo(dict):
     """key -> compute(key), computed once; starts afresh when full (misses see few keys)."""
 
     def __init__(self, compute: Any, capacity: int) -> None:
@@ -76,18 +77,18 @@ def _ids_text(ids: Sequence[int]) -> str:
     return "[" + ",".join(map(str, ids)) + "]"
 
 
-def _encode(value: Any) -> str:
+def encode(value: Any) -> str:
     """A stable text for an option or static value (no addresses, no salted hashes)."""
     if isinstance(value, _jax.Sharding):
         return _sharding_text(value)
     if isinstance(value, dict):
         items = sorted(value.items(), key=lambda kv: repr(kv[0]))
-        return "{" + ", ".join(f"{k!r}: {_encode(v)}" for k, v in items) + "}"
+        return "{" + ", ".join(f"{k!r}: {encode(v)}" for k, v in items) + "}"
     if isinstance(value, tuple | list):
-        inner = ", ".join(_encode(v) for v in value)
+        inner = ", ".join(encode(v) for v in value)
         return f"{type(value).__name__}({inner})"
     if isinstance(value, frozenset | set):
-        return "{" + ", ".join(sorted(_encode(v) for v in value)) + "}"
+        return "{" + ", ".join(sorted(encode(v) for v in value)) + "}"
     if value is None or type(value) in PYTHON_SCALARS or type(value) in (str, bytes):
         return repr(value)
     if hasattr(value, "id") and hasattr(value, "platform"):  # a Device
@@ -104,8 +105,8 @@ def _stable_text_hash(text: str) -> int:
     return stable_text_hash(text)
 
 
-_text_hash = _Memo(_stable_text_hash, 16384)  # avals, shardings and paths repeat
-_sharding_text = _Memo(_describe_sharding, 4096)
+_text_hash = Memo(_stable_text_hash, 16384)  # avals, shardings and paths repeat
+_sharding_text = Memo(_describe_sharding, 4096)
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def describe_signature(name: str, options_text: str, description: Any,
     entries = [("jit options", options_text),
                ("arguments", f"{len(description.leaves)} leaves, keywords "
                              f"{list(description.keyword_names)}")]
-    entries += [(f"{path} (static)", _encode(value)) for path, _, value in description.statics]
+    entries += [(f"{path} (static)", encode(value)) for path, _, value in description.statics]
     entries += [(f"{path} (pytree)", treedef) for path, treedef in description.structure]
     header = [text_hash(name)] + [text_hash(f"{p}\0{v}") for p, v in entries]
     packed = []
@@ -177,7 +178,7 @@ def _host_value_text(x: Any) -> str:
         from nbjit._kernels import hash_bytes  # deferred: importing numba is slow
 
         data = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-        return f"bytes hash {int(hash_bytes(data)) & _MASK64:016x}"
+        return f"bytes hash {int(hash_bytes(data)) & MASK64:016x}"
     return repr(x)
 
 
@@ -188,7 +189,7 @@ def published_entries(entries: list[tuple[str, str]]) -> list[list[str]]:
 
         rest = stable_text_hash(json.dumps(out[_MAX_ENTRIES - 1:]))
         out[_MAX_ENTRIES - 1:] = [[f"(entries from {_MAX_ENTRIES} on)",
-                                   f"hash {rest & _MASK64:016x}"]]
+                                   f"hash {rest & MASK64:016x}"]]
     return out
 
 
@@ -205,9 +206,3 @@ def first_difference(mine: list, others: dict[Any, list]) -> tuple[str, dict[Any
         if any(v != own.get(path, "(absent)") for v in values.values()):
             return path, values
     return "signature", {}
-
-
-# The names the room's front (`nbjit.multiprocess.agreement`) and the exchange use.
-MASK64 = _MASK64
-Memo = _Memo
-encode = _encode

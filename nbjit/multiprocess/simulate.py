@@ -1,6 +1,6 @@
 """The agreement exchange at pod scale, simulated: N processes as threads.
 
-The real exchange code (`exchange._exchange`) runs once per simulated
+The real exchange code (`exchange.agree`) runs once per simulated
 process against `CountingStore`, an in-memory stand-in for jax.distributed's
 client (the calls nbjit makes, with the same errors) that counts round trips,
 entries and bytes served. One miss of one function per run, its signature
@@ -12,7 +12,7 @@ each). Scenarios: every process agrees at once ("agree"); one process calls
     python -m nbjit.multiprocess.simulate [--processes 8 32 128 256 1024] [--late 2]
 
 prints the table that docs/multi-controller.md shows. ``--exchange MODULE``
-runs another implementation with the same `_exchange` signature, e.g. the
+runs another implementation with the same `agree` signature, e.g. the
 one before this exchange: ``PYTHONPATH=<old checkout> python
 nbjit/multiprocess/simulate.py --exchange nbjit._agreement`` (this file
 imports nothing of nbjit's for that reason, only the module named).
