@@ -2,7 +2,8 @@
 
 nbjit explains a miss by comparing the call's description with the closest
 cached one (`nbjit.observe.explain`). The inner function's own arguments
-(one list of arrays and a `StaticKey`) would say only "the static argument
+(one list of arrays and a static key, the plain tuple
+`nbjit.filter.static.static_key` makes) would say only "the static argument
 changed"; this describes the wrapped function's arguments instead, every
 leaf by its path: array leaves as nbjit.jit describes them, every other leaf
 as a static value (``args[0].layers[1].activation``), so an explained miss
