@@ -1,9 +1,10 @@
-"""Numpy arrays and scalars onto any sharding, sliced on the host (public API).
+"""The public module path of host-sliced puts: `device_put` and the plans and staging behind it.
 
 `device_put` is `jax.device_put` with host-side slicing for multi-device
-shardings; the rest manages the plans and staging buffers behind it. The
-implementation lives in the core's input path: `nbjit.core.inputs.plans`
-(plans) and `nbjit.core.inputs.staging` (staging buffers and their pools).
+shardings (numpy arrays and scalars onto any sharding); the rest manages the
+plans and staging buffers behind it. The implementation lives in the core's
+input path: `nbjit.core.inputs.plans` (plans) and `nbjit.core.inputs.staging`
+(staging buffers and their pools).
 """
 
 from nbjit.core.inputs.plans import (
