@@ -434,29 +434,29 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
                        rotate: bool, wake: Callable[[], Any] | None) -> Any:
     """The prepare of a resident record: `rotate`, take spare slots once new
     values come on every call; `wake`, dispatched before the writes."""
-    slot = pool.slot_layout
+    at = pool.slot_layout  # where a slot holds what
     names = [f"x{j}" for j in range(n_leaves)]
-    arrays = {s.leaf: f"slot[{slot.array(j)}]" for j, s in enumerate(layouts)}
+    arrays = {s.leaf: f"slot[{at.array(j)}]" for j, s in enumerate(layouts)}
     new_leaves = [arrays.get(j, names[j]) for j in range(n_leaves)]
     finish = (f"[{', '.join(new_leaves)}]" if inner.leaves_are_inputs
               else f"inner([{', '.join(new_leaves)}])")
     # The same bytes as the slot holds already: no write (see COMPARE_MIN_BYTES).
-    compares = {j: f"same(slot[{slot.address(j)}], {names[s.leaf]}, {s.nbytes}, D{j})"
+    compares = {j: f"same(slot[{at.address(j)}], {names[s.leaf]}, {s.nbytes}, D{j})"
                 for j, s in enumerate(layouts) if _compared(s)}
+    src = Source()
 
     def write(j: int) -> None:
-        write_leaf(src, layouts[j], f"slot[{slot.view(j)}]", names[layouts[j].leaf])
+        write_leaf(src, layouts[j], f"slot[{at.view(j)}]", names[layouts[j].leaf])
 
-    src = Source()
     with src.block("def prepare(leaves):"):
         src.line(f"{', '.join(names)}, = leaves")
         with guard_and_pop(src, "slot", "None"):
-            with src.block(f"if (fence := slot[{slot.FENCE}]) is not None:"):
+            with src.block(f"if (fence := slot[{at.FENCE}]) is not None:"):
                 with src.block("try:"):
                     src.line("busy = not ready(fence)")
                 with src.block("except Exception:  # a deleted fence cannot tell: "
                                "claim retires the slot"):
-                    src.line(f"busy, slot[{slot.FENCE}] = True, RETIRED")
+                    src.line(f"busy, slot[{at.FENCE}] = True, RETIRED")
                 with src.block("if busy:"):
                     src.line("slot = claim(slot)")
         with src.block("if slot is None:  # every slot still read by a call in flight: "
