@@ -183,10 +183,9 @@ def test_flavours_are_registered_into_the_core_not_imported_by_it():
 
     f, a = _compiled()
     marked = flavours.add_flavour(flavours.Flavour(
-        "test_marked", start="    mark('start')\n",
-        stamps=("    mark('key')\n", "    mark('lookup')\n", "    mark('inputs')\n",
-                "    mark('execute')\n"),
-        finish="    mark('finish')\n", scope={"mark": lambda what: seen.append(what)}))
+        "test_marked", start="mark('start')",
+        stamps=("mark('key')", "mark('lookup')", "mark('inputs')", "mark('execute')"),
+        finish="mark('finish')", scope={"mark": lambda what: seen.append(what)}))
     seen: list[str] = []
     try:
         plain = f._binders.source(1)

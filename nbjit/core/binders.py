@@ -39,13 +39,12 @@ tuple of names built per call); the binder found checks the names first.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Callable
 from typing import Any
 
 from nbjit import _jax
 from nbjit.core import flavours as _flavours
-from nbjit.core.codegen import run_source
+from nbjit.core.codegen import Source, run_source
 from nbjit.core.flavours import Flavour
 from nbjit.core.keys import (
     LEAF_TYPES,
@@ -76,9 +75,10 @@ MAX_CALL_SHAPES = 256  # binders kept per function; the table starts afresh when
 #
 # `_source` is the one place a call shape becomes source. It writes the
 # keying of the call (`_read`) and then the hit path (`_hit`), into which the
-# flavour (`nbjit.core.flavours.Flavour`) puts its own lines: the same hit
-# path serves every flavour. Nested blocks are indented with `_indent`;
-# nothing else is laid out (a generated line may be as long as it is).
+# flavour (`nbjit.core.flavours.Flavour`) puts its own statements: the same
+# hit path serves every flavour. Each part adds its statements to a
+# `nbjit.core.codegen.Source`, which lays out the blocks; nothing else is
+# laid out (a generated line may be as long as it is).
 
 
 # The signatures and shardings of `{xs}` when they are all jax.Arrays (one
@@ -87,48 +87,56 @@ _ARRAY_SIGNATURES = ("(tuple([(x.aval, x._committed) for x in {xs}]),"
                      " [x._sharding for x in {xs}])")
 
 
-def _indent(block: str, depth: int = 1) -> str:
-    return textwrap.indent(block, "    " * depth)
+def _return(src: Source, flavour: Flavour, fn: str, args: str) -> None:
+    """The statement leaving for slow path `fn` with `args`, as the flavour calls it."""
+    src.line(f"return {flavour.leave.format(fn=fn, args=args)}")
 
 
-def _leave(flavour: Flavour, fn: str, args: str) -> str:
-    """How the flavour's code calls slow path `fn` with `args` (source)."""
-    return flavour.leave.format(fn=fn, args=args)
+def _stamp(src: Source, statement: str) -> None:
+    """A flavour's statement ("" for none) at this point of the hit path."""
+    if statement:
+        src.line(statement)
 
 
-def _hit(flavour: Flavour) -> str:
+def _hit(src: Source, flavour: Flavour) -> None:
     """The hit path, once the call is keyed (`key`, `shardings`, `leaves`):
-    lookup -> inputs -> execute -> outputs, with the flavour's lines."""
+    lookup -> inputs -> execute -> outputs, with the flavour's statements."""
     _, stamp_lookup, stamp_inputs, stamp_execute = flavour.stamps
+    src.line("context = trace_context()")
+    with src.block("try:  # a static argument's __hash__ or __eq__ may raise: JAX reports it"):
+        src.line("node = lookup(key)")
+    with src.block("except Exception:"):
+        _return(src, flavour, "self._slow", 'args, kwargs, "static_arg_error"')
+    with src.block("while node is not None and (node.shardings != shardings"
+                   " or node.context != context):"):
+        src.line("node = node.next")
+    with src.block("if node is None or (record := node.record) is None"
+                   " or post_hook.value is not None:"):
+        _return(src, flavour, "self._miss_or_slow",
+                "args, kwargs, leaves, (key, shardings, context), node")
+    src.line("node.shardings = shardings  # equal; keeping the newest makes identity checks hit")
+    _stamp(src, stamp_lookup)
+    with src.block("try:"):
+        src.line("mark_recent(node)  # KeyError if another thread evicted it meanwhile")
+        src.line("inputs = leaves if record.leaves_are_inputs else record.prepare(leaves)")
+    with src.block("except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong"):
+        _return(src, flavour, "self._slow", 'args, kwargs, "input_refused"')
+    _stamp(src, stamp_inputs)
+    with src.block("try:"):
+        src.line("results = record.execute(inputs)")
+    with src.block("except Exception as error:"):
+        _return(src, flavour, "self._execute_failed", "error, args, kwargs, inputs")
+    _stamp(src, stamp_execute)
+    src.line("outs = consume(results, record.out_handlers)")
+    with src.block("if record.fence is not None:  # resident host inputs: their slot is free"
+                   " once this is ready"):
+        src.line("record.fence(inputs, outs)")
+    src.line("node.hits += 1")
     result = "outs[0] if record.single_output else record.out_tree.unflatten(outs)"
-    finish = (f"    return {result}\n" if not flavour.finish
-              else f"    out = {result}\n{flavour.finish}    return out\n")
-    miss = "args, kwargs, leaves, (key, shardings, context), node"
-    return f"""\
-    context = trace_context()
-    try:  # a static argument's __hash__ or __eq__ may raise: JAX reports it
-        node = lookup(key)
-    except Exception:
-        return {_leave(flavour, "self._slow", 'args, kwargs, "static_arg_error"')}
-    while node is not None and (node.shardings != shardings or node.context != context):
-        node = node.next
-    if node is None or (record := node.record) is None or post_hook.value is not None:
-        return {_leave(flavour, "self._miss_or_slow", miss)}
-    node.shardings = shardings  # equal; keeping the newest makes identity checks hit
-{stamp_lookup}    try:
-        mark_recent(node)  # KeyError if another thread evicted it meanwhile
-        inputs = leaves if record.leaves_are_inputs else record.prepare(leaves)
-    except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong
-        return {_leave(flavour, "self._slow", 'args, kwargs, "input_refused"')}
-{stamp_inputs}    try:
-        results = record.execute(inputs)
-    except Exception as error:
-        return {_leave(flavour, "self._execute_failed", "error, args, kwargs, inputs")}
-{stamp_execute}    outs = consume(results, record.out_handlers)
-    if record.fence is not None:  # resident host inputs: their slot is free once this is ready
-        record.fence(inputs, outs)
-    node.hits += 1
-{finish}"""
+    if not flavour.finish:
+        src.line(f"return {result}")
+    else:
+        src.lines([f"out = {result}", flavour.finish, "return out"])
 
 
 class _Names:
@@ -156,26 +164,28 @@ class _Names:
             + [f"({k!r}, type({self.kwargs[k]}), {self.kwargs[k]})" for k in split.static_names])
 
 
-def _unpack(split: Split, names: _Names) -> str:
-    """A binder's first lines: a keyword binder checks the call's names are
-    exactly its own, and an unrolled one puts every argument in its local.
+def _unpack(src: Source, split: Split, names: _Names) -> None:
+    """A binder's first statements: a keyword binder checks the call's names
+    are exactly its own, and an unrolled one puts every argument in its local.
 
     `PjitFunction.__call__` finds a keyword call's binder by its positional
     count alone (``~nargs``: no tuple of names built per call); a call with
     other names goes to the binder of its full call shape (`other_keywords`).
     """
-    other = "        return other_keywords(self, args, kwargs)  # other names\n"
-    lines = ""
+    other = "return other_keywords(self, args, kwargs)  # other names"
     if split.names and names.unroll:  # each name read once; a missing one raises KeyError
-        reads = "".join(f"        {names.kwargs[k]} = kwargs[{k!r}]\n" for k in split.names)
-        lines += (f"    if len(kwargs) != {len(split.names)}:\n{other}"
-                  f"    try:\n{reads}    except KeyError:\n{other}")
+        with src.block(f"if len(kwargs) != {len(split.names)}:"):
+            src.line(other)
+        with src.block("try:"):
+            src.lines(f"{names.kwargs[k]} = kwargs[{k!r}]" for k in split.names)
+        with src.block("except KeyError:"):
+            src.line(other)
     elif split.names:
         missing = " or ".join(f"{k!r} not in kwargs" for k in split.names)
-        lines += f"    if len(kwargs) != {len(split.names)} or {missing}:\n{other}"
+        with src.block(f"if len(kwargs) != {len(split.names)} or {missing}:"):
+            src.line(other)
     if names.unroll and split.nargs:
-        lines += f"    {tuple_source(names.args)[1:-1]} = args\n"
-    return lines
+        src.line(f"{tuple_source(names.args)[1:-1]} = args")
 
 
 def _tree(split: Split, names: _Names) -> str:
@@ -191,31 +201,31 @@ def _tree(split: Split, names: _Names) -> str:
     return f"({positional}, {{{named}}})" if split.dynamic_names else positional
 
 
-def _keyed_from_leaves(flavour: Flavour, names: _Names) -> str:
+def _keyed_from_leaves(src: Source, flavour: Flavour, names: _Names) -> None:
     """Leaves no reader read (`tid` their treedef's id), keyed one by one: all
     jax.Arrays in one pass; mixed with host values by the treedef's mixed
     keyer, else leaf by leaf (`mixed_signatures`); a leaf nothing can key
     sends the call to `_unkeyable`: JAX's own path."""
-    unkeyable = _leave(flavour, "self._unkeyable", "args, kwargs, leaves")
-    return f"""\
-if not leaves or type(leaves[-1]) is ArrayImpl:  # else host values: skip this
-    try:  # one assignment: a leaf with .aval, no ._sharding (a Ref) sets neither
-        signatures, shardings = {_ARRAY_SIGNATURES.format(xs="leaves")}
-    except AttributeError:
-        pass
-if signatures is None:
-    if (keyer := mixed_keyers_get(tid)) is None or (mixed := keyer(leaves)) is None:
-        mixed = mixed_signatures(leaves)
-        if mixed is None:
-            return {unkeyable}
-        if keyer is None:
-            learn_mixed_keyer(tid, leaves)
-    signatures, shardings = mixed
-key = (LEAVES, KEY_SHAPE, {names.static_key}, tid, signatures)
-"""
+    with src.block("if not leaves or type(leaves[-1]) is ArrayImpl:"
+                   "  # else host values: skip this"):
+        with src.block("try:  # one assignment: a leaf with .aval, no ._sharding (a Ref) sets"
+                       " neither"):
+            src.line(f"signatures, shardings = {_ARRAY_SIGNATURES.format(xs='leaves')}")
+        with src.block("except AttributeError:"):
+            src.line("pass")
+    with src.block("if signatures is None:"):
+        with src.block("if (keyer := mixed_keyers_get(tid)) is None"
+                       " or (mixed := keyer(leaves)) is None:"):
+            src.line("mixed = mixed_signatures(leaves)")
+            with src.block("if mixed is None:"):
+                _return(src, flavour, "self._unkeyable", "args, kwargs, leaves")
+            with src.block("if keyer is None:"):
+                src.line("learn_mixed_keyer(tid, leaves)")
+        src.line("signatures, shardings = mixed")
+    src.line(f"key = (LEAVES, KEY_SHAPE, {names.static_key}, tid, signatures)")
 
 
-def _flattened(split: Split, flavour: Flavour, names: _Names) -> str:
+def _flattened(src: Source, split: Split, flavour: Flavour, names: _Names) -> None:
     """Dynamic arguments with no signatures yet (pytrees, host values).
 
     Unrolled: the readers of the structures this call shape has seen first
@@ -227,36 +237,37 @@ def _flattened(split: Split, flavour: Flavour, names: _Names) -> str:
     a call with more than UNROLL_MAX dynamic arguments are flattened as JAX
     does and keyed from their leaves."""
     tree = _tree(split, names)
-    pytree_node_data = _leave(flavour, "self._slow", 'args, kwargs, "pytree_node_data"')
-    flatten = f"""\
-leaves, treedef = flatten({tree})
-try:  # node data whose __eq__ raises, met in another function's treedef
-    tid = treedef_id(treedef)
-except Exception:
-    return {pytree_node_data}
-"""
+
+    def flatten() -> None:
+        src.line(f"leaves, treedef = flatten({tree})")
+        with src.block("try:  # node data whose __eq__ raises, met in another function's treedef"):
+            src.line("tid = treedef_id(treedef)")
+        with src.block("except Exception:"):
+            _return(src, flavour, "self._slow", 'args, kwargs, "pytree_node_data"')
+
     if not names.unroll:
-        return flatten + _keyed_from_leaves(flavour, names)
+        flatten()
+        _keyed_from_leaves(src, flavour, names)
+        return
     reader_args = ", ".join(_structure_readers(split).arguments)
-    unkeyable = _leave(flavour, "self._unkeyable", f"args, kwargs, flatten({tree})[0]")
-    return f"""\
-for read in READERS:
-    if (got := read({reader_args})) is not None:
-        break
-else:
-{_indent(flatten)}    read = learn_reader(tid, treedef, leaves)
-    got = None if read is None else read({reader_args})
-if got is UNKEYABLE:
-    return {unkeyable}
-if got is not None:
-    key, shardings, leaves = got
-else:
-{_indent(_keyed_from_leaves(flavour, names))}"""
+    with src.block("for read in READERS:"):
+        with src.block(f"if (got := read({reader_args})) is not None:"):
+            src.line("break")
+    with src.block("else:"):
+        flatten()
+        src.line("read = learn_reader(tid, treedef, leaves)")
+        src.line(f"got = None if read is None else read({reader_args})")
+    with src.block("if got is UNKEYABLE:"):
+        _return(src, flavour, "self._unkeyable", f"args, kwargs, flatten({tree})[0]")
+    with src.block("if got is not None:"):
+        src.line("key, shardings, leaves = got")
+    with src.block("else:"):
+        _keyed_from_leaves(src, flavour, names)
 
 
-def _read(split: Split, flavour: Flavour, names: _Names) -> str:
-    """The lines that key the call: `key`, `shardings` and `leaves` (see the
-    module docstring for the forms)."""
+def _read(src: Source, split: Split, flavour: Flavour, names: _Names) -> None:
+    """The statements that key the call: `key`, `shardings` and `leaves` (see
+    the module docstring for the forms)."""
     dynamic = names.dynamic
     # A plain positional call keys as bare signatures; any other starts with
     # the key shape's marker, which names the shape, so the static items need
@@ -271,77 +282,84 @@ def _read(split: Split, flavour: Flavour, names: _Names) -> str:
         leaves = ("[args[i] for i in DYNAMIC_POSITIONS]"
                   + (" + [kwargs[k] for k in DYNAMIC_NAMES]" if split.dynamic_names else ""))
     if not dynamic:  # nothing to key but the static arguments
-        return f"    key = {tuple_source(prefix)}\n    shardings = []\n    leaves = {leaves}\n"
-    flattened = _flattened(split, flavour, names)
+        src.lines([f"key = {tuple_source(prefix)}", "shardings = []", f"leaves = {leaves}"])
+        return
+    flattened = Source()
+    _flattened(flattened, split, flavour, names)
     if not names.unroll:  # more dynamic arguments than UNROLL_MAX: a loop over them
         key = f"({', '.join(prefix)}, *pairs)" if marked else "pairs"
-        return f"""\
-    dynamic = {leaves}
-    signatures = None
-    try:
-        pairs, shardings = {_ARRAY_SIGNATURES.format(xs="dynamic")}
-        key = {key}
-        leaves = dynamic
-    except AttributeError:
-{_indent(flattened, 2)}"""
-    return _unrolled(split, flavour, names, prefix, leaves, flattened)
+        src.lines([f"dynamic = {leaves}", "signatures = None"])
+        with src.block("try:"):
+            src.lines([f"pairs, shardings = {_ARRAY_SIGNATURES.format(xs='dynamic')}",
+                       f"key = {key}", "leaves = dynamic"])
+        with src.block("except AttributeError:"):
+            src.extend(flattened)
+        return
+    _unrolled(src, flavour, names, prefix, leaves, flattened)
 
 
-def _unrolled(split: Split, flavour: Flavour, names: _Names, prefix: list[str], leaves: str,
-              flattened: str) -> str:
+def _unrolled(src: Source, flavour: Flavour, names: _Names, prefix: list[str], leaves: str,
+              flattened: Source) -> None:
     """The key of up to UNROLL_MAX dynamic arguments, each in a local: all
     jax.Arrays; all leaves (host values among them: no flatten); else
     containers (pytrees), `flattened`."""
     dynamic = names.dynamic
     items, shardings = flat_reads(dynamic)
-    signatures = tuple_source([SIGNATURE.format(x=d) for d in dynamic])
-    unkeyable = _leave(flavour, "self._unkeyable", "args, kwargs, leaves")
-    read = f"""\
-    if {" and ".join(f"type({d}) is ArrayImpl" for d in dynamic)}:
-        key = {tuple_source(prefix + items)}
-        shardings = [{", ".join(shardings)}]
-        leaves = {leaves}
-    elif {" and ".join(f"type({d}) in LEAF_TYPES" for d in dynamic)}:
-        leaves = [{", ".join(dynamic)}]
-        get = canonical_dtypes[x64.value].get
-        try:
-            signatures = {signatures}
-        except NoSignature:
-            return {unkeyable}
-        shardings = [x._sharding for x in leaves if type(x) is ArrayImpl]
-        key = (LEAVES, KEY_SHAPE, {names.static_key}, LEAVES_TREEDEF_ID, signatures)
-    else:
-        signatures = None
-"""
-    if len(dynamic) == 1:
-        # One dynamic argument that is a list or tuple (JAX's many-args case,
-        # ``f(xs)``; a tuple carry): its elements are the leaves when they are
-        # all jax.Arrays, and such a container of n leaves has one treedef per
-        # type and n, so the key needs no flatten. Otherwise `signatures`
-        # stays None and the call is flattened.
-        read += f"""\
-        if (container := type({dynamic[0]})) is list or container is tuple:
-            leaves = {dynamic[0]}
-            try:  # one assignment each: a leaf that is not a jax.Array sets nothing
-                if (keyer := sequence_keyers_get(len(leaves))) is not None:
-                    signatures, shardings = keyer(leaves)
-                else:
-                    signatures, shardings = {_ARRAY_SIGNATURES.format(xs="leaves")}
-                key = (SEQUENCE, KEY_SHAPE, {names.static_key}, container, signatures)
-            except (AttributeError, ValueError):  # not all jax.Arrays; resized meanwhile
-                pass
-"""
-    return read + f"        if signatures is None:\n{_indent(flattened, 3)}"
+    with src.block(f"if {' and '.join(f'type({d}) is ArrayImpl' for d in dynamic)}:"):
+        src.lines([f"key = {tuple_source(prefix + items)}",
+                   f"shardings = [{', '.join(shardings)}]", f"leaves = {leaves}"])
+    with src.block(f"elif {' and '.join(f'type({d}) in LEAF_TYPES' for d in dynamic)}:"):
+        src.lines([f"leaves = [{', '.join(dynamic)}]", "get = canonical_dtypes[x64.value].get"])
+        with src.block("try:"):
+            src.line(f"signatures = {tuple_source([SIGNATURE.format(x=d) for d in dynamic])}")
+        with src.block("except NoSignature:"):
+            _return(src, flavour, "self._unkeyable", "args, kwargs, leaves")
+        src.lines(["shardings = [x._sharding for x in leaves if type(x) is ArrayImpl]",
+                   f"key = (LEAVES, KEY_SHAPE, {names.static_key}, LEAVES_TREEDEF_ID,"
+                   " signatures)"])
+    with src.block("else:"):
+        src.line("signatures = None")
+        if len(dynamic) == 1:
+            # One dynamic argument that is a list or tuple (JAX's many-args
+            # case, ``f(xs)``; a tuple carry): its elements are the leaves
+            # when they are all jax.Arrays, and such a container of n leaves
+            # has one treedef per type and n, so the key needs no flatten.
+            # Otherwise `signatures` stays None and the call is flattened.
+            _sequence(src, dynamic[0], names)
+        with src.block("if signatures is None:"):
+            src.extend(flattened)
+
+
+def _sequence(src: Source, x: str, names: _Names) -> None:
+    """The key of dynamic argument `x` when it is a list or tuple of jax.Arrays."""
+    with src.block(f"if (container := type({x})) is list or container is tuple:"):
+        src.line(f"leaves = {x}")
+        with src.block("try:  # one assignment each: a leaf that is not a jax.Array sets nothing"):
+            with src.block("if (keyer := sequence_keyers_get(len(leaves))) is not None:"):
+                src.line("signatures, shardings = keyer(leaves)")
+            with src.block("else:"):
+                src.line(f"signatures, shardings = {_ARRAY_SIGNATURES.format(xs='leaves')}")
+            src.line(f"key = (SEQUENCE, KEY_SHAPE, {names.static_key}, container, signatures)")
+        with src.block("except (AttributeError, ValueError):  # not all jax.Arrays;"
+                       " resized meanwhile"):
+            src.line("pass")
 
 
 def _source(split: Split, flavour: Flavour) -> str:
     """The source of the binder of one call shape in one flavour: the call's
     arguments unpacked, keyed, then the hit path (or, keys only, the key)."""
     names = _Names(split)
-    tail = ("    return (leaves, key, shardings)\n" if flavour.keys_only
-            else flavour.stamps[0] + _hit(flavour))
-    return (f"def bind(self, args, kwargs):\n{flavour.start}{_unpack(split, names)}"
-            f"{_read(split, flavour, names)}{tail}")
+    src = Source()
+    with src.block("def bind(self, args, kwargs):"):
+        _stamp(src, flavour.start)
+        _unpack(src, split, names)
+        _read(src, split, flavour, names)
+        if flavour.keys_only:
+            src.line("return (leaves, key, shardings)")
+        else:
+            _stamp(src, flavour.stamps[0])
+            _hit(src, flavour)
+    return src.text()
 
 
 def _structure_readers(split: Split) -> Readers:
@@ -399,8 +417,10 @@ def _refuse(*_: Any) -> str:
 
 def _hit_source(flavour: str) -> str:
     """The source of the hit path alone (`BinderTable.hit`)."""
-    return ("def hit(self, args, kwargs, leaves, key, shardings, t0, t_key):\n"
-            + _hit(_flavours.flavour(flavour)))
+    src = Source()
+    with src.block("def hit(self, args, kwargs, leaves, key, shardings, t0, t_key):"):
+        _hit(src, _flavours.flavour(flavour))
+    return src.text()
 
 
 def _make_hit(env: dict[str, Any], flavour: str) -> Callable[..., Any]:

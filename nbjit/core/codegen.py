@@ -1,5 +1,9 @@
-"""Running generated source: the binders (`nbjit.core.binders`) and input preparers
-(`nbjit.core.record`) are small functions compiled from templates.
+"""Generated source: the binders (`nbjit.core.binders`) and input preparers
+(`nbjit.core.record`, `nbjit.host`) are small functions compiled from source.
+
+`Source` is the one emitter: a generator writes statements (`line`) and
+nested blocks (`block`), and only `Source` lays out indentation, so no
+generator types it by hand.
 
 Compiled code is shared by every scope that runs the same source (compiling
 costs far more than running the compiled code into a scope): generated names
@@ -9,16 +13,77 @@ structure.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import linecache
 import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["run_source", "source_filename"]
+__all__ = ["Source", "run_source", "source_filename"]
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 _code_objects: dict[str, Any] = {}  # file name (names the source's text) -> compiled code
 _MAX_CODE_OBJECTS = 1024
+
+
+class Source:
+    """Source built from structure: statements at a depth, each block one
+    level deeper than its header.
+
+        src = Source()
+        with src.block("def f(x):"):
+            with src.block("if x:"):
+                src.line("return 1")
+            src.line("return 0")
+        src.text()  # "def f(x):\\n    if x:\\n        return 1\\n    return 0\\n"
+
+    A statement is one line without its indentation (it may carry a trailing
+    comment); `extend` nests another `Source`'s statements at this depth.
+    """
+
+    __slots__ = ("_lines", "_depth")
+
+    INDENT = "    "
+
+    def __init__(self) -> None:
+        self._lines: list[tuple[int, str]] = []  # (depth, statement)
+        self._depth = 0
+
+    def line(self, statement: str) -> Source:
+        """Adds one statement at the current depth."""
+        self._lines.append((self._depth, statement))
+        return self
+
+    def lines(self, statements: Iterable[str]) -> Source:
+        """Adds statements at the current depth, in order."""
+        for statement in statements:
+            self.line(statement)
+        return self
+
+    @contextlib.contextmanager
+    def block(self, header: str) -> Iterator[Source]:
+        """Adds `header` (``if ...:``, ``try:``, ``def ...:``); what is added
+        inside the ``with`` goes one level deeper."""
+        self.line(header)
+        self._depth += 1
+        try:
+            yield self
+        finally:
+            self._depth -= 1
+
+    def extend(self, other: Source) -> Source:
+        """Adds `other`'s statements, nested at the current depth."""
+        self._lines.extend((self._depth + depth, statement) for depth, statement in other._lines)
+        return self
+
+    def __bool__(self) -> bool:
+        return bool(self._lines)
+
+    def text(self) -> str:
+        """The source: every statement on its own line, indented by its depth."""
+        indent = self.INDENT
+        return "".join(f"{indent * depth}{statement}\n" for depth, statement in self._lines)
 
 
 def source_filename(source: str, name: str) -> str:

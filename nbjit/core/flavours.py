@@ -35,8 +35,8 @@ __all__ = ["KEY_ONLY", "PLAIN", "Flavour", "add_flavour", "current_flavour", "fl
 
 @dataclass(frozen=True)
 class Flavour:
-    """What one flavour adds to the hit path (each piece is source text, whole
-    lines at the hit path's indentation, "" for none).
+    """What one flavour adds to the hit path (each piece is one statement of
+    source, without indentation: the binder's emitter places it; "" for none).
 
     `start`: run first; `stamps`: after the key, lookup, inputs and execute
     phases; `finish`: after the outputs are in `out`, before it is returned;

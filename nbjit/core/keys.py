@@ -38,7 +38,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._common import PYTHON_SCALARS
-from nbjit.core.codegen import run_source
+from nbjit.core.codegen import Source, run_source
 from nbjit.core.inputs.values import canonical_dtypes, host_dtype
 
 __all__ = ["LEAF_TYPES", "LEAVES", "SEQUENCE", "SEQUENCE_KEYERS", "SIGNATURE", "SIGNATURE_SCOPE",
@@ -131,19 +131,22 @@ SIGNATURE_SCOPE = {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray,
                     "NoSignature": _NoSignature, "canonical_dtypes": canonical_dtypes,
                     "x64": _jax.enable_x64}
 
-_MIXED_SIGNATURES = f"""\
-def mixed_signatures(leaves):
-    \"""``(signatures, shardings)`` of leaves that are not all jax.Arrays (host
-    values, say), or None if some leaf has no signature (JAX must take it).\"""
-    get = canonical_dtypes[x64.value].get
-    try:
-        signatures = tuple([{SIGNATURE.format(x="x")} for x in leaves])
-    except NoSignature:
-        return None
-    return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]
-"""
+def _mixed_signatures_source() -> str:
+    src = Source()
+    with src.block("def mixed_signatures(leaves):"):
+        src.lines(['"""``(signatures, shardings)`` of leaves that are not all jax.Arrays (host',
+                   'values, say), or None if some leaf has no signature (JAX must take it)."""',
+                   "get = canonical_dtypes[x64.value].get"])
+        with src.block("try:"):
+            src.line(f"signatures = tuple([{SIGNATURE.format(x='x')} for x in leaves])")
+        with src.block("except NoSignature:"):
+            src.line("return None")
+        src.line("return signatures, [x._sharding for x in leaves if type(x) is ArrayImpl]")
+    return src.text()
+
+
 mixed_signatures: Callable[[list], tuple[tuple, list] | None] = run_source(
-    _MIXED_SIGNATURES, "mixed_signatures", dict(SIGNATURE_SCOPE))["mixed_signatures"]
+    _mixed_signatures_source(), "mixed_signatures", dict(SIGNATURE_SCOPE))["mixed_signatures"]
 
 
 # Keyers of one treedef's mixed leaves: `mixed_signatures` unrolled for the
@@ -183,11 +186,13 @@ def _mixed_keyer_source(leaves: list) -> tuple[str, dict] | None:
             scope[f"D{i}"], scope[f"C{i}"] = dtype, canonical[False]
         else:
             return None
-    source = (f"def keyer(leaves):\n    {tuple_source(names)[1:-1]} = leaves\n"
-              f"    if {' and '.join(checks)}:\n"
-              f"        return {tuple_source(signatures)}, [{', '.join(shardings)}]\n"
-              f"    return None\n")
-    return source, {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray, **scope}
+    src = Source()
+    with src.block("def keyer(leaves):"):
+        src.line(f"{tuple_source(names)[1:-1]} = leaves")
+        with src.block(f"if {' and '.join(checks)}:"):
+            src.line(f"return {tuple_source(signatures)}, [{', '.join(shardings)}]")
+        src.line("return None")
+    return src.text(), {"ArrayImpl": ArrayImpl, "ndarray": np.ndarray, **scope}
 
 
 def learn_mixed_keyer(tid: int, leaves: list) -> None:
@@ -231,10 +236,13 @@ def _sequence_keyer_source(n: int) -> str:
     signatures and the shardings (`flat_reads`), each element in a local;
     AttributeError if one is not a jax.Array."""
     names = [f"x{i}" for i in range(n)]
-    unpack = f"    {tuple_source(names)[1:-1]} = leaves\n" if names else ""
     items, shardings = flat_reads(names)
-    returned = f"{tuple_source(items)}, [{', '.join(shardings)}]"
-    return f"def keyer(leaves):\n{unpack}    return {returned}\n"
+    src = Source()
+    with src.block("def keyer(leaves):"):
+        if names:
+            src.line(f"{tuple_source(names)[1:-1]} = leaves")
+        src.line(f"return {tuple_source(items)}, [{', '.join(shardings)}]")
+    return src.text()
 
 
 # length -> keyer, for the one-list-or-tuple form; longer sequences loop (pairs).

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
-from nbjit.core.codegen import run_source
+from nbjit.core.codegen import Source, run_source
 from nbjit.core.inputs.steps import FreshCallback, input_steps
 
 __all__ = ["FastPath", "Unsupported", "build_record"]
@@ -84,33 +84,31 @@ class FastPath:
 
 PREPARE_UNROLL_MAX = 16
 
-_PREPARE_TEMPLATE = """\
-def prepare(leaves):
-{unpack}{steps}    return {inputs}
-"""
-
-_VALUE_STEP = "    {x} = V{i}({x})\n"
-
-
 def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
-                     steps: dict[int, Any]) -> str:
-    """The source of `prepare(leaves)` for one record's structure (not its values)."""
+                     steps: dict[int, Any]) -> tuple[str, dict[str, Any]]:
+    """The source of `prepare(leaves)` for one record's structure (not its
+    values), and the names its inline steps read."""
     positions = range(n_leaves) if kept is None else kept
     # A const with a step is copied into a local first (the step rebinds it).
     names = [f"c{i}" if i in steps else f"C{i}" for i in range(n_consts)]
     names += [f"x{j}" for j in positions]
-    if kept is None:
-        unpack = f"    {''.join(n + ', ' for n in names[n_consts:])}= leaves\n" if n_leaves else ""
-    else:
-        unpack = "".join(f"    x{j} = leaves[{j}]\n" for j in kept)
-    unpack += "".join(f"    c{i} = C{i}\n" for i in range(n_consts) if i in steps)
-    body = []
-    for i, step in sorted(steps.items()):
-        inline = getattr(step, "inline", None)  # a step may apply itself inline (host inputs)
-        body.append(_VALUE_STEP.format(x=names[i], i=i) if inline is None
-                    else inline(names[i], i)[0])
-    return _PREPARE_TEMPLATE.format(unpack=unpack, steps="".join(body),
-                                  inputs=f"[{', '.join(names)}]")
+    read: dict[str, Any] = {}
+    src = Source()
+    with src.block("def prepare(leaves):"):
+        if kept is None:
+            if n_leaves:
+                src.line(f"{''.join(n + ', ' for n in names[n_consts:])}= leaves")
+        else:
+            src.lines(f"x{j} = leaves[{j}]" for j in kept)
+        src.lines(f"c{i} = C{i}" for i in range(n_consts) if i in steps)
+        for i, step in sorted(steps.items()):
+            inline = getattr(step, "inline", None)  # a step may apply itself inline (host inputs)
+            if inline is None:
+                src.line(f"{names[i]} = V{i}({names[i]})")
+            else:
+                read.update(inline(src, names[i], i))
+        src.line(f"return [{', '.join(names)}]")
+    return src.text(), read
 
 
 def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,
@@ -121,12 +119,9 @@ def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,
         scope: dict[str, Any] = {"ndarray": np.ndarray, "put": _device_put,
                                  "COPY_DURING_CALL": _jax.COPY_DURING_CALL}
         scope.update((f"C{i}", c) for i, c in enumerate(consts))
-        for i, step in steps.items():
-            scope[f"V{i}"] = step.value
-            if (inline := getattr(step, "inline", None)) is not None:
-                scope.update(inline(f"x{i}", i)[1])
-        source = _preparer_source(len(consts), kept, n_leaves, steps)
-        return run_source(source, "prepare", scope)["prepare"]
+        scope.update((f"V{i}", step.value) for i, step in steps.items())
+        source, read = _preparer_source(len(consts), kept, n_leaves, steps)
+        return run_source(source, "prepare", {**scope, **read})["prepare"]
     applies = tuple(step.apply for _, step in sorted(steps.items()))
     if shard_args is not None:
         applies += (shard_args.apply,)

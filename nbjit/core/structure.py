@@ -75,7 +75,7 @@ import jax
 import numpy as np
 
 from nbjit import _jax
-from nbjit.core.codegen import run_source
+from nbjit.core.codegen import Source, run_source
 from nbjit.core.keys import LEAF_TYPES, SIGNATURE_SCOPE, treedef_id
 
 __all__ = ["JIT_LEAVES", "PARTITION", "READER_MAX_LEAVES", "UNKEYABLE", "LeafPolicy", "Readers",
@@ -170,7 +170,7 @@ class _Writer:
 
     def __init__(self, policy: LeafPolicy) -> None:
         self.policy = policy
-        self.lines: list[str] = []
+        self.src = Source()  # the reader's statements after its first
         self.guards: list[str] = []
         self.leaf_guards: list[str] = []
         self.scope: dict[str, Any] = {}
@@ -190,16 +190,17 @@ class _Writer:
 
     def line(self, text: str) -> None:
         self.flush()
-        self.lines.append(text)
+        self.src.line(text)
 
     def flush(self) -> None:
-        if len(self.guards) == 1:
-            self.lines.append(f"if {_negated(self.guards[0])}:")
-        elif self.guards:
-            self.lines += _wrapped("if not (", self.guards, " and", "):")
-        if self.guards:
-            self.lines.append("    return None")
-            self.guards = []
+        if not self.guards:
+            return
+        header = ([f"if {_negated(self.guards[0])}:"] if len(self.guards) == 1
+                  else _wrapped("if not (", self.guards, " and", "):"))
+        self.src.lines(header[:-1])  # (a long condition's first lines)
+        with self.src.block(header[-1]):
+            self.src.line("return None")
+        self.guards = []
 
     def unpack(self, source: str, n: int) -> list[str]:
         names = [self.local("n") for _ in range(n)]
@@ -395,16 +396,21 @@ def reader_source(params: Sequence[str], trees: Sequence[Any], leaves: Sequence[
         return None
     writer.guards += writer.leaf_guards
     writer.flush()
-    body = (["get = canonical_dtypes[x64.value].get"] if writer.host else []) + writer.lines
-    body += _wrapped("key = (", ["RID", *prefix, *writer.items], ",", ")")
-    body += _wrapped("shardings = [", writer.shardings, ",", "]")
-    body += _wrapped("leaves = [", writer.leaves, ",", "]")
-    body.append("return key, shardings, leaves")
-    source = (f"def read({', '.join([*params, *extra])}):\n    try:\n"
-              + "".join(f"        {line}\n" for line in body)
-              + "    except NoSignature:\n        return UNKEYABLE\n"
-              + "    except Exception:  # a guard that raised: the general path decides\n"
-              + "        return None\n")
+    src = Source()
+    with src.block(f"def read({', '.join([*params, *extra])}):"):
+        with src.block("try:"):
+            if writer.host:
+                src.line("get = canonical_dtypes[x64.value].get")
+            src.extend(writer.src)
+            src.lines(_wrapped("key = (", ["RID", *prefix, *writer.items], ",", ")"))
+            src.lines(_wrapped("shardings = [", writer.shardings, ",", "]"))
+            src.lines(_wrapped("leaves = [", writer.leaves, ",", "]"))
+            src.line("return key, shardings, leaves")
+        with src.block("except NoSignature:"):
+            src.line("return UNKEYABLE")
+        with src.block("except Exception:  # a guard that raised: the general path decides"):
+            src.line("return None")
+    source = src.text()
     scope = {**SIGNATURE_SCOPE, **writer.scope, "UNKEYABLE": UNKEYABLE,
              "HOST_LEAVES": _HOST_LEAF_TYPES, "HOST_ARRAYS": _HOST_ARRAY_TYPES,
              "is_array": _is_array, "flatten_one_level": _jax.dispatch_registry.flatten_one_level,

@@ -11,17 +11,19 @@ would not convert as jaxlib does raises `Refused`: JAX's own path).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
+from nbjit.core.codegen import Source
 
-__all__ = ["FLOAT32_MAX", "GUARD_AND_POP", "HostCounters", "LeafLayout", "PACKABLE",
-           "POOL_MAX_BYTES", "Refused", "Watched", "buffer_nbytes", "host_counters", "lay_out",
-           "python_type", "write_statement"]
+__all__ = ["FLOAT32_MAX", "HostCounters", "LeafLayout", "PACKABLE", "POOL_MAX_BYTES", "Refused",
+           "Watched", "buffer_nbytes", "guard_and_pop", "host_counters", "lay_out",
+           "python_type", "write_leaf"]
 
 POOL_MAX_BYTES = 4 << 20  # staging buffers (slots, or a packed pool) per signature, in bytes
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -95,20 +97,17 @@ def buffer_nbytes(layouts: Sequence[LeafLayout]) -> int:
     return max(ALIGN, align_up(end))
 
 
-def write_statement(layout: LeafLayout, view: str, x: str) -> str:
-    """The statement writing leaf `x` into `view` (numpy converts), indented
-    for the ``try:`` block of a generated preparer."""
+def write_leaf(src: Source, layout: LeafLayout, view: str, x: str) -> None:
+    """Adds to `src` the statements writing leaf `x` into `view` (numpy converts)."""
     if layout.python is float and layout.dtype == np.float32:
         # numpy warns where jaxlib's conversion (a C cast) is silent: JAX's path
-        return (f"        if not -F32MAX <= {x} <= F32MAX and {x} == {x}:\n"
-                f"            raise Refused\n        {view}[()] = {x}\n")
-    if layout.python is complex and layout.dtype == np.complex64:
-        return (f"        if not (-F32MAX <= {x}.real <= F32MAX"
-                f" and -F32MAX <= {x}.imag <= F32MAX):\n"
-                f"            raise Refused\n        {view}[()] = {x}\n")
-    if layout.python is not None:
-        return f"        {view}[()] = {x}\n"
-    return f"        {view}[...] = {x}\n"
+        with src.block(f"if not -F32MAX <= {x} <= F32MAX and {x} == {x}:"):
+            src.line("raise Refused")
+    elif layout.python is complex and layout.dtype == np.complex64:
+        with src.block(f"if not (-F32MAX <= {x}.real <= F32MAX"
+                       f" and -F32MAX <= {x}.imag <= F32MAX):"):
+            src.line("raise Refused")
+    src.line(f"{view}[{'()' if layout.python is not None else '...'}] = {x}")
 
 
 def python_type(x: Any) -> type | None:
@@ -117,17 +116,20 @@ def python_type(x: Any) -> type | None:
     return t if t in PYTHON_SCALARS else None
 
 
-# Both preparers: a guarded transfer goes to JAX's path, then the oldest free
-# buffer or slot is popped (or, with none free, claimed).
-GUARD_AND_POP = """\
-    if guard.value is not None and not unguarded():
-        raise Refused  # a guarded transfer: JAX's path logs or raises per leaf
-    try:
-        {item} = popleft()
-    except IndexError:
-        {item} = claim({busy})
-    else:
-"""
+@contextlib.contextmanager
+def guard_and_pop(src: Source, item: str, busy: str) -> Iterator[Source]:
+    """Both preparers' first statements: a guarded transfer goes to JAX's
+    path, then the oldest free buffer or slot is popped into `item` (or, with
+    none free, claimed: ``claim(busy)``); what the ``with`` adds runs after a
+    pop."""
+    with src.block("if guard.value is not None and not unguarded():"):
+        src.line("raise Refused  # a guarded transfer: JAX's path logs or raises per leaf")
+    with src.block("try:"):
+        src.line(f"{item} = popleft()")
+    with src.block("except IndexError:"):
+        src.line(f"{item} = claim({busy})")
+    with src.block("else:"):
+        yield src
 
 
 class HostCounters:

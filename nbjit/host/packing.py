@@ -35,41 +35,24 @@ import jax
 import numpy as np
 
 from nbjit import _jax
-from nbjit.core.codegen import run_source
+from nbjit.core.codegen import Source, run_source
 from nbjit.core.inputs.staging import HostStaging
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
-    GUARD_AND_POP,
     POOL_MAX_BYTES,
     LeafLayout,
     Refused,
     Watched,
     buffer_nbytes,
-    write_statement,
+    guard_and_pop,
+    write_leaf,
 )
 
 __all__ = ["POOL_CAP", "compile_packed", "run_in_trace_context", "start_thread", "wait"]
 
 POOL_CAP = 64  # staging buffers pooled per packed record (calls in flight beyond: fresh ones)
 POOL_MIN = 4  # however big: a loop keeps a few calls' transfers in flight
-
-_PREPARE_TEMPLATE = """\
-def prepare(leaves):
-{unpack}""" + GUARD_AND_POP.format(item="item", busy="") + """\
-        if getrefcount(item[0]) != FREE:
-            append(item)
-            item = claim()
-    try:
-{writes}    except BaseException:
-        release(item)
-        raise
-    packed = put(AVAL, SHARDING, [item[0]], DEVICES, False, False, ZERO_COPY)
-    if item[-1] is not None:  # pooled (an unpooled item ends with None): back to the pool
-        append(item)
-    return {finish}
-"""
-
 
 def unpack(layout: LeafLayout, packed: Any) -> Any:
     """`layout`'s value from the buffer of 32-bit words (traced inside `g`).
@@ -188,15 +171,27 @@ def compile_packed(watched: Watched, record: FastPath, leaves: list) -> FastPath
 def _packed_preparer(layouts: tuple[LeafLayout, ...], n_leaves: int, inner: FastPath,
                      staging: HostStaging, aval: Any, sharding: Any, devices: list) -> Any:
     names = [f"x{j}" for j in range(n_leaves)]
-    unpack_leaves = f"    {', '.join(names)}, = leaves\n"
-    # An item is (staging, *views): leaf j's view is item[1 + j].
-    writes = "".join(write_statement(s, f"item[{j}]", names[s.leaf])
-                     for j, s in enumerate(layouts, start=1))
     packed_leaves = {s.leaf for s in layouts}
     g_leaves = ["packed", *(names[j] for j in range(n_leaves) if j not in packed_leaves)]
     finish = (f"[{', '.join(g_leaves)}]" if inner.leaves_are_inputs
               else f"inner([{', '.join(g_leaves)}])")
-    source = _PREPARE_TEMPLATE.format(unpack=unpack_leaves, writes=writes, finish=finish)
+    src = Source()
+    with src.block("def prepare(leaves):"):
+        src.line(f"{', '.join(names)}, = leaves")
+        with guard_and_pop(src, "item", ""):
+            with src.block("if getrefcount(item[0]) != FREE:"):
+                src.lines(["append(item)", "item = claim()"])
+        with src.block("try:"):
+            # An item is (staging, *views): leaf j's view is item[1 + j].
+            for j, s in enumerate(layouts, start=1):
+                write_leaf(src, s, f"item[{j}]", names[s.leaf])
+        with src.block("except BaseException:"):
+            src.lines(["release(item)", "raise"])
+        src.line("packed = put(AVAL, SHARDING, [item[0]], DEVICES, False, False, ZERO_COPY)")
+        with src.block("if item[-1] is not None:  # pooled (an unpooled item ends with None): "
+                       "back to the pool"):
+            src.line("append(item)")
+        src.line(f"return {finish}")
     scope = {"unguarded": _jax.host_transfers_unguarded,
              "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,
              "popleft": staging.free.popleft, "append": staging.free.append,
@@ -205,7 +200,7 @@ def _packed_preparer(layouts: tuple[LeafLayout, ...], n_leaves: int, inner: Fast
              "put": _jax.batched_device_put, "AVAL": aval, "SHARDING": sharding,
              "DEVICES": devices, "ZERO_COPY": _jax.ZERO_COPY, "F32MAX": FLOAT32_MAX,
              "inner": inner.prepare, "staging": staging}
-    return run_source(source, "packed prepare", scope)["prepare"]
+    return run_source(src.text(), "packed prepare", scope)["prepare"]
 
 
 # ---------------------------------------------------------------------------

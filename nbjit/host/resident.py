@@ -45,17 +45,17 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._common import ALIGN, align_up
-from nbjit.core.codegen import run_source
+from nbjit.core.codegen import Source, run_source
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
-    GUARD_AND_POP,
     LeafLayout,
     Refused,
     Watched,
     buffer_nbytes,
+    guard_and_pop,
     lay_out,
-    write_statement,
+    write_leaf,
 )
 
 __all__ = ["COMPARE_MIN_BYTES", "PROBE_EVERY", "PROCESS_MAX_BYTES", "RESIDENT_CAP",
@@ -72,6 +72,53 @@ SIGNATURE_MAX_BYTES = 32 << 20
 # What every signature's slots hold together, in this process: a slot that
 # would pass it is not made (that call takes the per-leaf puts).
 PROCESS_MAX_BYTES = 512 << 20
+# From this size a leaf is compared with what its slot holds before it is
+# written, and not written when equal. A compare costs about what a copy
+# does, but leaves the slot's cache lines clean: a copy leaves them dirty in
+# this core's cache, and the computation, on another thread, then reads them
+# from there. Below this size the copy measured cheaper, from it the compare
+# (docs/host-inputs.md). A new value usually differs in its first bytes,
+# where the compare stops: it then costs the copy and the compare's Python
+# (which WRITE_AFTER spares values that are new on every call).
+COMPARE_MIN_BYTES = 64 << 10
+# After this many calls in a row in which every compared leaf was unchanged,
+# a call writes the other leaves, runs the executable on the slot, and
+# compares while it runs. The runtime's worker thread, idle between calls,
+# waits a few microseconds for new work and then sleeps; waking it costs far
+# more than the compare (docs/host-inputs.md), so the call dispatches before
+# anything that grows with the array. A leaf that then differs costs that run
+# (its results are dropped, its outputs fence the slot, the call takes the
+# puts) and ends the streak.
+SPECULATE_AFTER = 4
+# After this many calls in a row with a compared leaf changed, leaves are
+# written without a compare (a compare that finds a difference still costs
+# its Python before the dispatch, which can be enough to let the worker
+# thread sleep), and compared again every PROBE_EVERY calls to notice
+# values that stay.
+WRITE_AFTER = 4
+PROBE_EVERY = 16
+# Bytes a call writes (every resident leaf together) from which, and below
+# which, it wakes the runtime's worker first (`_emit_wake`). Below, the write is
+# shorter than the worker's wait for new work; from WAKE_MAX_BYTES the
+# computation's read of the freshly written bytes costs more than the wake.
+WAKE_MIN_BYTES = 16 << 10
+WAKE_MAX_BYTES = 1 << 20
+# Calls in a row that found the signature's last computation done before a
+# call wakes the worker. The wake saves the worker's wake-up latency only
+# where every call waits for it (a loop that blocks on each result); in a
+# loop that blocks every few steps, the first call after the wait would pay
+# for a second wake-up of the runtime's threads (on a busy machine, one more
+# chance to be preempted while they start) for a gain of one latency per wait.
+WAKE_AFTER_IDLE = 2
+# A signature that writes ROTATE_MIN_BYTES or more on every call (none of its
+# leaves compared, or new values on WRITE_AFTER calls in a row) keeps
+# ROTATE_SLOTS slots and writes the least recently used: the slot the last
+# call's computation read is still in the worker core's cache, and writing it
+# again first takes those lines back from there (docs/host-inputs.md).
+ROTATE_MIN_BYTES = 16 << 10
+ROTATE_SLOTS = 3
+_WAKE_LEAVES = 2048  # float32s summed: enough work that the runtime does not run it inline
+_wakers: dict[Any, Callable[[], Any] | None] = {}
 
 _held = [0]  # bytes of every live pool's slots and fences (under _held_lock)
 _held_lock = threading.Lock()
@@ -96,83 +143,48 @@ def _release(cell: list) -> None:
         _held[0] -= cell[0]
         cell[0] = 0
 
+
+
 _RETIRED = object()  # the fence of a slot that is never used again
 
-_RESIDENT_TEMPLATE = """\
-def prepare(leaves):
-{unpack}""" + GUARD_AND_POP.format(item="slot", busy="None") + """\
-        if (fence := slot[0]) is not None:
-            try:
-                busy = not ready(fence)
-            except Exception:  # a deleted fence cannot tell: claim retires the slot
-                busy, slot[0] = True, RETIRED
-            if busy:
-                slot = claim(slot)
-    if slot is None:  # every slot still read by a call in flight: a put per leaf
-        return fallback(leaves)
-{speculate}{wake}    try:
-{writes}    except BaseException:
-        append(slot)  # (its fence still holds: no call reads it)
-        raise
-    return {finish}
-"""
 
-# Every compared leaf unchanged for SPECULATE_AFTER calls in a row: the
-# leaves that are not compared (small ones, Python scalars) are written, the
-# executable runs on the slot, and the compare runs while it does. Equal: its
-# results ride at the end of the inputs, where the record's `execute` takes
-# them. Not equal: that run's outputs fence the slot (it reads it), and this
-# call takes the per-leaf puts. Either way the result is the executable's on
-# the bytes the caller's values held during the call.
-_SPECULATE = """    if streak[0] >= SPECULATE_AFTER:
-{small}        try:
-            inputs = {finish}
-            results = run(inputs)
-        except Exception:  # (the puts' path raises what it raises, or runs)
-            append(slot)
-            streak[0] = 0
-            return fallback(leaves)
-        counts[0] += 1
-        unchanged = False
-        try:
-            unchanged = {compare}
-        finally:
-            if not unchanged:
-                streak[0], streak[1] = 0, 1
-                counts[1] += 1
-                slot[0] = consume(results, handlers)[FENCE]
-                append(slot)
-        if not unchanged:
-            return fallback(leaves)
-        inputs.append(results)
-        return inputs
-"""
+class SlotLayout:
+    """What a slot of `n` leaves holds: a list (generated code reads it by a
+    constant index) ``[fence, *arrays, *views, *addresses, staging]``, where
+    leaf j (in the pool's `layouts` order) has device array ``array(j)``,
+    host view ``view(j)`` and that view's address ``address(j)``; the
+    fence (`FENCE`: the output that tells when the slot is free) comes first,
+    the staging buffer (`STAGING`) last."""
 
+    __slots__ = ("n",)
 
-# Writes of WAKE_MIN_BYTES to WAKE_MAX_BYTES: while this signature's last call
-# is done (the runtime's worker thread idle, soon asleep), and was done at the
-# call before too (WAKE_AFTER_IDLE calls in a row: a loop that waits for every
-# call), a trivial computation is dispatched first, so the worker wakes while
-# the values are written and takes the call's computation without sleeping in
-# between. A loop that waits only every few calls finds it done once per wait:
-# it is not woken there (see WAKE_AFTER_IDLE).
-_WAKE = """    try:
-        if not free or ready(free[-1][0]):
-            idle[0] += 1
-            if idle[0] >= WAKE_AFTER_IDLE:
-                wake()
-        else:
-            idle[0] = 0
-    except Exception:  # (a retired or deleted fence, a slot taken meanwhile: no wake)
-        pass
-"""
+    FENCE = 0
+    STAGING = -1
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def array(self, j: int) -> int:
+        return 1 + j
+
+    def view(self, j: int) -> int:
+        return 1 + self.n + j
+
+    def address(self, j: int) -> int:
+        return 1 + 2 * self.n + j
+
+    def make(self, arrays: list, views: list, staging: np.ndarray) -> list:
+        """A new slot, its fence None."""
+        return [None, *arrays, *views, *[view.ctypes.data for view in views], staging]
+
+    def arrays(self, slot: list) -> list:
+        return slot[self.array(0):self.array(self.n)]
 
 
 class ResidentSlots:
     """The slots of one resident record (see the module's docstring).
 
-    A slot is a list ``[fence, *device arrays, *views, *view addresses,
-    staging]``. `free`
+    A slot is a list laid out as `slot_layout` (a `SlotLayout`) says. `free`
     is claimed with ``popleft`` and refilled with ``append`` (atomic under
     the GIL); `by_array` finds a slot from its first device array (the
     fence hook sees the call's inputs, nothing else). At most `cap` slots
@@ -183,7 +195,7 @@ class ResidentSlots:
 
     __slots__ = ("layouts", "avals", "sharding", "devices", "nbytes", "slot_bytes", "cap", "free",
                  "by_array", "made", "retired", "fence_index", "input_index", "broken", "on_broken",
-                 "fence", "held", "streak", "counts", "__weakref__")
+                 "fence", "held", "streak", "counts", "slot_layout", "__weakref__")
 
     MAX_RETIRED = 8  # slots retired (deleted fences) before the signature gives slots up
 
@@ -191,6 +203,7 @@ class ResidentSlots:
                  input_index: int, on_broken: Callable[[], None] | None = None,
                  fence_bytes: int = 0) -> None:
         self.layouts = layouts
+        self.slot_layout = SlotLayout(len(layouts))
         self.avals = [_jax.ShapedArray(s.shape, s.dtype, weak_type=s.weak) for s in layouts]
         self.sharding = sharding
         self.devices = list(sharding.device_set)
@@ -244,7 +257,7 @@ class ResidentSlots:
             if array.unsafe_buffer_pointer() != view.ctypes.data:
                 return None  # a copy (device memory, or a runtime that copies): no slots
             arrays.append(array)
-        slot = [None, *arrays, *views, *[view.ctypes.data for view in views], staging]
+        slot = self.slot_layout.make(arrays, views, staging)
         self.by_array[id(arrays[0])] = slot
         self.made += 1
         return slot
@@ -258,7 +271,7 @@ class ResidentSlots:
         with many calls in flight would pay a readiness test per slot).
         """
         if busy is not None:
-            if busy[0] is _RETIRED:
+            if busy[SlotLayout.FENCE] is _RETIRED:
                 self.retire(busy)
             else:
                 self.free.append(busy)
@@ -280,7 +293,7 @@ class ResidentSlots:
 
     def retire(self, slot: list) -> None:
         """Never uses `slot` again (the runtime keeps its memory while anything reads it)."""
-        if self.by_array.pop(id(slot[1]), None) is not None:
+        if self.by_array.pop(id(slot[self.slot_layout.array(0)]), None) is not None:
             self.made -= 1
             with _held_lock:  # (the runtime frees its memory once nothing reads it)
                 if not self.broken:  # (given up: `give_up` released every slot's bytes)
@@ -313,19 +326,20 @@ class ResidentSlots:
                 pool.free.append(slot)
 
         scope["first"] = first
-        source = (f"def fence(inputs, outs):\n"
-                  f"    slot = get(id(x := inputs[{self.input_index}]))\n"
-                  f"    if slot is not None and slot[1] is x:\n"
-                  f"        slot[0] = outs[{self.fence_index}]\n"
-                  f"        if CHECKED:\n"
-                  f"            append(slot)\n"
-                  f"        else:\n"
-                  f"            first(slot, outs)\n")
-        return run_source(source, "resident fence", scope)["fence"]
+        src = Source()
+        with src.block("def fence(inputs, outs):"):
+            src.line(f"slot = get(id(x := inputs[{self.input_index}]))")
+            with src.block(f"if slot is not None and slot[{self.slot_layout.array(0)}] is x:"):
+                src.line(f"slot[{SlotLayout.FENCE}] = outs[{self.fence_index}]")
+                with src.block("if CHECKED:"):
+                    src.line("append(slot)")
+                with src.block("else:"):
+                    src.line("first(slot, outs)")
+        return run_source(src.text(), "resident fence", scope)["fence"]
 
     def _check_outputs(self, slot: list, outs: list) -> bool:
         """Whether no output aliases the slot's memory (else slots are given up)."""
-        staging = slot[-1]
+        staging = slot[SlotLayout.STAGING]
         start = staging.ctypes.data
         stop = start + staging.nbytes
         try:
@@ -335,7 +349,7 @@ class ResidentSlots:
         if any(start <= p < stop for p in pointers):
             # (Never seen: XLA's outputs are new buffers unless donated.) This
             # slot is never written again, so the caller's outputs stay valid.
-            self.by_array.pop(id(slot[1]), None)
+            self.by_array.pop(id(slot[self.slot_layout.array(0)]), None)
             self.give_up()
             return False
         return True
@@ -365,7 +379,7 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
         return None
     pool.free.append(slot)
     example = list(leaves)
-    for s, array in zip(layouts, slot[1:1 + len(layouts)], strict=True):
+    for s, array in zip(layouts, pool.slot_layout.arrays(slot), strict=True):
         example[s.leaf] = array
     try:
         inner = build_record(watched.fastpath, example, False)
@@ -420,46 +434,44 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
                        rotate: bool, wake: Callable[[], Any] | None) -> Any:
     """The prepare of a resident record: `rotate`, take spare slots once new
     values come on every call; `wake`, dispatched before the writes."""
+    at = pool.slot_layout  # where a slot holds what
     names = [f"x{j}" for j in range(n_leaves)]
-    unpack = f"    {', '.join(names)}, = leaves\n"
-    m = len(layouts)
-    # A slot is [fence, *arrays, *views, *addresses, staging]: leaf j's view is
-    # slot[1 + m + j], its address slot[1 + 2 * m + j].
-    plain, checked, small, compares = "", "", "", []
-    for j, s in enumerate(layouts):
-        write = write_statement(s, f"slot[{1 + m + j}]", names[s.leaf])
-        plain += write
-        if not _compared(s):
-            small += write
-        else:
-            # The same bytes as the slot holds already: no write (see COMPARE_MIN_BYTES).
-            compare = f"same(slot[{1 + 2 * m + j}], {names[s.leaf]}, {s.nbytes}, D{j})"
-            compares.append(compare)
-            write = f"        if not {compare}:\n            changed = True\n" + _indent(write)
-        checked += write
-    writes = plain
-    if compares:  # new values on every recent call: written without a compare (WRITE_AFTER)
-        writes = ("        if streak[1] >= WRITE_AFTER and streak[1] % PROBE_EVERY:\n"
-                  + ("            if streak[1] == WRITE_AFTER:\n"
-                     "                spare()\n" if rotate else "")
-                  + "            streak[1] += 1\n" + _indent(plain)
-                  + "        else:\n            changed = False\n" + _indent(checked)
-                  + "            if changed:\n                streak[0] = 0\n"
-                  "                streak[1] += 1\n"
-                  "            else:\n                streak[0] += 1\n"
-                  "                streak[1] = 0\n")
-    arrays = {s.leaf: f"slot[{1 + j}]" for j, s in enumerate(layouts)}
+    arrays = {s.leaf: f"slot[{at.array(j)}]" for j, s in enumerate(layouts)}
     new_leaves = [arrays.get(j, names[j]) for j in range(n_leaves)]
     finish = (f"[{', '.join(new_leaves)}]" if inner.leaves_are_inputs
               else f"inner([{', '.join(new_leaves)}])")
-    speculate = ""
-    if speculative:  # (a leaf compared)
-        if small:
-            small = ("        try:\n" + _indent(small) + "        except BaseException:\n"
-                     "            append(slot)\n            raise\n")
-        speculate = _SPECULATE.format(small=small, finish=finish, compare=" and ".join(compares))
-    source = _RESIDENT_TEMPLATE.format(unpack=unpack, writes=writes, finish=finish,
-                                       speculate=speculate, wake=_WAKE if wake else "")
+    # The same bytes as the slot holds already: no write (see COMPARE_MIN_BYTES).
+    compares = {j: f"same(slot[{at.address(j)}], {names[s.leaf]}, {s.nbytes}, D{j})"
+                for j, s in enumerate(layouts) if _compared(s)}
+    src = Source()
+
+    def write(j: int) -> None:
+        write_leaf(src, layouts[j], f"slot[{at.view(j)}]", names[layouts[j].leaf])
+
+    with src.block("def prepare(leaves):"):
+        src.line(f"{', '.join(names)}, = leaves")
+        with guard_and_pop(src, "slot", "None"):
+            with src.block(f"if (fence := slot[{at.FENCE}]) is not None:"):
+                with src.block("try:"):
+                    src.line("busy = not ready(fence)")
+                with src.block("except Exception:  # a deleted fence cannot tell: "
+                               "claim retires the slot"):
+                    src.line(f"busy, slot[{at.FENCE}] = True, RETIRED")
+                with src.block("if busy:"):
+                    src.line("slot = claim(slot)")
+        with src.block("if slot is None:  # every slot still read by a call in flight: "
+                       "a put per leaf"):
+            src.line("return fallback(leaves)")
+        if speculative:  # (a leaf compared)
+            _emit_speculate(src, [j for j in range(len(layouts)) if j not in compares], write,
+                            finish, " and ".join(compares.values()))
+        if wake:
+            _emit_wake(src)
+        with src.block("try:"):
+            _emit_writes(src, len(layouts), write, compares, rotate)
+        with src.block("except BaseException:"):
+            src.lines(["append(slot)  # (its fence still holds: no call reads it)", "raise"])
+        src.line(f"return {finish}")
     scope = {"unguarded": _jax.host_transfers_unguarded,
              "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,
              "popleft": pool.free.popleft, "append": pool.free.append, "claim": pool.claim,
@@ -469,19 +481,101 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
              "free": pool.free, "wake": wake, "spare": pool.add_spares, "idle": [0],
              "WAKE_AFTER_IDLE": WAKE_AFTER_IDLE,
              **{f"D{j}": s.dtype for j, s in enumerate(layouts)}}
-    if speculate:
+    if speculative:
         scope.update(counts=pool.counts, SPECULATE_AFTER=SPECULATE_AFTER, run=inner.execute,
                      consume=_jax.ExecuteResults.consume_with_handlers,
                      handlers=inner.out_handlers, FENCE=pool.fence_index)
     # Out of its own scope: a function in its globals is a cycle, and this
     # scope may hold the executable (`run`), which must die with the record
     # without waiting for a gc pass.
-    return run_source(source, "resident prepare", scope).pop("prepare")
+    return run_source(src.text(), "resident prepare", scope).pop("prepare")
 
 
-def _indent(source: str) -> str:
-    """Generated statements one level deeper."""
-    return "".join("    " + line if line.strip() else line for line in source.splitlines(True))
+def _emit_writes(src: Source, n: int, write: Callable[[int], None], compares: dict[int, str],
+                 rotate: bool) -> None:
+    """The writes of the `n` leaves; with `compares` (leaf j -> its compare),
+    each compared leaf is written only where it differs, except while new
+    values come on every call (WRITE_AFTER calls in a row, probed every
+    PROBE_EVERY), when they are written without a compare."""
+    if not compares:
+        for j in range(n):
+            write(j)
+        return
+    with src.block("if streak[1] >= WRITE_AFTER and streak[1] % PROBE_EVERY:"):
+        if rotate:
+            with src.block("if streak[1] == WRITE_AFTER:"):
+                src.line("spare()")
+        src.line("streak[1] += 1")
+        for j in range(n):
+            write(j)
+    with src.block("else:"):
+        src.line("changed = False")
+        for j in range(n):
+            if j not in compares:
+                write(j)
+                continue
+            with src.block(f"if not {compares[j]}:"):
+                src.line("changed = True")
+                write(j)
+        with src.block("if changed:"):
+            src.lines(["streak[0] = 0", "streak[1] += 1"])
+        with src.block("else:"):
+            src.lines(["streak[0] += 1", "streak[1] = 0"])
+
+
+def _emit_speculate(src: Source, small: list[int], write: Callable[[int], None], finish: str,
+                    compare: str) -> None:
+    """Every compared leaf unchanged for SPECULATE_AFTER calls in a row: the
+    leaves that are not compared (`small`: small ones, Python scalars) are
+    written, the executable runs on the slot, and the compare runs while it
+    does. Equal: its results ride at the end of the inputs, where the
+    record's `execute` takes them. Not equal: that run's outputs fence the
+    slot (it reads it), and this call takes the per-leaf puts. Either way
+    the result is the executable's on the bytes the caller's values held
+    during the call."""
+    with src.block("if streak[0] >= SPECULATE_AFTER:"):
+        if small:
+            with src.block("try:"):
+                for j in small:
+                    write(j)
+            with src.block("except BaseException:"):
+                src.lines(["append(slot)", "raise"])
+        with src.block("try:"):
+            src.lines([f"inputs = {finish}", "results = run(inputs)"])
+        with src.block("except Exception:  # (the puts' path raises what it raises, or runs)"):
+            src.lines(["append(slot)", "streak[0] = 0", "return fallback(leaves)"])
+        src.lines(["counts[0] += 1", "unchanged = False"])
+        with src.block("try:"):
+            src.line(f"unchanged = {compare}")
+        with src.block("finally:"):
+            with src.block("if not unchanged:"):
+                src.lines(["streak[0], streak[1] = 0, 1", "counts[1] += 1",
+                           f"slot[{SlotLayout.FENCE}] = consume(results, handlers)[FENCE]",
+                           "append(slot)"])
+        with src.block("if not unchanged:"):
+            src.line("return fallback(leaves)")
+        src.lines(["inputs.append(results)", "return inputs"])
+
+
+def _emit_wake(src: Source) -> None:
+    """Writes of WAKE_MIN_BYTES to WAKE_MAX_BYTES: while this signature's
+    last call is done (the runtime's worker thread idle, soon asleep), and
+    was done at the call before too (WAKE_AFTER_IDLE calls in a row: a loop
+    that waits for every call), a trivial computation is dispatched first,
+    so the worker wakes while the values are written and takes the call's
+    computation without sleeping in between. A loop that waits only every
+    few calls finds it done once per wait: it is not woken there (see
+    WAKE_AFTER_IDLE)."""
+    with src.block("try:"):
+        with src.block(f"if not free or ready(free[-1][{SlotLayout.FENCE}]):"):
+            src.line("idle[0] += 1")
+            with src.block("if idle[0] >= WAKE_AFTER_IDLE:"):
+                src.line("wake()")
+        with src.block("else:"):
+            src.line("idle[0] = 0")
+    with src.block("except Exception:  # (a retired or deleted fence, a slot taken meanwhile: "
+                   "no wake)"):
+        src.line("pass")
 
 
 def _speculating_execute(run: Callable[[Any], Any], n_inputs: int) -> Callable[[Any], Any]:
@@ -496,55 +590,6 @@ def _speculating_execute(run: Callable[[Any], Any], n_inputs: int) -> Callable[[
     return execute
 
 
-# From this size a leaf is compared with what its slot holds before it is
-# written, and not written when equal. A compare costs about what a copy
-# does, but leaves the slot's cache lines clean: a copy leaves them dirty in
-# this core's cache, and the computation, on another thread, then reads them
-# from there. Below this size the copy measured cheaper, from it the compare
-# (docs/host-inputs.md). A new value usually differs in its first bytes,
-# where the compare stops: it then costs the copy and the compare's Python
-# (which WRITE_AFTER spares values that are new on every call).
-COMPARE_MIN_BYTES = 64 << 10
-# After this many calls in a row in which every compared leaf was unchanged,
-# a call writes the other leaves, runs the executable on the slot, and
-# compares while it runs. The runtime's worker thread, idle between calls,
-# waits a few microseconds for new work and then sleeps; waking it costs far
-# more than the compare (docs/host-inputs.md), so the call dispatches before
-# anything that grows with the array. A leaf that then differs costs that run
-# (its results are dropped, its outputs fence the slot, the call takes the
-# puts) and ends the streak.
-SPECULATE_AFTER = 4
-# After this many calls in a row with a compared leaf changed, leaves are
-# written without a compare (a compare that finds a difference still costs
-# its Python before the dispatch, which can be enough to let the worker
-# thread sleep), and compared again every PROBE_EVERY calls to notice
-# values that stay.
-WRITE_AFTER = 4
-PROBE_EVERY = 16
-
-
-# Bytes a call writes (every resident leaf together) from which, and below
-# which, it wakes the runtime's worker first (`_WAKE`). Below, the write is
-# shorter than the worker's wait for new work; from WAKE_MAX_BYTES the
-# computation's read of the freshly written bytes costs more than the wake.
-WAKE_MIN_BYTES = 16 << 10
-WAKE_MAX_BYTES = 1 << 20
-# Calls in a row that found the signature's last computation done before a
-# call wakes the worker. The wake saves the worker's wake-up latency only
-# where every call waits for it (a loop that blocks on each result); in a
-# loop that blocks every few steps, the first call after the wait would pay
-# for a second wake-up of the runtime's threads (on a busy machine, one more
-# chance to be preempted while they start) for a gain of one latency per wait.
-WAKE_AFTER_IDLE = 2
-# A signature that writes ROTATE_MIN_BYTES or more on every call (none of its
-# leaves compared, or new values on WRITE_AFTER calls in a row) keeps
-# ROTATE_SLOTS slots and writes the least recently used: the slot the last
-# call's computation read is still in the worker core's cache, and writing it
-# again first takes those lines back from there (docs/host-inputs.md).
-ROTATE_MIN_BYTES = 16 << 10
-ROTATE_SLOTS = 3
-_WAKE_LEAVES = 2048  # float32s summed: enough work that the runtime does not run it inline
-_wakers: dict[Any, Callable[[], Any] | None] = {}
 
 
 def nbjit_wake_worker(v: Any) -> Any:  # (so named in compile logs)

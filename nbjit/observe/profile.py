@@ -96,10 +96,9 @@ def timed_call(jitted: JitView, t0: int, fn: Callable, /, *args: Any) -> Any:
 # timed whole.
 TIMED = _flavours.add_flavour(_flavours.Flavour(
     "timed",
-    start="    t0 = clock()\n",
-    stamps=("    t_key = clock()\n", "    t_lookup = clock()\n", "    t_inputs = clock()\n",
-            "    t_execute = clock()\n"),
-    finish="    record_hit(self, t0, t_key, t_lookup, t_inputs, t_execute, clock())\n",
+    start="t0 = clock()",
+    stamps=("t_key = clock()", "t_lookup = clock()", "t_inputs = clock()", "t_execute = clock()"),
+    finish="record_hit(self, t0, t_key, t_lookup, t_inputs, t_execute, clock())",
     leave="timed_call(self, t0, {fn}, {args})",
     scope={"clock": _clock, "record_hit": record, "timed_call": timed_call}))
 

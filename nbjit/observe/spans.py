@@ -125,12 +125,10 @@ def slow_span(reason: str) -> Any:
 # phase, the phase a call leaves in closed before the path it takes.
 TRACED = _flavours.add_flavour(_flavours.Flavour(
     "traced",
-    start=f"    span = phase({KEY!r})\n",
-    stamps=(f"    span = next_phase(span, {LOOKUP!r})\n",
-            f"    span = next_phase(span, {INPUTS!r})\n",
-            f"    span = next_phase(span, {EXECUTE!r})\n",
-            f"    span = next_phase(span, {OUTPUTS!r})\n"),
-    finish="    span.__exit__(None, None, None)\n",
+    start=f"span = phase({KEY!r})",
+    stamps=(f"span = next_phase(span, {LOOKUP!r})", f"span = next_phase(span, {INPUTS!r})",
+            f"span = next_phase(span, {EXECUTE!r})", f"span = next_phase(span, {OUTPUTS!r})"),
+    finish="span.__exit__(None, None, None)",
     leave="leave_phase(span, {fn}, {args})",
     scope={"phase": phase, "next_phase": next_phase, "leave_phase": leave_phase}))
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
+from nbjit.core.codegen import Source
 from nbjit.core.inputs import plans as _plan
 from nbjit.core.inputs.platforms import DIRECT, HostTransfer, platform_of, strategy_for
 from nbjit.core.inputs.values import PYTHON_SCALAR_DTYPES, canonical_dtypes, host_dtype
@@ -47,19 +48,6 @@ FreshCallback = Callable[[], Callable[[], None] | None]
 # generated preparer (`nbjit.core.record`): a numpy array is transferred
 # right there ({put}: as its `HostTransfer` says); anything else (a scalar,
 # an awake memo) asks the step.
-_HOST_RESTING = """\
-    if type({x}) is ndarray and (step := H{i}).rest > 0:
-        step.rest -= 1
-        {x} = {put}
-    else:
-        {x} = V{i}({x})
-"""
-_HOST_NO_MEMO = """\
-    if type({x}) is ndarray:
-        {x} = {put}
-    else:
-        {x} = V{i}({x})
-"""
 
 
 class HostInput:
@@ -115,11 +103,11 @@ class HostInput:
     def apply(self, inputs: list) -> None:
         inputs[self.index] = self.value(inputs[self.index])
 
-    def inline(self, x: str, i: int) -> tuple[str, dict[str, Any]]:
-        """(source that applies this step to local `x` of a generated preparer, as
-        input `i`, and the names it reads): a numpy array's plain transfer inline
-        (while the memo rests, or with no memo), anything else through `value`."""
-        template = _HOST_RESTING if self.memo else _HOST_NO_MEMO
+    def inline(self, src: Source, x: str, i: int) -> dict[str, Any]:
+        """Adds to `src` the statements that apply this step to local `x` of a
+        generated preparer, as input `i`, and returns the names they read: a
+        numpy array's plain transfer inline (while the memo rests, or with no
+        memo), anything else through `value`."""
         names = {f"H{i}": self, f"A{i}": self.aval, f"S{i}": self.sharding, f"D{i}": self.devices,
                  f"V{i}": self.value, "ndarray": np.ndarray, "put": _device_put,
                  "COPY_DURING_CALL": COPY_DURING_CALL}
@@ -133,7 +121,15 @@ class HostInput:
         if semantics is not COPY_DURING_CALL:
             semantics_name, names[f"M{i}"] = f"M{i}", semantics
         put = f"put(A{i}, S{i}, [{staged}], D{i}, False, False, {semantics_name})"
-        return template.format(x=x, i=i, put=put), names
+        if self.memo:
+            with src.block(f"if type({x}) is ndarray and (step := H{i}).rest > 0:"):
+                src.lines(["step.rest -= 1", f"{x} = {put}"])
+        else:
+            with src.block(f"if type({x}) is ndarray:"):
+                src.line(f"{x} = {put}")
+        with src.block("else:"):
+            src.line(f"{x} = V{i}({x})")
+        return names
 
     def value(self, x: Any) -> Any:
         """The device array for host value `x` (see the class docstring).

@@ -1,0 +1,98 @@
+"""The one emitter of generated source (nbjit/core/codegen.py `Source`) and the
+one object that knows a resident slot's layout (nbjit/host/resident.py
+`SlotLayout`).
+
+Every generator builds its code from statements and nested blocks; only
+`Source` lays out indentation. tests/test_generated_code.py checks the code
+the generators build; this checks the emitter itself.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from nbjit.core.codegen import Source, run_source
+from nbjit.host.layout import LeafLayout, lay_out
+from nbjit.host.resident import ResidentSlots, SlotLayout
+
+
+def test_a_block_indents_what_it_holds_one_level_and_ends_with_the_with():
+    src = Source()
+    with src.block("def f(x):"):
+        with src.block("if x > 1:"):
+            with src.block("for i in range(x):"):
+                src.line("x += i")
+            src.line("return x")
+        src.line("return -x")
+    src.line("g = f")
+    assert src.text() == ("def f(x):\n"
+                          "    if x > 1:\n"
+                          "        for i in range(x):\n"
+                          "            x += i\n"
+                          "        return x\n"
+                          "    return -x\n"
+                          "g = f\n")
+    assert run_source(src.text(), "test f", {})["g"](3) == 6
+
+
+def test_a_block_left_by_an_exception_gives_its_depth_back():
+    src = Source()
+    with pytest.raises(RuntimeError), src.block("if x:"):
+        raise RuntimeError
+    src.line("y = 1")
+    assert src.text() == "if x:\ny = 1\n"
+
+
+def test_extend_nests_another_source_at_the_current_depth():
+    inner = Source()
+    with inner.block("try:"):
+        inner.line("a = b")
+    inner.line("c = a")
+    outer = Source()
+    with outer.block("def f(b):"):
+        outer.extend(inner).lines(["return c"])
+    assert outer.text() == "def f(b):\n    try:\n        a = b\n    c = a\n    return c\n"
+    assert not Source() and outer
+
+
+def test_statements_keep_their_own_text():
+    """A statement is written as given: comments, quotes and long lines stay."""
+    src = Source()
+    long = "x = (" + " + ".join(f"a{i}" for i in range(40)) + ")  # one line, whatever its length"
+    with src.block("if s == '    ':  # spaces inside a string are not indentation"):
+        src.line(long)
+    assert src.text().splitlines() == ["if s == '    ':  # spaces inside a string are not "
+                                       "indentation", "    " + long]
+
+
+def test_slot_layout_indices():
+    layout = SlotLayout(3)
+    assert [layout.array(j) for j in range(3)] == [1, 2, 3]
+    assert [layout.view(j) for j in range(3)] == [4, 5, 6]
+    assert [layout.address(j) for j in range(3)] == [7, 8, 9]
+    assert (SlotLayout.FENCE, SlotLayout.STAGING) == (0, -1)
+
+
+@pytest.mark.cpu_host_memory  # tests/conftest.py
+def test_a_pools_slots_are_laid_out_as_its_slot_layout_says():
+    """Each leaf's device array aliases its view, whose address the slot keeps;
+    the fence comes first, the staging buffer last and holds every view."""
+    shapes = [((3,), np.float32), ((2, 2), np.int32), ((), np.uint8)]
+    layouts = lay_out([LeafLayout(j, 0, shape, np.dtype(dtype), False, None)
+                       for j, (shape, dtype) in enumerate(shapes)])
+    device = jax.devices("cpu")[0]
+    pool = ResidentSlots(layouts, jax.sharding.SingleDeviceSharding(device), 0, 0)
+    slot = pool.new_slot()
+    assert slot is not None
+    layout = pool.slot_layout
+    assert len(slot) == 1 + 3 * len(layouts) + 1 and slot[layout.FENCE] is None
+    staging = slot[layout.STAGING]
+    arrays = layout.arrays(slot)
+    assert len(arrays) == 3 and all(a is slot[layout.array(j)] for j, a in enumerate(arrays))
+    for j, s in enumerate(layouts):
+        view, address = slot[layout.view(j)], slot[layout.address(j)]
+        assert view.shape == s.shape and view.dtype == s.dtype
+        assert view.ctypes.data == address == staging.ctypes.data + s.offset
+        assert slot[layout.array(j)].unsafe_buffer_pointer() == address
