@@ -309,7 +309,7 @@ def test_preparer_applies_steps_to_consts_and_kept_leaves(monkeypatch):
     expected = [*consts, leaves[0], leaves[2]]
     steps = {}
     for i, x in enumerate(expected):
-        step = _steps.step_for(i, x, target, False)
+        step = _steps.input_step(i, x, target, False)
         if step is not None:
             steps[i] = step
     assert [type(s).__name__ for s in steps.values()] == ["HostInput", "_Copy", "HostInput"]

@@ -30,7 +30,7 @@ from nbjit.core.inputs import plans as _plan
 from nbjit.core.inputs.platforms import DIRECT, HostTransfer, platform_of, strategy_for
 from nbjit.core.inputs.values import PYTHON_SCALAR_DTYPES, canonical_dtypes, host_dtype
 
-__all__ = ["SHARD_ARGS", "FreshCallback", "HostInput", "input_steps", "step_for"]
+__all__ = ["SHARD_ARGS", "FreshCallback", "HostInput", "input_step", "input_steps"]
 
 ArrayImpl = _jax.ArrayImpl
 _device_put = _jax.batched_device_put
@@ -229,7 +229,7 @@ class _ShardArgs:
             inputs[i] = value
 
 
-SHARD_ARGS = object()  # `step_for`'s answer: leave this input to `_ShardArgs`
+SHARD_ARGS = object()  # `input_step`'s answer: leave this input to `_ShardArgs`
 
 
 def _array_step(i: int, x: Any, sharding: Any) -> Any:
@@ -258,7 +258,7 @@ def _host_step(i: int, x: Any, sharding: Any, donated: bool,
     return SHARD_ARGS if plan is None else _Planned(i, dtype, plan)
 
 
-def step_for(i: int, x: Any, sharding: Any, donated: bool,
+def input_step(i: int, x: Any, sharding: Any, donated: bool,
              on_fresh: FreshCallback | None = None) -> Any:
     """The step for input `i` (None: none needed; `SHARD_ARGS`: JAX's `shard_args`).
 
@@ -282,7 +282,7 @@ def input_steps(inputs: Sequence[Any], shardings: Sequence[Any], donated: bool,
     its `HostInput` is built with."""
     steps, shard_args = {}, []
     for i, (x, sharding) in enumerate(zip(inputs, shardings, strict=True)):
-        step = step_for(i, x, sharding, donated, None if on_fresh is None else on_fresh.get(i))
+        step = input_step(i, x, sharding, donated, None if on_fresh is None else on_fresh.get(i))
         if step is SHARD_ARGS:
             shard_args.append(i)
         elif step is not None:
