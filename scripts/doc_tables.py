@@ -92,7 +92,7 @@ SMALL_CALLS = ["args_1", "args_2"]
 FRESH_HOST = ["numpy_args_2_new_values", "python_scalars_2_new_values", "workload_train_step",
               "workload_masked_train_step", "workload_optimizer_update", "workload_env_step",
               "workload_static_config", "workload_data_parallel_8_devices",
-              "workload_mnist_train_step"]
+              "workload_mnist_train_step", "workload_training_loop"]
 
 # The host-array rows (`f(params, x)`, x a float32 numpy array): (name suffix,
 # size as the docs say it), and (name infix, what the caller passes).
@@ -190,7 +190,8 @@ def costs_block(data: dict[str, Any]) -> str:
         first,
         f"Loops that pass new host values every call (a fresh batch, a fresh action; "
         f"{len(fresh)} rows of that run) took {lo:.2f}-{hi:.2f} times jax.jit's time per "
-        f"call: faster in {faster} (p90 below 1), slower in {slower} (p10 above 1), and "
+        f"call (the training loop's: per step): faster in {faster} (p90 below 1), "
+        f"slower in {slower} (p10 above 1), and "
         f"{len(swinging)} swing across 1.0 between runs{_swing_list(swinging)}. On the CPU "
         "such values are written into host memory that device arrays alias, with no "
         "transfer at all ([docs/host-inputs.md](docs/host-inputs.md)).",
