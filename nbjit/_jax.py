@@ -75,7 +75,7 @@ ExecuteResults = _jaxlib_ext.ExecuteResults
 # fast path finds it while computing the call's signature and JAX's path raises
 # RuntimeError ("Array has been deleted"). Before 0.11.2 only arrays deleted by
 # `.delete()` are found there; a donated one reaches the runtime, which rejects
-# it (INVALID_ARGUMENT, and a line logged on stderr), raised as ValueError.
+# it (INVALID_ARGUMENT, a line on stderr), raised as ValueError.
 RUNTIME_REJECTS_DONATED_INPUTS = JAXLIB_VERSION < (0, 11, 2)
 
 
@@ -90,10 +90,7 @@ def donated_input_rejected(error: BaseException, inputs: Sequence[Any]) -> bool:
     return bool(deleted) and not any(map(_deleted_by_delete, deleted))
 
 
-def _deleted_by_delete(x: Any) -> bool:
-    """A deleted array that `.delete()` deleted, not donation: jaxlib dropped its
-    runtime array (a donated one keeps it, with its buffers gone), so even its
-    size on the device cannot be read."""
+def _deleted_by_delete(x: Any) -> bool:  # by `.delete()`, not donation (that keeps it)
     try:
         x.on_device_size_in_bytes()
     except Exception:
@@ -101,23 +98,17 @@ def _deleted_by_delete(x: Any) -> bool:
     return False
 
 
-# Frees Python objects whose last reference was dropped off the GIL (jaxlib's
-# PjitFunction calls its "maybe" twin on every call; without it a hit-only loop
-# grows resident memory with every call; see docs/performance.md,
-# "Measured constants behind the code").
+# Frees what was dropped off the GIL, as jaxlib's PjitFunction does per call.
 collect_garbage = _jaxlib_ext.collect_garbage
 SingleDeviceSharding = jax.sharding.SingleDeviceSharding
 NamedSharding = jax.sharding.NamedSharding
 
-# The C++ tuple of every config value that enters a jit key (x64, default
-# device, matmul precision, ...). Cheap: one C++ call.
+# The C++ tuple of every config value that enters a jit key (one C++ call).
 trace_context = _config.trace_context
 enable_x64 = _config.enable_x64
 disable_jit = _config.disable_jit
 debug_nans = _config.debug_nans
-
-# Pytree flattening with the registry jit itself uses (so custom nodes agree).
-dispatch_registry = _tree_util.dispatch_registry
+dispatch_registry = _tree_util.dispatch_registry  # the registry jit flattens with
 flatten_for_dispatch = dispatch_registry.flatten
 # The types registered as pytree nodes through jax.tree_util (every public
 # register function records its type here as it registers it in the C++
@@ -128,7 +119,6 @@ pytree_registrations: dict = _tree_util._registry
 python_scalar_types = frozenset(_dtypes.python_scalar_types)
 REUSE_INPUT = _jaxlib_ext.ArrayCopySemantics.REUSE_INPUT
 HostBufferSemantics = _jaxlib_ext.HostBufferSemantics
-
 canonicalize_dtype = _dtypes.canonicalize_dtype
 ShapedArray = _core.ShapedArray
 Tracer = _core.Tracer
@@ -525,13 +515,13 @@ def kv_wait(client, key: str, timeout_ms: float) -> str | None:
 
 
 # --- packed host inputs: zero-copy puts, jaxprs, weak types, config states ---
+import jax.experimental.layout as _layout  # noqa: E402  (public)
 from jax._src.lax import lax as _lax_internal  # noqa: E402
 
-# The runtime uses a 64-byte-aligned host buffer in place (no copy).
-ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY
-# Host memory is copied while the transfer call runs: the result never aliases
-# the caller's array (zero copy would use a 64-byte-aligned array in place, so
-# writing into it after the call could change a result).
+ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY  # a host buffer used in place
+# Host memory is read while the transfer call runs, by contract (on an
+# accelerator the call waits for the transfer): the result never aliases the
+# caller's array, and a write after the call cannot change it.
 COPY_DURING_CALL = _jaxlib_ext.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
 _reads_during_call: list[bool] = []  # computed once, at the first question
 
@@ -558,6 +548,14 @@ def jax_path_reads_host_arrays_during_call() -> bool:
 transfer_guard_host_to_device = _config.transfer_guard_host_to_device
 # A ClosedJaxpr as a function of its flat inputs (its equations bound again).
 jaxpr_as_fun = _core.jaxpr_as_fun
+
+
+def parameter_layouts(executable) -> list:
+    """Each parameter's compiled layout (`Layout`) in a jaxlib executable."""
+    return [_layout.Layout.from_pjrt_layout(x) for x in executable.get_parameter_layouts()]
+
+
+with_layout_constraint = _layout.with_layout_constraint
 
 
 def with_weak_type(x, weak_type: bool):

@@ -10,11 +10,14 @@ where slots cannot be, `layout` is what those two share.
 
 On a device with memory of its own (an accelerator) host arrays are staged
 (the core's `Staged` transfer: a private copy, put zero copy); there the
-policy can pack a signature's changing host leaves into one staged buffer,
-one put per call (`HostStaged`). The packed program is other HLO than the
-original's, and on a TPU a reduction of a packed leaf came out one ulp away
-from jax.jit's: it is plugged in for "tpu" and "gpu" only on request
-(``NBJIT_PACK_ACCELERATOR=1`` in the environment, read at import).
+policy packs a signature's changing host leaves into one staged buffer, one
+put per call (`HostStaged`, plugged in for "tpu" and "gpu";
+``NBJIT_PACK_ACCELERATOR=0`` in the environment, read at import, leaves
+them staged leaf by leaf). The packed program is other HLO than the
+original's: each unpacked leaf is constrained to the layout the original
+executable compiled its parameter to, behind an optimization barrier, so
+that XLA reads it as the original reads its parameter (on a TPU, without
+the layout a packed reduction came out one ulp away from jax.jit's).
 
 Both are optimisations, plugged into the core's per-platform choice of an
 input strategy (`nbjit.core.inputs.platforms`) when this room is imported;
@@ -57,6 +60,6 @@ class HostStaged(_platforms.Staged):
 HOST_MEMORY = HostMemory()
 HOST_STAGED = HostStaged()
 _platforms.plug_in("cpu", HOST_MEMORY)
-if os.environ.get("NBJIT_PACK_ACCELERATOR", "0").strip().lower() in ("1", "true", "yes", "on"):
-    for _platform in ("tpu", "gpu"):  # (results may differ from jax.jit's in the last bit)
+if os.environ.get("NBJIT_PACK_ACCELERATOR", "1").strip().lower() not in ("0", "false", "no", "off"):
+    for _platform in ("tpu", "gpu"):
         _platforms.plug_in(_platform, HOST_STAGED)

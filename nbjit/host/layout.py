@@ -80,6 +80,10 @@ class Watched:
     # What resident slots hold (any host leaf up to `RESIDENT_MAX_BYTES` in all;
     # empty where the device's puts copy): packing's leaves and bigger ones.
     resident_layouts: tuple[LeafLayout, ...] = ()
+    # Where arrays are staged (an accelerator): the layout the original
+    # executable's parameter of each packed leaf was compiled to, in `layouts`'
+    # order (the packed program constrains each unpacked leaf to it).
+    input_layouts: tuple[Any, ...] = ()
 
 
 def lay_out(layouts: Sequence[LeafLayout]) -> list[LeafLayout]:

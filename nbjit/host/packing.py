@@ -100,15 +100,21 @@ def _packed_function(watched: Watched) -> Callable[..., Any]:
     """``g(packed, *other_leaves)``: the signature's jaxpr on the unpacked leaves."""
     layouts, n_leaves = watched.layouts, watched.n_leaves
     fun = _jax.jaxpr_as_fun(watched.jaxpr)
+    constraints = watched.input_layouts or (None,) * len(layouts)
 
     def g(packed: Any, *rest: Any) -> Any:
         values: list = [None] * n_leaves
         for layout in layouts:
             values[layout.leaf] = unpack(layout, packed)
-        # The barrier keeps the slices/bitcasts out of f's fusions: f's
-        # computation reads materialized inputs, as it reads parameters
-        # (a reduction fused with its producer may sum in another order).
-        unpacked = jax.lax.optimization_barrier([values[s.leaf] for s in layouts])
+        # Each unpacked leaf is laid out as the original program's parameter
+        # was (an accelerator tiles arrays; a leaf XLA were free to lay out
+        # otherwise could be reduced in another order), then the barrier keeps
+        # the slices/bitcasts out of f's fusions: f's computation reads
+        # materialized inputs, as it reads parameters (a reduction fused with
+        # its producer may sum in another order).
+        unpacked = [values[s.leaf] if c is None else _jax.with_layout_constraint(values[s.leaf], c)
+                    for s, c in zip(layouts, constraints, strict=True)]
+        unpacked = jax.lax.optimization_barrier(unpacked)
         for layout, value in zip(layouts, unpacked, strict=True):
             values[layout.leaf] = value
         it = iter(rest)

@@ -69,6 +69,8 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._common import align_up
+from nbjit.core.inputs.platforms import Staged, platform_of, strategy_for
+from nbjit.core.inputs.staging import immutable
 from nbjit.core.inputs.steps import HostInput
 from nbjit.core.record import FastPath, build_record
 from nbjit.core.view import JitInfo, info
@@ -87,6 +89,8 @@ TOTAL_MAX_BYTES = 256 << 10  # all packed leaves of a signature together
 # each is copied into staging anyway: packing costs no copy more and saves a
 # put per leaf, whatever the leaf's size, up to this in all.
 STAGED_PACK_MAX_BYTES = 16 << 20
+# A bigger leaf keeps its own put there, read during the call (not copied).
+STAGED_PACK_MAX_EACH = Staged.DIRECT_MIN_BYTES - 1
 # All resident leaves of a signature together (one slot's staging): any host
 # leaf bound for one device fits while the signature's total stays within.
 RESIDENT_MAX_BYTES = 16 << 20
@@ -408,9 +412,10 @@ def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: li
         return
     leaf_of = {h.index: h.index - n_consts if record.kept is None
                else record.kept[h.index - n_consts] for h in hosts}
-    staged = hosts[0].transfer.stage is not None  # (all of one device: one strategy)
-    if staged:
-        layouts = _layouts(hosts, leaf_of, leaves, STAGED_PACK_MAX_BYTES, STAGED_PACK_MAX_BYTES)
+    staged = isinstance(strategy_for(platform_of(sharding)), Staged)  # (one device: one strategy)
+    if staged:  # (an array no one can write is put in place, zero copy: never packed)
+        layouts = _layouts([h for h in hosts if not immutable(leaves[leaf_of[h.index]])],
+                           leaf_of, leaves, STAGED_PACK_MAX_EACH, STAGED_PACK_MAX_BYTES)
     else:
         layouts = _layouts(hosts, leaf_of, leaves, SLOT_MAX_BYTES, TOTAL_MAX_BYTES)
     # Slots (where a zero-copy put aliases host memory: the CPU) hold bigger
@@ -429,9 +434,15 @@ def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: li
             layouts = []  # (packing needs the jaxpr; slots do not)
             if not resident_layouts:
                 return
+    input_layouts: tuple = ()
+    if staged and layouts:  # (raises where the runtime cannot say: then nothing is armed)
+        compiled = _jax.parameter_layouts(fastpath.xla_executable)
+        index_of = {leaf: index for index, leaf in leaf_of.items()}
+        input_layouts = tuple(compiled[index_of[s.leaf]] for s in layouts)
     options = {k: v for k, v in jitted.options.items() if k in _PACKED_OPTIONS}
     watched = Watched(fastpath, jaxpr, tuple(layouts), len(leaves), sharding, options,
-                      jitted.name, host_counters(jitted.counters), tuple(resident_layouts))
+                      jitted.name, host_counters(jitted.counters), tuple(resident_layouts),
+                      input_layouts)
     laid_out = {s.leaf for s in (*layouts, *resident_layouts)}
     hosts_of = {h.index: h for h in hosts}
     # A leaf too big for a memo puts a copy of itself on every call, a new

@@ -25,7 +25,10 @@ transfer, and a put of the caller's array (what jax.jit does) reads it
 after the call returns, so a write right after the call can change the
 result. A `Staged` transfer copies the array into a private buffer of the
 step's `StagingRing` and puts that zero copy: the call returns while the
-transfer runs, and nothing the caller writes afterwards is read.
+transfer runs, and nothing the caller writes afterwards is read. An array
+no one can write is put in place (`staging.immutable`), and one of
+`Staged.DIRECT_MIN_BYTES` or more is read during the call (`DIRECT`),
+with no copy of ours.
 
 The table, `strategy_for(platform)`:
 
@@ -33,11 +36,9 @@ The table, `strategy_for(platform)`:
     resident slots, packing), plugged in when ``import nbjit`` imports
     that room (`plug_in`); the CPU's device memory is host memory, which
     the device can read in place. Without it, `DEFAULT`.
-  * every other platform: `STAGED`. Packing a signature's changing host
-    leaves into one staged put (`nbjit.host.HostStaged`) is plugged in for
-    "tpu" and "gpu" only on request (``NBJIT_PACK_ACCELERATOR=1``): its
-    program is other HLO than the original, and on a TPU a reduction of a
-    packed leaf came out one ulp away from jax.jit's.
+  * every other platform: `STAGED`; for "tpu" and "gpu" the host room
+    plugs in packing a signature's changing host leaves into one staged put
+    (`nbjit.host.HostStaged`; ``NBJIT_PACK_ACCELERATOR=0`` leaves it out).
 
 A record's host inputs take the strategy of their sharding's platform
 (`platform_of`); a miss's `on_miss` is that of its executable's first input.
@@ -104,9 +105,18 @@ class Staged(InputStrategy):
 
     name = "staged"
     RING_CAP = 8  # buffers per step: calls whose transfers are in flight each hold one
+    # From this size a leaf is not copied by us: its put reads the caller's
+    # array during the call (`DIRECT`), which there waits for the transfer.
+    # For such a leaf that wait costs less than a private copy and the
+    # runtime's own read of it, and no ring of copies that size is kept
+    # (docs/host-inputs.md, "Accelerators").
+    DIRECT_MIN_BYTES = 8 << 20
 
     def host_transfer(self, aval: Any, sharding: Any) -> HostTransfer:
-        ring = StagingRing(tuple(aval.shape), np.dtype(aval.dtype), self.RING_CAP)
+        dtype = np.dtype(aval.dtype)
+        if int(np.prod(aval.shape, dtype=np.int64)) * dtype.itemsize >= self.DIRECT_MIN_BYTES:
+            return DIRECT
+        ring = StagingRing(tuple(aval.shape), dtype, self.RING_CAP)
         return HostTransfer(_jax.ZERO_COPY, ring.stage)
 
 
