@@ -2,14 +2,13 @@
 
 There a numpy input is copied into a private staging buffer and put zero
 copy (`nbjit.core.inputs.platforms.Staged`: each `HostInput` its own
-`StagingRing`), and JAX's own path copies every numpy array. On request
-(``NBJIT_PACK_ACCELERATOR=1``) a signature's changing host leaves are packed
-into one staged put (`nbjit.host.HostStaged` and `nbjit.host.packing`,
-uint32 words). The staged tests run on the default backend (on the CPU with
-the accelerator's strategy plugged in for "cpu"); the packed ones on the
-CPU device, where packing's results equal jax.jit's bit for bit (on a TPU a
-packed reduction came out one ulp away, hence off by default there). Every
-output is compared with jax.jit's.
+`StagingRing`), unless no one can write it (`staging.immutable`: then it is
+put in place), and JAX's own path copies every numpy array. A signature's
+changing host leaves are packed into one staged put (`nbjit.host.HostStaged`
+and `nbjit.host.packing`, uint32 words; ``NBJIT_PACK_ACCELERATOR=0`` leaves
+them staged leaf by leaf). The tests run on the default backend: the
+accelerator's own strategies there, plugged in for "cpu" on the CPU. Every
+output is compared with jax.jit's, bit for bit.
 """
 
 from __future__ import annotations
@@ -33,19 +32,19 @@ from nbjit.host import policy as _policy
 
 @pytest.fixture
 def staged(monkeypatch):
-    """The accelerator's transfer: its own where JAX's default backend is one,
-    plugged in for the CPU otherwise."""
-    if jax.default_backend() == "cpu":
-        monkeypatch.setitem(_platforms._plugged, "cpu", _platforms.STAGED)
-    assert _platforms.strategy_for(jax.devices()[0].platform) is _platforms.STAGED
+    """The accelerator's transfer, leaf by leaf (no packing): its own where
+    JAX's default backend is one, plugged in for the CPU otherwise."""
+    monkeypatch.setitem(_platforms._plugged, jax.devices()[0].platform, _platforms.STAGED)
 
 
 @pytest.fixture
 def packed(monkeypatch):
-    """The accelerator's packing strategy (opt-in there), run on the CPU device."""
-    monkeypatch.setitem(_platforms._plugged, "cpu", host.HOST_STAGED)
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+    """The accelerator's packing strategy: its own where JAX's default backend
+    is one (the default there), plugged in for the CPU otherwise."""
+    platform = jax.devices()[0].platform
+    if platform == "cpu":
+        monkeypatch.setitem(_platforms._plugged, "cpu", host.HOST_STAGED)
+    assert _platforms.strategy_for(platform) is host.HOST_STAGED
 
 
 def _rings(f, *args):
@@ -144,9 +143,9 @@ def test_jax_path_copies_every_numpy_array_on_an_accelerator(monkeypatch):
 def test_packed_results_equal_jax_jits_bit_for_bit(packed):
     """The packed program is other HLO than the original (its inputs are
     slices of one buffer): where XLA could reorder a reduction, a dot or a
-    fused chain, its results must still equal jax.jit's bit for bit (on the
-    CPU; not so on a TPU, where `jnp.sum` of a packed leaf came out one ulp
-    away: packing is off there unless asked for)."""
+    fused chain, its results must still equal jax.jit's bit for bit. (On a
+    TPU, without each leaf constrained to its original parameter's layout,
+    `jnp.sum` and `jnp.std` of a packed leaf came out one ulp away.)"""
     def fn(x, w, b, y):
         h = jnp.tanh(x @ w + b)
         logits = jax.nn.log_softmax(h)
@@ -157,7 +156,7 @@ def test_packed_results_equal_jax_jits_bit_for_bit(packed):
 
     f, g = nbjit.jit(fn), jax.jit(fn)
     rng = np.random.default_rng(4)
-    for i in range(3 * _policy.PACK_AFTER):
+    for i in range(8 * _policy.PACK_AFTER):  # 40 draws once packed
         if i == 2 * _policy.PACK_AFTER:
             assert _packing.wait(120)
         args = (rng.standard_normal((32, 16)).astype(np.float32),
@@ -167,3 +166,81 @@ def test_packed_results_equal_jax_jits_bit_for_bit(packed):
         assert_same_outputs(f(*args), g(*args))
     node, _ = f._entry_for(args, {})
     assert node.plan.stage is _policy.Stage.PACKED
+
+
+def _read_only(x):
+    x.flags.writeable = False
+    return x
+
+
+def test_only_memory_no_one_can_write_is_immutable():
+    owned = _read_only(np.arange(8, dtype=np.float32))
+    assert _staging.immutable(owned)
+    assert _staging.immutable(_read_only(owned[2:].reshape(2, 3)))  # a view of it, read-only too
+    assert _staging.immutable(np.frombuffer(b"\x00" * 32, np.float32))
+    writeable = np.arange(8, dtype=np.float32)
+    assert not _staging.immutable(writeable)
+    assert not _staging.immutable(_read_only(writeable[:4]))  # its base can still be written
+    assert not _staging.immutable(np.frombuffer(bytearray(32), np.float32))
+    assert not _staging.immutable(_read_only(np.frombuffer(bytearray(32), np.float32)))
+    assert not _staging.immutable(3.0)
+
+
+def test_an_array_no_one_can_write_is_put_in_place(staged):
+    """No copy for an array no write can reach (the zero-copy way, documented
+    in docs/host-inputs.md); a read-only view of a writeable array is still
+    copied, and a write to its base right after the call changes nothing."""
+    fn = lambda a: jnp.sum(jnp.sin(a) * 2.0)  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    x = _read_only(np.linspace(0, 1, 4096, dtype=np.float32))
+    assert_same_outputs(f(x), g(x))
+    (ring,) = _rings(f, x)
+    assert ring.stage(x) is x
+    base = np.full(4096, 1.0, np.float32)
+    want = g(base.copy())
+    for _ in range(5):
+        view = _read_only(base[:])
+        staged_view = ring.stage(view)
+        assert staged_view is not view and not np.shares_memory(staged_view, base)
+        out = f(view)
+        base[:] = 5.0
+        assert_same_outputs(out, want)
+        base[:] = 1.0
+    wide = _read_only(np.linspace(0, 1, 4096))  # float64, x64 off: converted, so copied
+    assert ring.stage(wide) is not wide
+    assert_same_outputs(f(wide), g(wide))
+
+
+def test_a_read_only_leaf_is_never_packed(packed):
+    fn = lambda a, b, c: (a * 2 + jnp.sum(b), c - 1)  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    frozen = _read_only(np.linspace(0, 1, 1024, dtype=np.float32))
+    for i in range(3 * _policy.PACK_AFTER):
+        if i == 2 * _policy.PACK_AFTER:
+            assert _packing.wait(120)
+        args = (frozen, np.full(16, i, np.float32), np.full(4, i, np.int32))
+        assert_same_outputs(f(*args), g(*args))
+    node, _ = f._entry_for(args, {})
+    assert node.plan.stage is _policy.Stage.PACKED
+    assert sorted(s.leaf for s in node.plan.watched.layouts) == [1, 2]
+
+
+def test_a_big_leaf_is_read_during_the_call_not_copied(staged):
+    """From `Staged.DIRECT_MIN_BYTES` a leaf's put reads the caller's array
+    during the call (no private copy, no ring of that size); a write right
+    after the call changes nothing."""
+    n = _platforms.Staged.DIRECT_MIN_BYTES // 4
+    small = _jax.ShapedArray((n - 1,), np.float32)
+    big = _jax.ShapedArray((n,), np.float32)
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    assert _platforms.STAGED.host_transfer(small, sharding).stage is not None
+    assert _platforms.STAGED.host_transfer(big, sharding) is _platforms.DIRECT
+    fn = lambda a: jnp.sum(a[::4096] * 2.0)  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    want = g(np.full(n, 1.0, np.float32))
+    for _ in range(3):
+        x = np.full(n, 1.0, np.float32)
+        out = f(x)
+        x[:] = 5.0
+        assert_same_outputs(out, want)
+    assert [h.transfer for h in steps_of(f, x)["HostInput"]] == [_platforms.DIRECT]

@@ -24,7 +24,8 @@ import numpy as np
 from nbjit._common import ALIGN, align_up
 
 __all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "HostStaging", "StagingRing",
-           "clear_staging_pool", "copy_parts", "host_staging_size", "kernels_or_background",
+           "clear_staging_pool", "copy_parts", "host_staging_size", "immutable",
+           "kernels_or_background",
            "load_kernels", "parallel_copy", "split_copy",
            "staging_buffer", "staging_pool_size"]
 
@@ -412,6 +413,22 @@ def staging_pool_size() -> int:
     return sum(len(b) for b in _pool.values())
 
 
+def immutable(x: Any) -> bool:
+    """Whether `x`'s memory is a numpy array's that no one can write: `x` and
+    every array down its base chain not writeable, the last one owning its
+    memory (or a `bytes` object owning it). Such an array needs no private
+    copy: a write to it raises (one that turns its flag back on first is
+    the caller's own act). A view of a writeable array, or of any other
+    buffer (a bytearray, an mmap, ...), is not."""
+    while type(x) is np.ndarray:
+        if x.flags.writeable:
+            return False
+        if x.base is None:
+            return True
+        x = x.base
+    return type(x) is bytes
+
+
 class StagingRing:
     """Private copies of one host leaf, for zero-copy puts to a device with
     memory of its own (an accelerator).
@@ -458,7 +475,10 @@ class StagingRing:
 
     def stage(self, x: Any) -> np.ndarray:
         """A private buffer holding `x` converted to the ring's dtype (numpy's
-        ``astype`` conversion, as jaxlib's own of a host array)."""
+        ``astype`` conversion, as jaxlib's own of a host array); `x` itself
+        where nothing can write it (`immutable`) and it needs no conversion."""
+        if not x.flags.writeable and x.dtype == self.dtype and immutable(x):
+            return x
         free = self.free
         buffer = None
         for _ in range(len(free)):
