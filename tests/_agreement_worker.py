@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _env import child_env
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("agree", "differ", "late", "after", "never")
 LATE_S = 3.0
@@ -150,16 +152,12 @@ def _free_port() -> int:
 def worker_env(devices: int, timeout_s: float) -> dict[str, str]:
     """The environment of a worker process: `devices` CPU devices, the agreement
     timeout, and the nbjit under test (this checkout) first on its path."""
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split()
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
-    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
-    env["JAX_PLATFORMS"] = "cpu"
-    env["NBJIT_AGREEMENT_TIMEOUT"] = str(timeout_s)
-    env.pop("NBJIT_CHECK_AGREEMENT", None)
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return env
+    return child_env(
+        drop=("NBJIT_CHECK_AGREEMENT", "JAX_NUM_CPU_DEVICES"), JAX_PLATFORMS="cpu",
+        XLA_FLAGS=" ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]),
+        NBJIT_AGREEMENT_TIMEOUT=str(timeout_s))
 
 
 def run_scenario(n: int, scenario: str, *, seed: int = 0, timeout_s: float = 60.0,

@@ -14,12 +14,12 @@ import sys
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _env import child_env
 
 import nbjit
 from nbjit import _jax
@@ -28,8 +28,6 @@ from nbjit.multiprocess import agreement as _agreement
 from nbjit.multiprocess import exchange as _exchange
 from nbjit.multiprocess.signature import MASK64, Memo
 from nbjit.multiprocess.simulate import CountingStore
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class FakeStore(CountingStore):
@@ -270,9 +268,8 @@ print(json.dumps([info.name, info.key, sig.key, sig.entries]))
 
 
 def _signature_in_subprocess(seed: str, rows: int = 8) -> list:
-    env = dict(os.environ, PYTHONHASHSEED=seed, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env = child_env(PYTHONHASHSEED=seed, JAX_PLATFORMS="cpu",
+                    XLA_FLAGS="--xla_force_host_platform_device_count=8")
     out = subprocess.run([sys.executable, "-c", _SIGNATURE_SCRIPT, str(rows)], env=env,
                          capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -368,9 +365,7 @@ def test_run_check_agreement_switches_host_values_on(tmp_path):
                       "from nbjit.observe import report as _report\n"
                       "print(_agreement.configure()['check_host_values'])\n"
                       "print(_report.build(None)['process'])\n")
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path)
-    env.pop("NBJIT_CHECK_AGREEMENT", None)
+    env = child_env(drop=("NBJIT_CHECK_AGREEMENT",))
     outputs = []
     for flags in ([], ["--check-agreement"]):
         out = subprocess.run([sys.executable, "-m", "nbjit", "run", "--no-report", *flags,

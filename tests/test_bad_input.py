@@ -195,7 +195,8 @@ def test_array_donated_twice_across_calls():
     assert_same_outputs(nb(a_nb), jx(a_jx))  # a hit that donates
     assert a_nb.is_deleted() == a_jx.is_deleted()
     if a_jx.is_deleted():
-        e = _same_error(lambda: nb(a_nb), lambda: jx(a_jx), match="deleted|donat")
+        # jaxlib 0.10.2 on a TPU: "... Donation requested for invalid buffer"
+        e = _same_error(lambda: nb(a_nb), lambda: jx(a_jx), match="(?i)deleted|donat")
         # jaxlib < 0.11.2: the runtime rejects the donated buffer (INVALID_ARGUMENT)
         assert type(e) is (ValueError if _jax.RUNTIME_REJECTS_DONATED_INPUTS else RuntimeError)
     else:  # a backend without donation: both keep the array

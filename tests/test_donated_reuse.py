@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+from _env import child_env
 
 from nbjit import _jax
 
@@ -47,7 +48,7 @@ SCRIPT = textwrap.dedent("""\
 
 def _run(jit: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", SCRIPT, jit], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=child_env())
 
 
 @pytest.mark.parametrize("jit", ["jax", "nbjit"])

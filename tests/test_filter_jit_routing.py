@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from _env import child_env
 
 eqx = pytest.importorskip("equinox", reason="routing filter_jit needs equinox (nbjit[equinox])")
 
@@ -18,7 +17,6 @@ import jax.numpy as jnp  # noqa: E402
 
 import nbjit  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 EQUINOX_FILTER_JIT = eqx.filter_jit
 
 
@@ -64,8 +62,7 @@ SCRIPT = textwrap.dedent("""\
 @pytest.mark.parametrize("switch", [[], ["--no-filter-jit"]], ids=["routed", "left"])
 def test_run_reports_filter_jit_functions(tmp_path, switch):
     (tmp_path / "train.py").write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
+    env = child_env(drop=("XLA_FLAGS",))
     out = subprocess.run([sys.executable, "-m", "nbjit", "run", *switch, "--json", "r.json",
                           "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=600)
@@ -96,6 +93,6 @@ def test_an_unsupported_equinox_keeps_its_own_filter_jit():
               any("equinox.filter_jit left as it is" in str(w.message) for w in caught))
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          timeout=120, env=child_env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "2.0", "True"]

@@ -13,6 +13,7 @@ import functools
 import gc
 import itertools
 import pickle
+import re
 import types
 import weakref
 from typing import NamedTuple
@@ -295,11 +296,17 @@ def test_donation_deletes_and_second_use_raises():
     a, b = jnp.ones(3), jnp.ones(3)
     f_nb(a), f_jax(b)
     # `a` was donated: deleted (before jaxlib 0.11.2 the runtime rejects it: ValueError)
-    error = ValueError if _jax.RUNTIME_REJECTS_DONATED_INPUTS else RuntimeError
-    e_nb = pytest.raises(error, f_nb, a).value
-    e_jax = pytest.raises(error, f_jax, b).value
-    assert type(e_nb) is type(e_jax) and ("deleted" in str(e_nb) or "donat" in str(e_nb))
+    e_nb, e_jax = assert_same_exception(lambda: f_nb(a), lambda: f_jax(b))
+    assert isinstance(e_nb, ValueError if _jax.RUNTIME_REJECTS_DONATED_INPUTS else RuntimeError)
+    # jax.jit's words, whichever the runtime's: "Array has been deleted", or on a
+    # TPU with jaxlib 0.10.2 "... Donation requested for invalid buffer"
+    assert _no_addresses(str(e_nb)) == _no_addresses(str(e_jax))
+    assert re.search("deleted|donat", str(e_nb), re.IGNORECASE), str(e_nb)
     assert f_nb(jnp.ones(3)).shape == (3,)  # and the entry still works
+
+
+def _no_addresses(message: str) -> str:
+    return re.sub(r"0x[0-9a-f]+", "0x?", message)
 
 
 def _aligned_arange(n, misalign):
@@ -314,17 +321,20 @@ def _aligned_arange(n, misalign):
 
 @pytest.mark.parametrize("misalign", [0, 16])
 def test_donated_numpy_input_mutated_after_identity_call(misalign):
-    results = []
-    for f in both(lambda x: x, donate_argnums=0):
-        outs = []
-        for _ in range(3):  # miss, then hits
-            x = _aligned_arange(4, misalign)
-            out = f(x)
-            x[:] = -1
-            outs.append(np.asarray(out))
-        results.append(outs)
-    np.testing.assert_array_equal(results[0], results[1])
-    np.testing.assert_array_equal(results[0], [np.arange(4, dtype=np.float32)] * 3)
+    """A write to the numpy input right after the call does not reach nbjit's
+    result: it is the value at the call. jax.jit's reference gets an array no
+    one writes to, since its own result can show the write (on the CPU it may
+    use an aligned array in place; on a TPU its transfer reads the array after
+    the call returns)."""
+    f_nb, f_jax = both(lambda x: x, donate_argnums=0)
+    for _ in range(3):  # miss, then hits
+        x = _aligned_arange(4, misalign)
+        at_call = x.copy()
+        out = f_nb(x)
+        x[:] = -1
+        assert_same_outputs(out, f_jax(_aligned_arange(4, misalign)))
+        np.testing.assert_array_equal(np.asarray(out), at_call)
+    assert f_nb.miss_count == 1
 
 
 # ---------------------------------------------------------------------------

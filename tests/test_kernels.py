@@ -1,7 +1,6 @@
 """nbjit._kernels: signature keys, index domains, replicas, strided gather."""
 
 import itertools
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from _env import child_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
@@ -40,14 +40,14 @@ def test_kernels_module_does_not_import_jax(tmp_path):
         "print(sorted(n for n in sys.modules if n == 'jax' or n.startswith('jax.')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+                         check=True, env=child_env())
     assert out.stdout.strip() == "[]"
 
 
 def test_importing_nbjit_sharding_does_not_import_numba():
     code = "import sys, nbjit.sharding; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+                         check=True, env=child_env())
     assert out.stdout.strip() == "False"
 
 
@@ -260,8 +260,7 @@ def test_a_first_sharded_put_loads_no_numba():
         "    time.sleep(0.05)\n"
         "assert np.array_equal(np.asarray(nbjit.device_put(y, s)), x)\n"
         "print('numba' in sys.modules)\n")
-    env = {**os.environ,
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = child_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=False)
     assert out.returncode == 0, out.stderr

@@ -1,9 +1,9 @@
 """The docs notebooks run end to end (nbclient), so they can never go stale."""
 
-import os
 import pathlib
 
 import pytest
+from _env import python_path
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 NOTEBOOKS = sorted(DOCS.glob("*.ipynb"))
@@ -16,9 +16,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed (test extra)")
     pytest.importorskip("ipykernel", reason="ipykernel is not installed (test extra)")
     pytest.importorskip("matplotlib", reason="the notebook plots (bench extra)")
-    root = str(DOCS.parent)  # the kernel imports this checkout's nbjit
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PYTHONPATH", python_path())  # the kernel imports this checkout's nbjit
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend: figures
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",

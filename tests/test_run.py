@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from _env import child_env
 
 from nbjit.routing import run as _run
 
@@ -46,8 +47,7 @@ SCRIPT = textwrap.dedent("""\
 
 
 def _nbjit_run(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
+    env = child_env(drop=("XLA_FLAGS",))
     return subprocess.run([sys.executable, "-m", "nbjit", "run", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT)
 
@@ -91,7 +91,7 @@ def test_run_script_exit_code_and_traceback(project):
     reported = _nbjit_run("app/script.py", "--fail", cwd=project)
     assert reported.returncode == 1 and "nbjit run: dispatch report" in reported.stderr
     plain = subprocess.run([sys.executable, "app/script.py", "--fail"], cwd=project,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           env=child_env(),
                            capture_output=True, text=True, timeout=TIMEOUT)
     assert plain.returncode == 1
     # The traceback starts at the script's first frame, as Python prints it.
@@ -129,8 +129,7 @@ def _console_script() -> str:
 def test_the_console_script_runs_a_module_as_python_m_does(project):
     """`nbjit run -m pkg.tool` from the folder holding `pkg` (the current folder
     first on sys.path, as `python -m`), through the real entry point."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
+    env = child_env(drop=("XLA_FLAGS",))
     run = subprocess.run([_console_script(), "run", "-m", "pkg.tool", "--opt", "v"],
                          cwd=project, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert run.returncode == 0, run.stderr
@@ -151,8 +150,7 @@ def test_the_console_script_runs_a_module_as_python_m_does(project):
 
 
 def test_the_console_script_runs_a_script_with_its_folder_first(project):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
+    env = child_env(drop=("XLA_FLAGS",))
     run = subprocess.run([_console_script(), "run", "app/script.py"], cwd=project, env=env,
                          capture_output=True, text=True, timeout=TIMEOUT)
     assert run.returncode == 0, run.stderr
@@ -327,8 +325,7 @@ IMPORTS_SCRIPT = textwrap.dedent("""\
 
 
 def _plain(script: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
+    env = child_env(drop=("XLA_FLAGS",))
     return subprocess.run([sys.executable, script], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=TIMEOUT)
 
@@ -419,8 +416,7 @@ def test_report_keeps_calls_inside_other_traces_apart(tmp_path):
     library.mkdir(parents=True)
     (library / "fakelib.py").write_text(LIBRARY)
     (tmp_path / "train.py").write_text(TRACED_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(library)])}
-    env.pop("XLA_FLAGS", None)
+    env = child_env(library, drop=("XLA_FLAGS",))
     out = subprocess.run([sys.executable, "-m", "nbjit", "run", "--json", "report.json",
                           "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=TIMEOUT)
@@ -490,8 +486,7 @@ def test_the_console_script_runs_as_python_m_nbjit(tmp_path):
     (tmp_path / "bin").mkdir()
     entry = tmp_path / "bin" / "nbjit"
     entry.write_text("import sys\nfrom nbjit.__main__ import main\nsys.exit(main())\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
+    env = child_env(drop=("XLA_FLAGS",))
     run = subprocess.run([sys.executable, str(entry), "run", "imports.py"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
     plain = _plain("imports.py", tmp_path)
@@ -509,7 +504,7 @@ def test_a_deferred_package_loads_its_names_on_first_use():
             "from nbjit import jit; print('jax' in sys.modules, jit is nbjit.jit,"
             " callable(nbjit.stats))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          timeout=TIMEOUT, env=child_env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["False", "True True True"]
 
@@ -532,7 +527,7 @@ def test_run_after_jax_was_imported_gets_every_room(tmp_path):
             "from nbjit.__main__ import main\n"
             "sys.exit(main(['run', '--no-report', 's.py']))\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          text=True, timeout=TIMEOUT, env=child_env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["nbjit.core.dispatch", "3", "0"]
 
@@ -559,6 +554,6 @@ def test_a_deferred_package_loads_once_for_threads_that_race_to_it():
     """)
     for _ in range(3):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              timeout=TIMEOUT, env=child_env())
         assert done.returncode == 0, done.stderr
         assert done.stdout.split("\n")[0] == "8 []", done.stdout

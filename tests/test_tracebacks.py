@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _diff import chain_of, nbjit_frames
+from _env import child_env
 
 import nbjit
 
@@ -303,7 +304,7 @@ def _printed(text):
 
 def _run(script, *args):
     run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                         timeout=300, env=child_env(PYTHONWARNINGS="ignore"))
     return run
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _env import child_env
 
 from nbjit import __main__ as cli
 from nbjit import bench
@@ -341,7 +342,7 @@ def test_user_compare_refuses_different_outputs(monkeypatch):
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="host devices are a CPU thing")
 def test_python_m_nbjit_gets_8_devices(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_env(drop=("XLA_FLAGS",))
     out = subprocess.run(
         [sys.executable, "-m", "nbjit", "compare", "--quick", "--only", "numpy_sharded",
          "--no-progress", "--rounds", "2", "--json", str(tmp_path / "c.json")],
@@ -485,7 +486,7 @@ def test_the_dispatcher_never_imports_the_bench_package():
             "assert nbjit.compare.__module__ == 'nbjit.bench.user'\n"
             "assert nbjit.CompareResult.__module__ == 'nbjit.bench.user'\n"
             "assert 'nbjit.bench' in sys.modules\n")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=child_env())
 
 
 def test_settle_brings_fresh_host_inputs_to_their_steady_state():

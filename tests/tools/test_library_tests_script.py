@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import pytest
+from _env import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "library_tests.sh"
@@ -56,8 +57,7 @@ def _conftest_source() -> str:
 def _run_pytest(tmp_path: pathlib.Path, mode: str) -> subprocess.CompletedProcess:
     (tmp_path / "conftest.py").write_text(_conftest_source())
     (tmp_path / "test_routed.py").write_text(TEST_MODULE)
-    env = dict(os.environ, NBJIT_LIBRARY_TESTS_MODE=mode,
-               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = child_env(NBJIT_LIBRARY_TESTS_MODE=mode)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-o", "addopts=", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
