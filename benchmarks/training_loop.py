@@ -1,9 +1,9 @@
 """A training loop with a new numpy batch each step: nbjit.jit against jax.jit.
 
     python benchmarks/training_loop.py [--batches 128 1024] [--rounds 9] [--steps 100]
-                                       [--json FILE]
+                                       [--widths 512] [--json FILE]
 
-An MLP 784-512-512-10 with plain SGD; each step takes a new (x, y) numpy
+An MLP 784-W-W-10 (W: each of --widths, 512 by default) with plain SGD; each step takes a new (x, y) numpy
 batch from a pool of 8 (as a loader hands them out) and nothing blocks until
 the end of a round. The two functions run in alternating rounds in one
 process; per batch size it prints the per-step ratio nbjit / jax.jit (median
@@ -36,7 +36,7 @@ import nbjit
 from nbjit.host import packing
 
 
-def init(key, sizes=(784, 512, 512, 10)):
+def init(key, sizes):
     params = []
     for m, n in zip(sizes[:-1], sizes[1:], strict=True):
         key, k = jax.random.split(key)
@@ -58,11 +58,11 @@ def step(params, x, y):
     return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), loss
 
 
-def loop(batch: int, rounds: int, steps: int) -> dict:
+def loop(batch: int, rounds: int, steps: int, width: int = 512) -> dict:
     rng = np.random.default_rng(0)
     pool = [(rng.standard_normal((batch, 784), np.float32),
              rng.integers(0, 10, batch).astype(np.int32)) for _ in range(8)]
-    params0 = init(jax.random.PRNGKey(0))
+    params0 = init(jax.random.PRNGKey(0), (784, width, width, 10))
     fs = {"jax.jit": jax.jit(step), "nbjit": nbjit.jit(step)}
 
     def run(f, n):
@@ -98,6 +98,7 @@ def loop(batch: int, rounds: int, steps: int) -> dict:
                  if line.startswith("host inputs")]
     return {
         "batch": batch,
+        "width": width,
         "jax_step_us": round(float(np.median(per["jax.jit"])) * 1e6, 1),
         "nbjit_step_us": round(float(np.median(per["nbjit"])) * 1e6, 1),
         "step_ratio": round(float(np.median(ratio)), 3),
@@ -136,15 +137,18 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[128, 1024])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--widths", type=int, nargs="+", default=[512],
+                        help="hidden widths (4096 makes the step device-bound on a TPU v5e)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     device = jax.devices()[0]
     out = {"jax": jax.__version__, "device": f"{device.platform} {device.device_kind}",
            "loops": [], "writes_after_the_call": None}
-    for batch in args.batches:
-        row = loop(batch, args.rounds, args.steps)
-        out["loops"].append(row)
-        print(json.dumps(row), flush=True)
+    for width in args.widths:
+        for batch in args.batches:
+            row = loop(batch, args.rounds, args.steps, width)
+            out["loops"].append(row)
+            print(json.dumps(row), flush=True)
     out["writes_after_the_call"] = writes_after_the_call()
     print(json.dumps(out["writes_after_the_call"]), flush=True)
     if args.json:
