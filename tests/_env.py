@@ -32,5 +32,9 @@ def child_env(*paths: str | os.PathLike, drop: tuple[str, ...] = (),
     for name in drop:
         env.pop(name, None)
     env["PYTHONPATH"] = python_path(*paths)
+    # A TPU machine's jax warns at import (cloud_tpu_init: transparent hugepages)
+    # on stderr, before anything nbjit prints there: the tests read nbjit's.
+    quiet = "ignore::UserWarning:jax._src.cloud_tpu_init"
+    env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), quiet) if w)
     env.update(variables)
     return env
