@@ -18,6 +18,7 @@ import types
 import weakref
 from typing import NamedTuple
 
+import _devices
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -343,9 +344,8 @@ def test_donated_numpy_input_mutated_after_identity_call(misalign):
 
 @pytest.fixture(scope="module")
 def mesh():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 host devices")
-    return jax.make_mesh((4, 2), ("x", "y"))
+    """(4, 2) on the session's 8 devices, (1, 1) on one (tests/_devices.py)."""
+    return _devices.mesh(2)
 
 
 def test_in_out_shardings_named(mesh):
@@ -368,7 +368,7 @@ def test_sharded_jax_array_inputs(mesh):
     check(mul, x, y)
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("an input on a second device")
 @pytest.mark.parametrize("committed", [True, False])
 def test_single_device_input_on_another_device(committed):
     dev = jax.devices()[3]
@@ -379,7 +379,7 @@ def test_single_device_input_on_another_device(committed):
     check(add_one, x)
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("inputs committed to two devices")
 def test_committed_inputs_on_two_devices_raise_like_upstream():
     x = jax.device_put(jnp.ones(2), jax.devices()[0])
     y = jax.device_put(jnp.ones(2), jax.devices()[1])
@@ -387,13 +387,13 @@ def test_committed_inputs_on_two_devices_raise_like_upstream():
     assert_same_exception(f_nb, f_jax, x, y)
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("an input committed to a second device")
 def test_uncommitted_input_moves_to_committed_ones_device():
     x = jax.device_put(jnp.ones(2), jax.devices()[2])
     check(mul, x, jnp.arange(2.0))
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("a second default device")
 def test_default_device_context_is_part_of_the_key():
     f_nb, f_jax = both(add_one)
     for dev in (jax.devices()[0], jax.devices()[5], jax.devices()[0]):
@@ -721,7 +721,7 @@ def test_functions_that_cannot_be_weakly_referenced_fail_like_upstream():
     assert f._cache_size() == 0 and cache.size() == 0
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("an input on a second device (a _Copy step)")
 def test_hits_never_enter_jax_python_for_moved_or_host_inputs(monkeypatch):
     """Uncommitted arrays on another device, numpy and scalars: the hit path is
     nbjit's own (C++ copies and transfers), never JAX's Python shard_args."""
