@@ -13,6 +13,13 @@ from nbjit.routing.devices import request_host_devices
 HOST_DEVICES = int(os.environ.get("NBJIT_TEST_HOST_DEVICES", "8"))
 request_host_devices(HOST_DEVICES)
 
+# Why `cpu_host_memory` tests cannot run on an accelerator's device.
+HOST_MEMORY_ELSEWHERE = (
+    "an accelerator's memory is not host memory, so no device array aliases a slot, and its "
+    "host inputs are staged (tests/test_staged_inputs.py); packing is off there unless "
+    "NBJIT_PACK_ACCELERATOR=1, its program other HLO than jax.jit's (on a TPU one reduction "
+    "of a packed leaf came out one ulp away), so these exact comparisons would not hold")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -67,9 +74,11 @@ def pytest_configure(config):
                                     '(pip install -e ".[equinox]"; scripts/bootstrap.sh does)')
     config.addinivalue_line(
         "markers",
-        "cpu_devices: assumes the 8 host CPU devices set up here (devices()[1..7], meshes of "
-        "8); skipped with the reason when JAX's default backend is not CPU (a GPU or TPU "
-        "run: scripts/accel_check.sh) or has fewer devices (NBJIT_TEST_HOST_DEVICES)")
+        "cpu_devices(why): assumes the 8 host CPU devices set up here (devices()[1..7], meshes "
+        "of 8); `why` says what for (\"an input on a second device\"); skipped with it when "
+        "JAX's default backend is not CPU (a GPU or TPU run: scripts/accel_check.sh) or has "
+        "fewer devices (NBJIT_TEST_HOST_DEVICES). Tests that need some devices, not 8, use "
+        "those there are (tests/_devices.py)")
     config.addinivalue_line(
         "markers",
         "loopback: opens TCP sockets on 127.0.0.1 (like `multiprocess`); both skip with the "
@@ -78,7 +87,8 @@ def pytest_configure(config):
         "markers",
         "cpu_host_memory: tests the CPU's host-memory strategy for fresh host values (resident "
         "slots that device arrays alias through zero-copy puts; packing where puts copy, run "
-        "on the CPU by making them copy); skipped with the reason on other backends")
+        "on the CPU by making them copy); skipped with the reason on other backends "
+        f"({HOST_MEMORY_ELSEWHERE})")
     # scripts/accel_check.sh names the accelerator its parts run on: a part that
     # found JAX on another backend (a plugin that did not load) stops at once.
     expected = os.environ.get("NBJIT_EXPECT_BACKEND")
@@ -138,7 +148,7 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(
             reason="tests the CPU's host-memory strategy (resident slots alias host memory "
                    "through zero-copy puts; packing where puts copy); JAX's default backend "
-                   f"here is {jax.default_backend()}, whose host inputs take their own path")
+                   f"here is {jax.default_backend()}: {HOST_MEMORY_ELSEWHERE}")
         for item in host_memory:
             item.add_marker(skip)
     marked = [item for item in items if item.get_closest_marker("cpu_devices")]
@@ -147,7 +157,9 @@ def pytest_collection_modifyitems(config, items):
     backend, count = jax.default_backend(), len(jax.devices())
     if backend == "cpu" and count >= 8:
         return
-    reason = (f"assumes 8 host CPU devices; JAX's default backend here is {backend} "
-              f"with {count} device(s)")
+    here = f"JAX's default backend here is {backend} with {count} device(s)"
     for item in marked:
+        why = item.get_closest_marker("cpu_devices").args
+        reason = (f"needs {why[0]}: assumes the 8 host CPU devices; {here}" if why
+                  else f"assumes the 8 host CPU devices; {here}")
         item.add_marker(pytest.mark.skip(reason=reason))

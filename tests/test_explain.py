@@ -394,7 +394,7 @@ def _this_line():
     return sys._getframe(1).f_lineno
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("a sharding over 2 devices")
 def test_equally_close_entries_are_each_named_same_sharding_first(records):
     # f(x), then a sharded call: f(device_put(x, device 0)) differs from the
     # first entry only in committedness and from the second only in sharding.

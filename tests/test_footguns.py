@@ -132,7 +132,7 @@ def _aligned(n: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("a sharding over several devices")
 def test_numpy_inputs_to_multi_device_shardings_are_always_copied_on_hits():
     """On a cache hit nbjit slices numpy inputs for multi-device shardings into
     fresh staging buffers, so the result never depends on the numpy array after

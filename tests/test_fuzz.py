@@ -31,7 +31,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import nbjit
 
-pytestmark = pytest.mark.cpu_devices  # devices()[1..7], meshes of 8
+pytestmark = pytest.mark.cpu_devices(
+    "arguments committed to devices 0-7 or sharded over 2 or 4 of them, meshes of 8")
 
 CI_EXAMPLES = 1000
 SLOW_EXAMPLES = 10_000

@@ -295,7 +295,7 @@ def test_generated_and_looped_preparers_give_jax_outputs(extra, no_packing):
     assert f.miss_count == 1
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("a constant on a second device (a _Copy step)")
 def test_preparer_applies_steps_to_consts_and_kept_leaves(monkeypatch):
     """Closed-over constants can need a step too (a numpy constant, an array on
     another device): the generated preparer and the loop give the same inputs,

@@ -3,77 +3,37 @@
 Every differential case calls each jitted function twice: the first call is
 the miss (JAX's own outputs), the second the hit (nbjit's own fast path), and
 both must agree with jax.jit leaf by leaf (value, dtype, weak type, sharding,
-committedness).
+committedness). Here: dtypes, pytrees, static arguments, donation, shardings
+and devices, pruning, constants, methods. The Python surface, transformations,
+the cache and bad input are in test_jit_surface.py, how a call is keyed in
+test_jit_keys.py; `both` and `check` in tests/_jit_pairs.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
-import itertools
-import pickle
 import re
-import types
-import weakref
 from typing import NamedTuple
 
+import _devices
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from _diff import assert_same_call, assert_same_exception, assert_same_outputs, steps_of
+from _diff import assert_same_call, assert_same_exception, assert_same_outputs
+from _jit_pairs import add_one, both, check, mul, power
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import nbjit
 from nbjit import _jax
 from nbjit.core import keys as _keys
-from nbjit.core.dispatch import PjitFunction
-from nbjit.core.inputs.values import canonical_dtypes
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
           np.uint32, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64,
           np.complex64, np.complex128]
-
-
-def fresh_copy(fun):
-    """A distinct function object with the same code: jit caches are per function."""
-    copy = types.FunctionType(fun.__code__, fun.__globals__, fun.__name__,
-                              fun.__defaults__, fun.__closure__)
-    copy.__kwdefaults__ = fun.__kwdefaults__
-    copy.__qualname__ = fun.__qualname__
-    return copy
-
-
-def both(fun, /, **options):
-    """nbjit.jit and jax.jit of a fresh copy of `fun` (so counts start at zero)."""
-    fun = fresh_copy(fun)
-    return nbjit.jit(fun, **options), jax.jit(fun, **options)
-
-
-def check(fun, *args, options=None, calls=2, **kwargs):
-    """Calls nbjit.jit(fun) and jax.jit(fun) `calls` times; all must agree.
-
-    Returns the nbjit function, whose miss count must be 1 (one compile per
-    signature; every later call a hit), or 0 when the calls raise (a failed
-    compile caches nothing).
-    """
-    f_nb, f_jax = both(fun, **(options or {}))
-    for _ in range(calls):
-        result, _ = assert_same_call(f_nb, f_jax, *args, **kwargs)
-    expected = 0 if isinstance(result, Exception) else 1
-    assert f_nb.miss_count == expected, f"expected {expected} misses, got {f_nb.miss_count}"
-    return f_nb
-
-
-def add_one(x):
-    return x + 1
-
-
-def mul(x, y):
-    return x * y
 
 
 # ---------------------------------------------------------------------------
@@ -180,10 +140,6 @@ def test_pytree_structure_change_is_a_new_signature():
 
 # ---------------------------------------------------------------------------
 # Static arguments and keywords
-
-
-def power(x, n, *, scale=1.0):
-    return scale * x ** n
 
 
 def test_static_argnums():
@@ -343,9 +299,8 @@ def test_donated_numpy_input_mutated_after_identity_call(misalign):
 
 @pytest.fixture(scope="module")
 def mesh():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 host devices")
-    return jax.make_mesh((4, 2), ("x", "y"))
+    """(4, 2) on the session's 8 devices, (1, 1) on one (tests/_devices.py)."""
+    return _devices.mesh(2)
 
 
 def test_in_out_shardings_named(mesh):
@@ -368,7 +323,7 @@ def test_sharded_jax_array_inputs(mesh):
     check(mul, x, y)
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("an input on a second device")
 @pytest.mark.parametrize("committed", [True, False])
 def test_single_device_input_on_another_device(committed):
     dev = jax.devices()[3]
@@ -379,7 +334,7 @@ def test_single_device_input_on_another_device(committed):
     check(add_one, x)
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("inputs committed to two devices")
 def test_committed_inputs_on_two_devices_raise_like_upstream():
     x = jax.device_put(jnp.ones(2), jax.devices()[0])
     y = jax.device_put(jnp.ones(2), jax.devices()[1])
@@ -387,13 +342,13 @@ def test_committed_inputs_on_two_devices_raise_like_upstream():
     assert_same_exception(f_nb, f_jax, x, y)
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("an input committed to a second device")
 def test_uncommitted_input_moves_to_committed_ones_device():
     x = jax.device_put(jnp.ones(2), jax.devices()[2])
     check(mul, x, jnp.arange(2.0))
 
 
-@pytest.mark.cpu_devices
+@pytest.mark.cpu_devices("a second default device")
 def test_default_device_context_is_part_of_the_key():
     f_nb, f_jax = both(add_one)
     for dev in (jax.devices()[0], jax.devices()[5], jax.devices()[0]):
@@ -444,465 +399,3 @@ def test_methods_bind_through_get():
     m.apply(jnp.zeros(2))
     assert Model.apply.miss_count == 1
     np.testing.assert_array_equal(Model(2.0).apply(jnp.ones(2)), [2.0, 2.0])
-
-
-# ---------------------------------------------------------------------------
-# Python surface
-
-
-def documented(x, y=2):
-    """Multiplies."""
-    return x * y
-
-
-def test_wraps_and_signature():
-    f = nbjit.jit(documented)
-    assert f.__wrapped__ is documented
-    assert f.__name__ == "documented" and f.__doc__ == "Multiplies."
-    assert f.__qualname__ == documented.__qualname__
-    import inspect
-    assert inspect.signature(f) == inspect.signature(jax.jit(documented))
-    assert "documented" in repr(f)
-
-
-def test_decorator_and_factory_forms():
-    @nbjit.jit
-    def a(x):
-        return x + 1
-
-    @nbjit.jit(static_argnames="n")
-    def b(x, n):
-        return x + n
-
-    c = functools.partial(nbjit.jit, static_argnums=1)(lambda x, n: x * n)
-    assert isinstance(a, PjitFunction) and isinstance(b, PjitFunction)
-    assert float(a(1.0)) == 2.0 and float(b(1.0, n=2)) == 3.0 and float(c(2.0, 3)) == 6.0
-
-
-def test_option_validation_matches_upstream():
-    bad = (dict(static_argnums="x"), dict(donate_argnames=0), dict(static_argnames=1),
-           dict(device=jax.devices()[0], backend="cpu"), dict(in_shardings=3))
-    for options in bad:
-        outcomes = []
-        for jit in (nbjit.jit, jax.jit):
-            try:
-                jit(documented, **options)(jnp.ones(2))
-                outcomes.append(None)
-            except Exception as e:  # noqa: BLE001
-                outcomes.append(type(e))
-        assert outcomes[0] is outcomes[1] is not None, (options, outcomes)
-
-
-def test_pickling_roundtrip():
-    f = nbjit.jit(documented, static_argnames="y")
-    g = pickle.loads(pickle.dumps(f))
-    assert isinstance(g, PjitFunction)
-    assert_same_outputs(g(jnp.ones(2), y=3), jax.jit(documented, static_argnames="y")(
-        jnp.ones(2), y=3))
-    cache = pickle.loads(pickle.dumps(nbjit.PjitFunctionCache(17)))
-    assert cache.capacity() == 17 and cache.size() == 0
-
-
-def test_aot_lower_compile_trace_eval_shape():
-    f_nb, f_jax = both(mul)
-    x = jnp.ones((2, 3))
-    compiled = f_nb.lower(x, x).compile()
-    assert_same_outputs(compiled(x, x), f_jax.lower(x, x).compile()(x, x))
-    assert f_nb.trace(x, x).jaxpr.eqns[0].primitive.name == "mul"
-    assert f_nb.eval_shape(x, x) == f_jax.eval_shape(x, x)
-    assert f_nb.lower(x, x).as_text() == f_jax.lower(x, x).as_text()
-
-
-# ---------------------------------------------------------------------------
-# Transformations and effects
-
-
-def test_inside_jit_grad_vmap_scan():
-    inner = nbjit.jit(lambda x: jnp.sin(x) * 2)
-    ref = jax.jit(lambda x: jnp.sin(x) * 2)
-    x = jnp.arange(4.0)
-    assert_same_outputs(jax.jit(lambda v: inner(v) + 1)(x), jax.jit(lambda v: ref(v) + 1)(x))
-    assert_same_outputs(jax.grad(lambda v: inner(v).sum())(x),
-                        jax.grad(lambda v: ref(v).sum())(x))
-    assert_same_outputs(jax.vmap(inner)(x), jax.vmap(ref)(x))
-    scan = lambda f: jax.lax.scan(lambda c, v: (c + f(v), c), 0.0, x)  # noqa: E731
-    assert_same_outputs(scan(inner), scan(ref))
-    # and the concrete call afterwards is still a normal cached call
-    assert_same_outputs(inner(x), ref(x))
-    assert_same_outputs(inner(x), ref(x))
-
-
-def test_disable_jit_runs_python():
-    trace = []
-
-    def f(x):
-        trace.append(type(x))
-        return x + 1
-
-    g = nbjit.jit(f)
-    with jax.disable_jit():
-        assert g(np.float32(1)) == 2
-        assert g(np.float32(1)) == 2
-    assert trace == [np.float32, np.float32] and g._cache_size() == 0
-
-
-def test_debug_print_and_callback(capfd):
-    seen = []
-
-    def f(x):
-        jax.debug.print("value {}", x)
-        jax.debug.callback(lambda v: seen.append(float(v)), x)
-        return x * 2
-
-    f_nb, f_jax = both(f)
-    for fn in (f_nb, f_nb, f_jax):
-        assert_same_outputs(fn(jnp.float32(3)), jnp.float32(6))
-    jax.effects_barrier()
-    assert seen == [3.0, 3.0, 3.0]
-    assert capfd.readouterr().out.count("value 3.0") == 3
-
-
-# ---------------------------------------------------------------------------
-# Compile counts and the cache
-
-
-def test_one_trace_per_signature_none_on_hits():
-    traces = []
-
-    def f(x, y):
-        traces.append(1)
-        return x + y
-
-    g = nbjit.jit(f)
-    a, b = jnp.ones(3), jnp.ones((2, 3))
-    for _ in range(5):
-        g(a, a), g(b, b), g(a, b), g(np.ones(3, np.float32), 1.0)
-    assert len(traces) == 4 and g.miss_count == 4 and g._cache_size() == 4
-
-
-def test_lru_eviction_at_capacity():
-    cache = nbjit.PjitFunctionCache(2)
-    f = PjitFunction(add_one, {}, cache=cache)
-    a, b, c = jnp.ones(1), jnp.ones(2), jnp.ones(3)
-    f(a), f(b), f(a)  # a is now most recent
-    f(c)  # evicts b
-    assert cache.size() == 2 and f.miss_count == 3
-    f(a)
-    assert f.miss_count == 3  # still cached
-    f(b)
-    assert f.miss_count == 4  # was evicted
-    assert cache.capacity() == 2
-
-
-def test_capacity_is_shared_between_functions():
-    cache = nbjit.PjitFunctionCache(3)
-    f = PjitFunction(add_one, {}, cache=cache)
-    g = PjitFunction(mul, {}, cache=cache)
-    for n in range(1, 4):
-        f(jnp.ones(n))
-    g(jnp.ones(1), jnp.ones(1))
-    assert cache.size() == 3 and f._cache_size() == 2 and g._cache_size() == 1
-
-
-def test_twin_jits_share_entries_like_upstream():
-    fun = fresh_copy(add_one)
-    f1, f2 = nbjit.jit(fun), nbjit.jit(fun)
-    j1, j2 = jax.jit(fun), jax.jit(fun)
-    x = jnp.ones(7)
-    f1(x), j1(x)
-    f2(x), j2(x)
-    assert f2.miss_count == 0
-    assert f1._cache_size() == f2._cache_size() == j2._cache_size()
-
-
-def test_entries_and_executables_freed_with_the_function():
-    cache = nbjit.PjitFunctionCache(64)
-
-    def make():
-        def fresh(x):
-            return x * 3 + 1
-        return fresh
-
-    fun = make()
-    f = PjitFunction(fun, {}, cache=cache)
-    f(jnp.ones(11)), f(jnp.ones(12))
-    assert cache.size() == 2
-    executable = next(iter(f._namespace.entries.values())).record.executable
-    exe_ref = weakref.ref(executable) if hasattr(type(executable), "__weakref__") else None
-    del executable
-    del f, fun
-    gc.collect()
-    assert cache.size() == 0
-    if exe_ref is not None:
-        assert exe_ref() is None
-
-
-def test_clearing():
-    f = nbjit.jit(fresh_copy(add_one))
-    f(jnp.ones(2)), f(jnp.ones(3))
-    assert f._cache_size() == 2
-    f._clear_cache()
-    assert f._cache_size() == 0
-    f(jnp.ones(2))
-    f.clear_cache()
-    assert f._cache_size() == 0
-    f(jnp.ones(2))
-    nbjit.PjitFunctionCache.clear_all()
-    assert f._cache_size() == 0
-    assert_same_outputs(f(jnp.ones(2)), jax.jit(add_one)(jnp.ones(2)))
-
-
-# ---------------------------------------------------------------------------
-# Bad input: upstream's exception type, the argument named, the cache intact
-
-
-def _assert_cache_intact(f_nb, good_args):
-    size, misses = f_nb._cache_size(), f_nb.miss_count
-    f_nb(*good_args)
-    assert f_nb.miss_count == misses, "the next valid call was not a hit"
-    assert f_nb._cache_size() == size
-
-
-@pytest.mark.parametrize("bad, needle", [
-    (("a string",), "str"),
-    ((object(),), "object"),
-], ids=["string", "object"])
-def test_bad_leaf(bad, needle):
-    f_nb, f_jax = both(add_one)
-    good = (jnp.ones(2),)
-    f_nb(*good), f_jax(*good)
-    e_nb, e_jax = assert_same_exception(f_nb, f_jax, *bad)
-    assert needle in str(e_nb) and str(e_nb) == str(e_jax)
-    _assert_cache_intact(f_nb, good)
-
-
-def test_unhashable_static_argument():
-    f_nb, f_jax = both(power, static_argnums=1)
-    x = jnp.ones(2)
-    f_nb(x, 2)
-    e_nb, e_jax = assert_same_exception(f_nb, f_jax, x, [1, 2])
-    assert "hash" in str(e_nb).lower() and str(e_nb) == str(e_jax)
-    _assert_cache_intact(f_nb, (x, 2))
-
-
-def test_wrong_number_of_arguments():
-    f_nb, f_jax = both(mul)
-    x = jnp.ones(2)
-    f_nb(x, x), f_jax(x, x)
-    e_nb, e_jax = assert_same_exception(f_nb, f_jax, x)
-    assert "y" in str(e_nb)
-    assert f_nb._cache_size() == f_jax._cache_size()
-    _assert_cache_intact(f_nb, (x, x))
-
-
-def test_unknown_keyword():
-    f_nb, f_jax = both(mul)
-    x = jnp.ones(2)
-    f_nb(x, x), f_jax(x, x)
-    e_nb, _ = assert_same_exception(f_nb, f_jax, x, x, z=x)
-    assert "z" in str(e_nb)
-    _assert_cache_intact(f_nb, (x, x))
-
-
-class _Unweakrefable:
-    """A callable without __weakref__ (JAX's trace caches need weak references)."""
-
-    __slots__ = ()
-
-    def __call__(self, x):
-        return x + 2
-
-
-def test_functions_that_cannot_be_weakly_referenced_fail_like_upstream():
-    cache = nbjit.PjitFunctionCache(8)
-    f = PjitFunction(_Unweakrefable(), {}, cache=cache)
-    assert_same_exception(f, jax.jit(_Unweakrefable()), jnp.ones(2))
-    cache.clear()
-    assert f._cache_size() == 0 and cache.size() == 0
-
-
-@pytest.mark.cpu_devices
-def test_hits_never_enter_jax_python_for_moved_or_host_inputs(monkeypatch):
-    """Uncommitted arrays on another device, numpy and scalars: the hit path is
-    nbjit's own (C++ copies and transfers), never JAX's Python shard_args."""
-    from jax._src.interpreters import pxla
-
-    with jax.default_device(jax.devices()[5]):
-        moved = jnp.arange(3.0) + 0  # uncommitted, on device 5
-    f_nb, f_jax = both(lambda a, b, c: a * b + c)
-    args = (moved, np.float32(2), 1.0)
-    assert_same_call(f_nb, f_jax, *args)  # miss
-
-    def forbidden(*_a, **_k):
-        raise AssertionError("JAX's Python shard_args called on a hit")
-
-    monkeypatch.setattr(pxla, "shard_args", forbidden)
-    monkeypatch.setattr(f_nb, "_slow", forbidden)
-    nb_out = f_nb(*args)
-    monkeypatch.undo()
-    assert_same_outputs(nb_out, f_jax(*args))
-    steps = steps_of(f_nb, *args)
-    assert len(steps["_Copy"]) == 1 and len(steps["HostInput"]) == 2 and not steps["_ShardArgs"]
-
-
-def test_a_call_path_does_not_depend_on_earlier_calls():
-    """JAX's api_benchmark builds jit_trivial_dispatch as `a, b = f(1, 2)` then
-    times `f(a, b)`: the all-array calls must take the binder's path whatever
-    came first (at 125992a the scalar call latched the function onto its
-    pytree path for good), and pytree/host calls keep working in between."""
-    def swap(a, b):
-        return b, a
-
-    f_nb, f_jax = both(swap)
-    a, b = f_nb(1, 2)
-    assert_same_call(f_nb, f_jax, a, b)  # miss
-    assert_same_call(f_nb, f_jax, np.float32(3), 4.0)
-    node, _ = f_nb._entry_for((a, b), {})
-    assert node is not None and node.key == (a.aval, a._committed, b.aval, b._committed)
-    hits = node.hits  # the all-array key form: read from the arrays, no flatten
-    for _ in range(3):
-        assert_same_outputs(f_nb(a, b), f_jax(a, b))
-    assert node.hits == hits + 3
-    assert_same_call(f_nb, f_jax, {"x": a}, [b])  # pytrees still keyed, from flattened leaves
-    assert f_nb.slow_count == 0
-
-
-def _form_add(x, y, s, *, z, mode):
-    out = jax.tree.map(lambda v: v * s, (x, y, z)) if mode == "mul" else (x, y, z)
-    return out
-
-
-@pytest.mark.parametrize("form", ["arrays", "host leaves", "pytrees", "mixed pytree"])
-def test_every_key_form_hits_on_new_values(form):
-    """A binder keys a call from the arrays (all jax.Arrays), from the values
-    as leaves (host values), or from flattened pytrees: each form hits on the
-    second call with new values of the same kinds, as jax.jit."""
-    def make(i):
-        v = {"arrays": jnp.full(3, float(i)), "host leaves": np.full(3, i, np.float32),
-             "pytrees": [jnp.full(3, float(i))], "mixed pytree": {"a": np.float32(i), "b": i}}
-        return v[form]
-
-    f_nb, f_jax = both(_form_add, static_argnums=(2,), static_argnames=("mode",))
-    for i in range(3):
-        assert_same_call(f_nb, f_jax, make(i), make(i + 1), 2, z=make(i + 2), mode="mul")
-    assert f_nb.miss_count == 1 and f_nb.slow_count == 0
-    assert f_nb._cache_size() == f_jax._cache_size() == 1
-    node, _ = f_nb._entry_for((make(7), make(8), 2), {"z": make(9), "mode": "mul"})
-    assert node is not None and node.hits == 2
-    # Another static value is another signature, in every form.
-    assert_same_call(f_nb, f_jax, make(0), make(1), 3, z=make(2), mode="mul")
-    assert f_nb.miss_count == 2
-
-
-def _by_container(xs, scale=2.0):
-    if isinstance(xs, list):
-        return [x * scale for x in xs]
-    return tuple(x + scale for x in xs)
-
-
-@pytest.mark.parametrize("n", [4, _keys.UNROLL_MAX + 1])
-@pytest.mark.parametrize("static", [False, True])
-def test_one_list_or_tuple_of_arrays_is_keyed_without_flatten(static, n):
-    """f(xs), the many-args case: a list or tuple of jax.Arrays is keyed from its
-    elements (no flatten; flat signatures up to UNROLL_MAX elements, pairs
-    beyond). List and tuple trace differently, so they are two signatures;
-    an element that is not a jax.Array takes the flattened form."""
-    if static:
-        f_nb, f_jax = both(_by_container, static_argnums=(1,))
-        args = lambda xs: (xs, 3.0)  # noqa: E731
-    else:
-        f_nb, f_jax = both(lambda xs: _by_container(xs))
-        args = lambda xs: (xs,)  # noqa: E731
-    xs = [jnp.full(3, float(i)) for i in range(n)]
-    for i in range(3):  # new values on every call
-        ys = [x + i for x in xs]
-        assert_same_call(f_nb, f_jax, *args(ys))
-        assert_same_call(f_nb, f_jax, *args(tuple(ys)))
-    assert f_nb.miss_count == 2 and f_nb._cache_size() == 2
-    for container in (list, tuple):
-        node, _ = f_nb._entry_for(args(container(xs)), {})
-        assert node.key[0] is _keys.SEQUENCE and node.key[3] is container and node.hits == 2
-        assert len(node.key[4]) == (2 * n if n <= _keys.UNROLL_MAX else n)
-    assert_same_call(f_nb, f_jax, *args([xs[0], np.ones(3, np.float32), *xs[2:]]))
-    assert_same_call(f_nb, f_jax, *args([*xs[:-1], np.ones(3, np.float32)]))  # the last one
-    assert_same_call(f_nb, f_jax, *args((xs[0], [xs[1]])))  # x + [...] raises: a failed compile
-    assert_same_call(f_nb, f_jax, *args([]))
-    assert f_nb.miss_count == 5 and f_nb.stats().slow_reasons == {"compile_failed": 1}
-
-
-def test_a_leaf_nothing_keys_takes_jax_path():
-    class Weird(int):  # an int subclass: JAX takes it, nbjit's keys do not
-        pass
-
-    f_nb, f_jax = both(lambda x, y: x + y)
-    x = jnp.arange(3)
-    for args in [(x, Weird(2)), ([x], Weird(2)), (x, {"k": Weird(2)})]:
-        assert_same_call(f_nb, f_jax, *args)
-    assert f_nb.slow_count == 3 and f_nb.stats().slow_reasons == {"unknown_leaf_type": 3}
-    assert f_nb._cache_size() == 0
-    for args in [(x, object()), ([x], object())]:
-        assert_same_exception(f_nb, f_jax, *args)
-    assert f_nb._cache_size() == 0
-
-
-def test_leaves_keyed_inline_have_leaf_signatures():
-    """The binder keys leaves inline (one expression per argument) and
-    `mixed_signatures` keys them in a loop: both give `leaf_signature` for
-    every kind of leaf, numpy dtypes never seen before and numpy scalars too."""
-    canonical = canonical_dtypes[False]
-    kinds = [jnp.ones(2), np.ones(2, np.float32), np.ones(2, np.float64),
-             np.ones(2, ml_dtypes.float8_e4m3b11fnuz), np.float16(1), True, 3, 2.5, 1j]
-    for a, b in itertools.product(kinds, repeat=2):
-        f_nb, f_jax = both(lambda x, y: (x, y))
-        assert_same_call(f_nb, f_jax, a, b)
-        node, leaves = f_nb._entry_for((a, b), {})
-        expected = tuple(_keys.leaf_signature(x, canonical) for x in (a, b))
-        if all(isinstance(x, jax.Array) for x in (a, b)):
-            continue  # the all-array form: bare (aval, committed) pairs
-        assert node.key[0] is _keys.LEAVES and node.key[-1] == expected
-        assert _keys.mixed_signatures([a, b])[0] == expected
-
-
-def test_mixed_keyers_key_as_mixed_signatures():
-    """A treedef's mixed leaves are keyed by a keyer unrolled for the types its
-    first mixed call had: the same signatures and shardings as
-    `mixed_signatures` for every kind of leaf; leaves of other types take
-    `mixed_signatures`. No keyer for numpy scalars or for a dtype whose
-    canonical form depends on x64 (float64)."""
-    kinds = [jnp.ones(2), np.ones(2, np.float32), np.ones(2, np.float64), np.ones((1, 2), bool),
-             np.ones(2, ml_dtypes.bfloat16), np.float16(1), True, 3, 2.5, 1j]
-
-    def pattern(leaves):
-        return [(type(u), getattr(u, "dtype", None)) for u in leaves]
-
-    for tid, (a, b) in enumerate(itertools.product(kinds, repeat=2), start=1 << 40):
-        _keys.learn_mixed_keyer(tid, [a, b])
-        keyer = _keys.mixed_keyers.pop(tid)
-        learnt = not any(isinstance(u, np.generic) or getattr(u, "dtype", None) == np.float64
-                         for u in (a, b) if not isinstance(u, jax.Array))
-        assert (keyer is not _keys._no_keyer) == learnt, (a, b)
-        for x64 in (False, True):
-            with jax.enable_x64(x64):
-                for c, d in itertools.product(kinds, repeat=2):
-                    got = keyer([c, d])
-                    if learnt and pattern([c, d]) == pattern([a, b]):
-                        assert got == _keys.mixed_signatures([c, d]), (a, b, c, d)
-                    else:
-                        assert got is None, (a, b, c, d)
-
-
-def test_a_pytree_with_host_leaves_is_keyed_by_its_keyer():
-    """The first call of a structure learns its reader (nbjit.core.structure);
-    a hit then keys through it (same key), and another leaf type still hits
-    its own entry."""
-    f_nb, f_jax = both(lambda p, x: (p["w"] * x, p["b"] + 1))
-    params = {"w": jnp.ones(3), "b": jnp.zeros(3)}
-    x = np.arange(3, dtype=np.float32)
-    assert_same_call(f_nb, f_jax, params, x)
-    node, _ = f_nb._entry_for((params, x), {})
-    assert type(node.key[0]) is int  # a reader's id heads the key
-    for _ in range(3):
-        assert_same_call(f_nb, f_jax, params, x + 1)
-    assert_same_call(f_nb, f_jax, params, 2.5)  # a Python float: the keyer refuses, a miss
-    assert_same_call(f_nb, f_jax, params, 3.5)
-    assert f_nb.miss_count == 2 and node.hits == 3

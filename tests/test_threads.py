@@ -25,7 +25,7 @@ def _double_plus_one(x):
 
 def _signature_mix() -> list:
     """Inputs of 8 distinct avals, each with one kind of input (so 8 signatures)."""
-    dev3 = jax.devices()[3]
+    dev3 = jax.devices()[min(3, len(jax.devices()) - 1)]  # (one device: committed to it)
     return [
         np.arange(1, dtype=np.float32),
         jnp.arange(1, dtype=np.int32),
@@ -42,7 +42,6 @@ def _trace_key(x) -> tuple:
     return (x.shape, np.dtype(x.dtype), x.aval.weak_type)
 
 
-@pytest.mark.cpu_devices
 def test_eight_threads_mixed_signatures_compile_once():
     traces = collections.Counter()
 
@@ -71,7 +70,6 @@ def test_eight_threads_mixed_signatures_compile_once():
     assert jitted.slow_count == 0
 
 
-@pytest.mark.cpu_devices
 def test_upstream_also_traces_once_per_signature():
     """The same workload through jax.jit, as the reference for the test above."""
     traces = collections.Counter()
@@ -205,7 +203,6 @@ def test_reentry_with_another_signature_is_fine():
     np.testing.assert_array_equal(np.asarray(ref(np.ones(2, np.float32))), [6, 6])
 
 
-@pytest.mark.cpu_devices
 def test_eviction_and_clearing_under_contention():
     """A cache too small for the signatures in use, cleared meanwhile: every
     result still right, nothing wedges, the cache stays within capacity."""

@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 import nbjit
 from nbjit import _jax
 
-pytestmark = pytest.mark.cpu_devices  # devices()[1..7], meshes of 8
+pytestmark = pytest.mark.cpu_devices("device-to-device copies among devices 0-7")
 
 LEVELS = ["disallow", "disallow_explicit", "log", "log_explicit"]
 
