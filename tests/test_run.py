@@ -211,7 +211,7 @@ def test_report_at_exit_counts_and_times_each_function(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "done" in out.stdout
     assert "nbjit run: dispatch report" in out.stderr
-    assert "nbjit cache miss of step" in out.stderr and "args[1]" in out.stderr
+    assert "nbjit cache miss of step" in out.stderr and "x: shape" in out.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     rows = {row["name"]: row for row in report["functions"]}
     step, loss = rows["step (train.py:3)"], rows["loss (train.py:7)"]
@@ -276,7 +276,7 @@ def test_same_named_lambdas_are_named_alike_and_timed_apart(tmp_path):
         assert sum(line.startswith(name + " ") for line in out.stderr.splitlines()) == 1
     assert "nbjit run: misses by compile time" in out.stderr
     ranked = json.loads((tmp_path / "report.json").read_text())["ranked_misses"]
-    shape = [r for r in ranked if r["function"] == h and r["fields"] == ["args[0]: shape"]]
+    shape = [r for r in ranked if r["function"] == h and r["fields"] == ["x: shape"]]
     assert len(shape) == 1 and shape[0]["count"] == 1
     assert shape[0]["site"].endswith("lambdas.py:9") and shape[0]["seconds"] > 0
 

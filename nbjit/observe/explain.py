@@ -56,7 +56,13 @@ from nbjit.observe.descriptions import (
     CallDescription,
     LeafDescription,
 )
-from nbjit.observe.names import aval_text, call_site, process_label, structure_differences
+from nbjit.observe.names import (
+    aval_text,
+    call_site,
+    process_label,
+    structure_differences,
+    value_text,
+)
 from nbjit.observe.table import Table
 
 logger = logging.getLogger("nbjit")
@@ -151,7 +157,9 @@ def by_age(descriptions: Sequence[CallDescription]) -> list[CallDescription]:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    """A value in a message, in at most 60 characters: functions and classes by
+    name (`nbjit.observe.names.value_text`), everything else by its repr."""
+    text = value_text(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -237,9 +245,10 @@ def field_differences(old: CallDescription, new: CallDescription) -> list[tuple[
                                              f"static {kind.__name__}"))
             continue
         old_kind, old_value = old_statics[path]
-        if old_kind is not kind:
+        if old_kind is not kind:  # the values too: jax.nn.relu (a custom_jvp) -> a function
             out.append((f"{path}: static argument type",
-                        f"{path}: static argument type {old_kind.__name__} -> {kind.__name__}"))
+                        f"{path}: static argument {_show(old_value)} -> {_show(value)} "
+                        f"(type {old_kind.__name__} -> {kind.__name__})"))
         elif not _equal(old_value, value):
             old_text, new_text = _show(old_value), _show(value)
             change = ("a new object, not equal" if old_text == new_text  # looks the same
