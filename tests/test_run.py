@@ -274,7 +274,7 @@ def test_same_named_lambdas_are_named_alike_and_timed_apart(tmp_path):
     assert all(ms > 0 for ms in misses.values()) and len(set(misses.values())) == 3
     for name in expected:  # the text report's rows, one per function
         assert sum(line.startswith(name + " ") for line in out.stderr.splitlines()) == 1
-    assert "nbjit run: misses by compile time" in out.stderr
+    assert "nbjit run: misses by the time they took" in out.stderr
     ranked = json.loads((tmp_path / "report.json").read_text())["ranked_misses"]
     shape = [r for r in ranked if r["function"] == h and r["fields"] == ["x: shape"]]
     assert len(shape) == 1 and shape[0]["count"] == 1
