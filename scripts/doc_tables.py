@@ -198,7 +198,7 @@ def costs_block(data: dict[str, Any]) -> str:
     lo, hi = min(r["ratio"] for r in fresh), max(r["ratio"] for r in fresh)
     swinging = [r for r in fresh if swings(r)]
     return "\n".join([
-        lead, "",
+        lead,
         first,
         f"- **Loops with new host values.** {len(fresh)} rows pass a fresh batch or action "
         f"each call (the training loop: per step). They took {lo:.2f}-{hi:.2f}. "

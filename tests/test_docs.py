@@ -447,6 +447,7 @@ def _prose(text: str) -> str:
     """`text` without its generated blocks, code blocks and version numbers."""
     text = re.sub(r"```.*?```", "", _GENERATED.sub("", text), flags=re.S)
     text = re.sub(r"^\| (?:Python|jax / jaxlib|numba) \|.*$", "", text, flags=re.M)  # versions
+    text = re.sub(r"[<>]=? ?\d+(?:\.\d+)+", "", text)  # version bounds: < 0.13
     return re.sub(r"\b(?:numba|[Pp]ython|jax|jaxlib|equinox) \d+(?:\.\d+)+", "", text)
 
 
