@@ -125,7 +125,7 @@ class Result:
         # the others decided are named so), this process's own among them
         want = {str(q): f"float32[{4 * n if q == odd else 2 * n},4]" for q in range(n)}
         values = seen["values"]
-        if (seen["path"] != "args[0]" or set(values) != set(want)
+        if (seen["path"] != "x" or set(values) != set(want)
                 or any(v not in (want[q], "(not called yet)") for q, v in values.items())
                 or values[str(rank)] != want[str(rank)]
                 or len(set(values.values()) - {"(not called yet)"}) != 2):

@@ -494,7 +494,7 @@ def agreement_host_values_differ_switch_off() -> None:
 def agreement_global_shapes_elementwise() -> None:
     nb, jx = pair(lambda: lambda x: jnp.sin(x) * 2)
     x = global_array(per_process((8, 4), (16, 4)), P("x"))
-    disagrees(lambda: nb(x), nb, "args[0]", ("float32[8,4]", "float32[16,4]"))
+    disagrees(lambda: nb(x), nb, "x", ("float32[8,4]", "float32[16,4]"))
     then_agrees(nb, jx, global_array((8, 4), P("x")))
 
 
@@ -503,7 +503,7 @@ def agreement_global_shapes_all_reduce() -> None:
     """Equal-size all-reduce: without agreement both would return a number."""
     nb, jx = pair(lambda: lambda x: jnp.sum(x))
     x = global_array(per_process((8, 4), (16, 4)), P("x"))
-    disagrees(lambda: nb(x), nb, "args[0]", ("float32[8,4]", "float32[16,4]"))
+    disagrees(lambda: nb(x), nb, "x", ("float32[8,4]", "float32[16,4]"))
     then_agrees(nb, jx, global_array((8, 4), P("x")))
 
 
@@ -512,7 +512,7 @@ def agreement_global_shapes_replicated_output() -> None:
     """Without agreement both processes abort in gloo (collective size mismatch)."""
     nb, jx = pair(lambda: lambda x: x * 3, out_shardings=NamedSharding(MESH, P()))
     x = global_array(per_process((8, 4), (16, 4)), P("x"))
-    disagrees(lambda: nb(x), nb, "args[0]", ("float32[8,4]", "float32[16,4]"))
+    disagrees(lambda: nb(x), nb, "x", ("float32[8,4]", "float32[16,4]"))
     then_agrees(nb, jx, global_array((8, 4), P("x")))
 
 
@@ -521,14 +521,14 @@ def agreement_dtypes_static_values_pytrees() -> None:
     x = global_array((8, 4), P("x"))
     nb, jx = pair(lambda: lambda x: jnp.sum(x * 2))
     y = x.astype(per_process(jnp.float32, jnp.int32))
-    disagrees(lambda: nb(y), nb, "args[0]", ("float32[8,4]", "int32[8,4]"))
+    disagrees(lambda: nb(y), nb, "x", ("float32[8,4]", "int32[8,4]"))
     then_agrees(nb, jx, x)
     nb, jx = pair(lambda: lambda x, n: jnp.sum(x) * n, static_argnums=1)
-    disagrees(lambda: nb(x, per_process(2, 3)), nb, "args[1] (static)", ("2", "3"))
+    disagrees(lambda: nb(x, per_process(2, 3)), nb, "n (static)", ("2", "3"))
     then_agrees(nb, jx, x, 2)
     nb, jx = pair(lambda: lambda t: jnp.sum(jax.tree.leaves(t)[0]))
     tree = per_process({"a": x, "b": x}, {"a": x, "c": x})
-    disagrees(lambda: nb(tree), nb, "args[0] (pytree)",
+    disagrees(lambda: nb(tree), nb, "t (pytree)",
               ("PyTreeDef({'a': *, 'b': *})", "PyTreeDef({'a': *, 'c': *})"))
     then_agrees(nb, jx, {"a": x, "b": x})
 
@@ -542,14 +542,14 @@ def agreement_host_values_differ_switch_on() -> None:
     try:
         nb(data, 2.0)
     except _agreement.AgreementError as error:
-        assert error.path == "args[0] value", str(error)
+        assert error.path == "x value", str(error)
         assert error.values[0] != error.values[1], str(error)
         assert all(v.startswith("bytes hash ") for v in error.values.values()), str(error)
     else:
         raise AssertionError("no AgreementError")
     then_agrees(nb, jx, np.ones(8, np.float32), 2.0)
     nb, jx = pair(lambda: lambda x, s: x * s, in_shardings=NamedSharding(MESH, P()))
-    disagrees(lambda: nb(np.ones(8, np.float32), per_process(2.0, 2.5)), nb, "args[1] value",
+    disagrees(lambda: nb(np.ones(8, np.float32), per_process(2.0, 2.5)), nb, "s value",
               ("2.0", "2.5"))
 
 

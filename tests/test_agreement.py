@@ -286,8 +286,8 @@ def test_spanning_functions_exchange_on_misses_only(monkeypatch, timeout):
     h = nbjit.jit(lambda x: x * 4)
     pretend_waiting(store, _agreement._function(h).key, 1, "0000000000000001",
                     [["jit options", "{}"], ["arguments", "1 leaves, keywords []"],
-                     ["args[0]", "float32[16]"]], "other.py:1")
-    with pytest.raises(_agreement.AgreementError, match=r"args\[0\]: process 0: float32\[8\], "
+                     ["x", "float32[16]"]], "other.py:1")
+    with pytest.raises(_agreement.AgreementError, match=r"x: process 0: float32\[8\], "
                        r"process 1: float32\[16\]") as raised:
         h(x)
     assert raised.value.function == _agreement.function_name(h._fun)

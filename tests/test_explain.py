@@ -1,6 +1,8 @@
 """Explained misses: one WARNING per miss naming the argument path and field."""
 
 import concurrent.futures
+import functools
+import inspect
 import logging
 import os
 import sys
@@ -48,7 +50,7 @@ def add(x, y):
 
 
 def _fresh(fun=add, **options):
-    return nbjit.jit(lambda *a, **k: fun(*a, **k), **options)
+    return nbjit.jit(lambda *args, **kwargs: fun(*args, **kwargs), **options)
 
 
 def test_no_message_for_a_first_miss_or_when_off(records):
@@ -65,7 +67,7 @@ def test_shape_names_the_path_and_call_site(records):
     a = jnp.ones(3)
     f(a, {"w": a})
     message = _explained(records, lambda: f(a, {"w": jnp.ones(1)}))
-    assert "args[1]['w']: shape float32[3] -> float32[1]" in message
+    assert "y['w']: shape float32[3] -> float32[1]" in message
     assert "<lambda>" in message and "test_explain.py:" in message
     assert "JAX traced and compiled" in message
 
@@ -101,7 +103,7 @@ def test_sharding(records):
     on1 = jax.device_put(jnp.ones(3), jax.devices()[1])
     f(on0)
     message = _explained(records, lambda: f(on1))
-    assert "args[0]: sharding SingleDeviceSharding(device=CpuDevice(id=0)" in message
+    assert "x: sharding SingleDeviceSharding(device=CpuDevice(id=0)" in message
     assert "committed" not in message
 
 
@@ -110,11 +112,71 @@ def test_static_value_and_type(records):
     a = jnp.ones(3)
     f(a, 2, mode="a")
     message = _explained(records, lambda: f(a, 3, mode="a"))
-    assert "args[1]: static argument value 2 -> 3" in message
+    assert "n: static argument value 2 -> 3" in message
     message = _explained(records, lambda: f(a, 2.0, mode="a"))
-    assert "args[1]: static argument type int -> float" in message
+    assert "n: static argument 2 -> 2.0 (type int -> float)" in message
     message = _explained(records, lambda: f(a, 2, mode="b"))
-    assert "kwargs['mode']: static argument value 'a' -> 'b'" in message
+    assert "mode: static argument value 'a' -> 'b'" in message
+
+
+def test_an_argument_is_named_by_its_parameter_as_jax_names_it(records):
+    """JAX's explanation says ``lr`` for `def step(w, x, lr)`, passed by position
+    or by keyword; nbjit's names it so too."""
+    def step(w, x, lr):
+        return (w * lr).sum() + x.sum()
+
+    f = nbjit.jit(step)
+    w = jnp.ones(3)
+    f(w, w, 1)
+    message = _explained(records, lambda: f(w, w, 0.5))
+    assert "cached signatures: lr: kind int -> float" in message and "args[" not in message
+    f(w, w, lr=1)
+    message = _explained(records, lambda: f(w, w, lr=0.5))
+    assert "cached signatures: lr: kind int -> float" in message and "kwargs[" not in message
+    message = _explained(records, lambda: f(w, jnp.ones(4), 2))  # the closest: f(w, w, 1)
+    assert "cached signatures: x: shape float32[3] -> float32[4]" in message
+
+
+def test_varargs_and_var_keywords_are_named_by_their_parameters(records):
+    """As JAX: an extra positional argument by the ``*`` parameter and its index
+    there, an extra keyword by the ``**`` parameter."""
+    f = nbjit.jit(lambda a, *rest, **kw: a)
+    w = jnp.ones(3)
+    f(w, 1, 2, k=1)
+    message = _explained(records, lambda: f(w, 1, 2.0, k=1.0))
+    assert "rest[1]: kind int -> float; kw['k']: kind int -> float" in message
+
+
+def test_partials_methods_and_statics_are_named_by_their_parameters(records):
+    def scale(w, x, *, factor):
+        return x * factor
+
+    part = nbjit.jit(functools.partial(scale, jnp.ones(3)), static_argnames="factor")
+    x = jnp.ones(3)
+    part(x, factor=2)
+    message = _explained(records, lambda: part(jnp.ones(4), factor=2))
+    assert "cached signatures: x: shape float32[3] -> float32[4]" in message
+    message = _explained(records, lambda: part(x, factor=3))
+    assert "cached signatures: factor: static argument value 2 -> 3" in message
+
+    class Model:
+        @functools.partial(nbjit.jit, static_argnums=0)
+        def apply(self, params):
+            return params["w"]
+
+    model = Model()
+    model.apply({"w": x})
+    message = _explained(records, lambda: model.apply({"w": x, "b": x}))
+    assert "cached signatures: params['b']: added" in message
+
+
+def test_without_a_signature_arguments_are_named_by_position():
+    descriptions = _descriptions.argument_paths(None, 2, ("k",))
+    assert descriptions == (["args[0]", "args[1]"], ["kwargs['k']"])
+    # past what the signature accepts (the call fails in JAX): by position too
+    signature = inspect.signature(lambda a, *, b: a)
+    assert _descriptions.argument_paths(signature, 2, ("b", "c")) == (
+        ["a", "args[1]"], ["b", "kwargs['c']"])
 
 
 def test_keyword_names(records):
@@ -131,7 +193,7 @@ def test_pytree_structure(records):
     f(a, {"w": a, "b": a})
     message = _explained(records, lambda: f(a, {"w": a}))
     # the node that changed, by its path (tests/test_explain_structure.py has every kind)
-    assert "args[1]['b']: removed" in message and "PyTreeDef" not in message
+    assert "p['b']: removed" in message and "PyTreeDef" not in message
 
 
 def test_trace_context_x64(records, x64):
@@ -241,7 +303,7 @@ def test_closest_of_many_entries(records):
     for n in range(1, 41):
         f(jnp.ones(n), jnp.ones(n))
     message = _explained(records, lambda: f(jnp.ones(7), jnp.ones(7, jnp.int32)))
-    assert "of 40 cached signatures: args[1]: dtype float32[7] -> int32[7]" in message
+    assert "of 40 cached signatures: y: dtype float32[7] -> int32[7]" in message
     assert "shape" not in message
 
 
@@ -355,8 +417,8 @@ def test_every_differing_field_is_listed_up_to_the_limit(records):
     f(*[jnp.ones(1)] * n)
     message = _explained(records, lambda: f(*[jnp.ones(2)] * n))
     for i in range(_explain._MAX_DIFFERENCES):
-        assert f"args[{i}]: shape float32[1] -> float32[2]" in message
-    assert f"args[{_explain._MAX_DIFFERENCES}]" not in message
+        assert f"xs[{i}]: shape float32[1] -> float32[2]" in message
+    assert f"xs[{_explain._MAX_DIFFERENCES}]" not in message
     assert "and 2 more" in message
 
 
@@ -372,7 +434,7 @@ def test_python_float_then_numpy_float32_names_the_weak_type(records):
     f = nbjit.jit(lambda x: x * 2)
     f(1.5)
     message = _explained(records, lambda: f(np.float32(1.5)))
-    assert "args[0]: kind float -> numpy" in message
+    assert "x: kind float -> numpy" in message
     assert "the weak type changed: weak -> strong" in message
     assert "np.float32(x)" in message  # what to do
 
@@ -497,7 +559,7 @@ def test_the_closer_entry_wins_against_one_that_differs_in_two_statics(records):
     g(x, c=1, d=1)
     g(x, c=1, d=2)
     message = _explained(records, lambda: g(x, c=5, d=1))
-    assert "against the closest of 2 cached signatures: kwargs['c']: static argument value " \
+    assert "against the closest of 2 cached signatures: c: static argument value " \
            "1 -> 5;" in message
 
 

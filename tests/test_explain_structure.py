@@ -70,22 +70,22 @@ def _stack(activation):
 
 # (name, first call's argument, second call's argument, the statement expected)
 CASES = [
-    ("equinox static field", Net(x, 1.0), Net(x, 2.0), "args[0].scale (static field): 1.0 -> 2.0"),
+    ("equinox static field", Net(x, 1.0), Net(x, 2.0), "tree.scale (static field): 1.0 -> 2.0"),
     ("nested static field", _stack("tanh"), _stack("gelu"),
-     "args[0].blocks[2].activation (static field): 'tanh' -> 'gelu'"),
+     "tree.blocks[2].activation (static field): 'tanh' -> 'gelu'"),
     ("flax-style struct field", Struct(x, 4), Struct(x, 8),
-     "args[0].features (static field): 4 -> 8"),
+     "tree.features (static field): 4 -> 8"),
     ("pytree_node=False field", Marked(x, 4), Marked(x, 8),
-     "args[0].features (static field): 4 -> 8"),
-    ("namedtuple type", P(x, x), Q(x, x), "args[0]: P -> Q (namedtuple)"),
-    ("dict key added", {"a": x}, {"a": x, "b": x}, "args[0]['b']: added"),
-    ("dict key removed", {"a": x, "b": x}, {"a": x}, "args[0]['b']: removed"),
-    ("list length", [x, x], [x, x, x], "args[0]: list of 2 -> 3"),
-    ("None for an array", {"m": x}, {"m": None}, "args[0]['m']: float32[2] -> None"),
-    ("array for None", {"m": None}, {"m": x}, "args[0]['m']: None -> float32[2]"),
+     "tree.features (static field): 4 -> 8"),
+    ("namedtuple type", P(x, x), Q(x, x), "tree: P -> Q (namedtuple)"),
+    ("dict key added", {"a": x}, {"a": x, "b": x}, "tree['b']: added"),
+    ("dict key removed", {"a": x, "b": x}, {"a": x}, "tree['b']: removed"),
+    ("list length", [x, x], [x, x, x], "tree: list of 2 -> 3"),
+    ("None for an array", {"m": x}, {"m": None}, "tree['m']: float32[2] -> None"),
+    ("array for None", {"m": None}, {"m": x}, "tree['m']: None -> float32[2]"),
     ("custom aux data", Custom(x, {"k": 3, "j": 1}), Custom(x, {"k": 4, "j": 1}),
-     "args[0] (Custom aux data['k']): 3 -> 4"),
-    ("list for tuple", [x, x], (x, x), "args[0]: list of 2 -> tuple of 2"),
+     "tree (Custom aux data['k']): 3 -> 4"),
+    ("list for tuple", [x, x], (x, x), "tree: list of 2 -> tuple of 2"),
 ]
 
 
@@ -139,8 +139,8 @@ def test_ranked_misses_group_by_the_path():
     for r in nbjit.ranked_misses():
         if "test_ranked_misses_group_by_the_path" in r.function:
             ranked[r.fields] += r.count
-    assert ranked == {("first call",): 2, ("args[0].scale (static field)",): 2,
-                      ("args[0]['b']: added",): 1, ("args[0]['c']: added",): 1}
+    assert ranked == {("first call",): 2, ("tree.scale (static field)",): 2,
+                      ("tree['b']: added",): 1, ("tree['c']: added",): 1}
 
 
 def test_ties_name_each_entry_briefly(records):
@@ -152,8 +152,8 @@ def test_ties_name_each_entry_briefly(records):
         f(Net(x, 2.0))
     (message,) = records()[before:]
     assert "2 of 2 cached signatures are equally close" in message
-    assert "(args[0].scale (static field): 3.0 -> 2.0); or " \
-           "(args[0].scale (static field): 1.0 -> 2.0)" in message
+    assert "(tree.scale (static field): 3.0 -> 2.0); or " \
+           "(tree.scale (static field): 1.0 -> 2.0)" in message
     assert len(message) < 400
 
 
@@ -232,8 +232,8 @@ def test_every_changed_static_field_of_a_module_is_named(records, jit):
     f = jit(lambda m: m.blocks[0].w * m.blocks[1].scale)
     f(_layers(1.0, jax.nn.relu, 1.0, jax.nn.relu))
     message = _records_of(lambda: f(_layers(1.0, jax.nn.gelu, 3.0, jax.nn.relu)), records)
-    assert ("args[0].blocks[0].activation (static field): <function relu> -> <function gelu>; "
-            "args[0].blocks[1].scale (static field): 1.0 -> 3.0") in message, message
+    assert ("m.blocks[0].activation (static field): <function relu> -> <function gelu>; "
+            "m.blocks[1].scale (static field): 1.0 -> 3.0") in message, message
 
 
 @pytest.mark.parametrize("jit", [nbjit.jit, nbjit.filter_jit], ids=["jit", "filter_jit"])
@@ -242,7 +242,7 @@ def test_an_entry_one_field_away_is_closer_than_one_two_fields_away(records, jit
     f(_layers(1.0, jax.nn.relu, 1.0, jax.nn.relu))  # two fields away from the call
     f(_layers(1.0, jax.nn.gelu, 2.0, jax.nn.relu))  # one field away
     message = _records_of(lambda: f(_layers(1.0, jax.nn.gelu, 3.0, jax.nn.relu)), records)
-    assert "against the closest of 2 cached signatures: args[0].blocks[1].scale (static " \
+    assert "against the closest of 2 cached signatures: m.blocks[1].scale (static " \
            "field): 2.0 -> 3.0;" in message, message
 
 

@@ -279,9 +279,23 @@ def test_explained_miss_names_the_module_field(caplog):
         f(_mlp(activation=_relu), x)
         f(_mlp(activation=_gelu), x)
     text = "\n".join(r.getMessage() for r in caplog.records if r.name == "nbjit")
-    assert "args[0].activation: static argument value <function _relu" in text, text
+    assert "m.activation: static argument value <function _relu" in text, text
     assert "-> <function _gelu" in text, text
     assert "test_filter_jit.py" in text.split(" at ")[0], text  # named as the wrapped function
+
+
+def test_a_static_callable_of_another_type_is_named_by_its_function(caplog):
+    """jax.nn.relu is a custom_jvp object, jax.nn.gelu is not: the miss names
+    both functions, then their types."""
+    caplog.set_level("WARNING", logger="nbjit")
+    f = nbjit.filter_jit(lambda model, x: model(x))
+    x = jnp.ones(3)
+    with nbjit.explain_misses():
+        f(_mlp(activation=jax.nn.relu), x)
+        f(_mlp(activation=jax.nn.gelu), x)
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "nbjit")
+    assert ("model.activation: static argument <function relu> -> <function gelu> "
+            "(type custom_jvp -> ") in text, text
 
 
 def test_explained_miss_of_a_new_equal_looking_object(caplog):
@@ -296,7 +310,7 @@ def test_explained_miss_of_a_new_equal_looking_object(caplog):
         for _ in range(2):
             f(Holder(jax.jit(jnp.sin)), jnp.ones(2))
     text = "\n".join(r.getMessage() for r in caplog.records if r.name == "nbjit")
-    assert "args[0].fn" in text and "a new object, not equal" in text, text
+    assert "h.fn: static argument value a new object, not equal" in text, text
 
 
 def test_stats_and_assert_max_misses():
@@ -502,7 +516,7 @@ def test_profile_and_ranked_misses_cover_filter_jit():
     phases, _ = profile.by_name()[names[0]]
     assert len(phases) >= 2  # the hits were timed phase by phase
     rows = [r for r in nbjit.ranked_misses() if "field_step" in r.function]
-    assert any("args[0].activation: static argument value" in r.fields for r in rows), rows
+    assert any("m.activation: static argument value" in r.fields for r in rows), rows
 
 
 def test_dropped_modules_leave_one_entry():

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import subprocess
+import sys
 import weakref
 
 import jax
@@ -81,23 +83,66 @@ def test_jax_eval_shape_traces_the_nbjit_wrapper_once_more():
     assert counts == {"jax": 2, "nbjit": 3}
 
 
-def test_nbjit_functions_pickle_upstream_ones_do_not():
-    """nbjit pickles a jitted function as (function, options), as the spec asks;
-    the unpickled copy shares the original's cache entries (same function,
-    same options). jax.jit objects do not pickle."""
+@nbjit.jit
+def _decorated_scale(x, y=2.0):
+    return x * y
+
+
+class _Model:
+    @nbjit.jit
+    def apply(self, x):
+        return x + 1
+
+
+_PICKLE_SCRIPT = """\
+import pickle, sys
+import jax, jax.numpy as jnp, nbjit
+jit = nbjit.jit if sys.argv[1] == "nbjit" else jax.jit
+
+@jit
+def sq(x):
+    return x * x
+
+kept = jit(lambda x: x)  # a lambda: pickle finds no function by its name
+for name, f in (("decorated", sq), ("lambda", kept)):
+    try:
+        print(name, pickle.loads(pickle.dumps(f)) is f)
+    except Exception as e:
+        print(name, type(e).__name__)
+"""
+
+
+def test_nbjit_functions_pickle_upstream_ones_do_not(tmp_path):
+    """nbjit pickles a jitted function wherever its Python function pickles:
+    ``nbjit.jit(f)`` as (function, options), sharing the original's cache
+    entries (same function, same options); a decorated one (its module holds it
+    at the function's name) by reference, as a function is. jax.jit objects
+    pickle in neither form."""
     nb = nbjit.jit(_scale, static_argnames="y")
     x = jnp.arange(3.0)
     expected = nb(x, y=3.0)
     copy = pickle.loads(pickle.dumps(nb))
-    assert type(copy) is type(nb) and copy.__wrapped__ is _scale
+    assert type(copy) is type(nb) and copy is not nb and copy.__wrapped__ is _scale
     assert_same_outputs(copy(x, y=3.0), expected)
     assert copy.miss_count == 0  # a hit on the entry the original compiled
+    assert pickle.loads(pickle.dumps(_decorated_scale)) is _decorated_scale
+    assert pickle.loads(pickle.dumps(_Model.apply)) is _Model.apply
     try:
         pickle.dumps(jax.jit(_scale))
     except Exception as e:  # noqa: BLE001  (whatever jax raises: it does not pickle)
         assert "pickle" in str(e).lower() or isinstance(e, TypeError | AttributeError)
     else:
         raise AssertionError("jax.jit objects pickle now: drop this footgun")
+    script = tmp_path / "decorated.py"  # a script's own function: __main__.sq
+    script.write_text(_PICKLE_SCRIPT)
+    printed = {}
+    for which in ("nbjit", "jax"):
+        run = subprocess.run([sys.executable, str(script), which], capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        printed[which] = run.stdout.split()
+    assert printed["nbjit"] == ["decorated", "True", "lambda", "PicklingError"]
+    assert printed["jax"][:2] == ["decorated", "PicklingError"] and printed["jax"][2] == "lambda"
 
 
 def test_nbjit_and_jax_jit_keep_separate_dispatch_caches():

@@ -38,16 +38,16 @@ def test_misses_grouped_by_site_and_field_costliest_first(fresh_ranking):
     a = jnp.ones(2)
     f(a, a)  # the first call
     for n in range(3, 6):
-        f(jnp.ones(n), a)  # args[0] shape, three times, from one line
-    f(a, a.astype(jnp.int32))  # args[1] dtype, once
+        f(jnp.ones(n), a)  # x shape, three times, from one line
+    f(a, a.astype(jnp.int32))  # y dtype, once
     rows = _rows_of(churn)
     by_fields = {r.fields: r for r in rows}
-    assert set(by_fields) == {(_explain.FIRST_CALL,), ("args[0]: shape",), ("args[1]: dtype",)}
-    shapes = by_fields[("args[0]: shape",)]
+    assert set(by_fields) == {(_explain.FIRST_CALL,), ("x: shape",), ("y: dtype",)}
+    shapes = by_fields[("x: shape",)]
     site = f"test_miss_diagnostics.py:{_line('f(jnp.ones(n), a)')}"
     assert shapes.count == 3 and shapes.site.endswith(site)
-    assert by_fields[("args[1]: dtype",)].count == 1
-    assert "args[1]: dtype float32[2] -> int32[2]" in by_fields[("args[1]: dtype",)].example
+    assert by_fields[("y: dtype",)].count == 1
+    assert "y: dtype float32[2] -> int32[2]" in by_fields[("y: dtype",)].example
     assert sum(r.count for r in rows) == f.stats().misses == 5
     assert sum(r.seconds for r in rows) == pytest.approx(f.stats().miss_seconds)
     costs = [r.seconds for r in nbjit.ranked_misses()]
@@ -72,7 +72,7 @@ def test_ranked_misses_text_and_html(fresh_ranking):
     assert repr(ranked) == text
     header = text.splitlines()[0].split()
     assert header[:2] == ["compile", "s"] and "differs" in header
-    assert "args[0]: shape" in text and function_name(f._fun) in text
+    assert "x: shape" in text and function_name(f._fun) in text
     page = ranked._repr_html_()
     assert page.startswith("<table>") and html.escape(function_name(f._fun)) in page
     assert page.count("<tr>") == 1 + len(ranked)
@@ -85,8 +85,8 @@ def test_ranking_works_with_explaining_off_and_logs_nothing(fresh_ranking, caplo
     f = nbjit.jit(lambda x: x * 3)
     f(jnp.ones(1)), f(jnp.ones(2))
     assert [r.fields for r in _rows_of(f._fun)] in (
-        [(_explain.FIRST_CALL,), ("args[0]: shape",)],
-        [("args[0]: shape",), (_explain.FIRST_CALL,)])
+        [(_explain.FIRST_CALL,), ("x: shape",)],
+        [("x: shape",), (_explain.FIRST_CALL,)])
     assert [r for r in caplog.records if r.name == "nbjit"] == []
 
 
@@ -118,8 +118,8 @@ def test_assert_max_misses_fails_naming_the_explained_misses():
     message = str(error.value)
     assert message.startswith("2 nbjit cache misses, at most 1 allowed")
     assert f"nbjit cache miss of {function_name(step)}" in message
-    assert "args[1]: shape float32[8,3] -> float32[7,3]" in message
-    assert "args[1]: shape float32[7,3] -> float32[6,3]" in message
+    assert "batch: shape float32[8,3] -> float32[7,3]" in message
+    assert "batch: shape float32[7,3] -> float32[6,3]" in message
     assert "test_miss_diagnostics.py:" in message  # the call site
 
 

@@ -28,8 +28,8 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
         assert "nbjit cache miss of train_step (" in text  # named with its definition site
         assert "static argument value 0.05 -> 0.01" in text
         assert "profiler overhead" in text and "median (p90)" in text
-        assert "compile s  misses  function" in text  # the ranked misses
-        assert "args[1]: shape, args[2]: shape" in text
+        assert "miss s  misses  function" in text  # the ranked misses
+        assert "x: shape, y: shape" in text
         assert "AssertionError: 2 nbjit cache misses, at most 1 allowed" in text
         assert "self-check jax.jit/jax.jit" in text
         plot_cell = next(c for c in notebook.cells if "prof.plot()" in c.source)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import time
 import types
@@ -104,7 +105,8 @@ class PjitFunction:
         self.slow_count = 0  # calls of this jit object that took JAX's own path
         register_info(self, JitInfo(fun, options, self._donates, global_key, self._namespace,
                                     self._counters, jitted,
-                                    str(getattr(self, "__name__", "function")), self._binders))
+                                    str(getattr(self, "__name__", "function")), self._binders,
+                                    self._fun_signature))
         register_live(self)  # for nbjit.stats()
 
     # -- the hit path: the binder of the call shape keys the call and runs it
@@ -330,8 +332,14 @@ class PjitFunction:
         except Exception:
             return "<PjitFunction>"
 
-    def __reduce__(self) -> tuple:
-        return (rebuild, (self._fun, self._options))
+    def __reduce__(self) -> str | tuple:
+        """By reference where this object is what its module holds at its
+        qualified name (``@nbjit.jit`` on a module-level function or a method:
+        the function's own name is taken by this object, so the function cannot
+        be pickled by it); else as (function, options), ``nbjit.jit(f)`` kept
+        under another name. Either pickles where the function does."""
+        name = _name_holding(self)
+        return name if name is not None else (rebuild, (self._fun, self._options))
 
     def __getstate__(self) -> dict[str, Any]:
         """Like jaxlib's: "function_name" is `fun`'s name (through functools.partial).
@@ -442,6 +450,22 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
 def _as_view(jitted: PjitFunction) -> JitView:
     """Never called: the type checker proves here that `PjitFunction` is a `JitView`."""
     return jitted
+
+
+def _name_holding(jitted: PjitFunction) -> str | None:
+    """`jitted`'s qualified name where its module holds `jitted` itself there
+    (what pickle looks up by), else None."""
+    qualname = getattr(jitted, "__qualname__", None)
+    module = sys.modules.get(getattr(jitted, "__module__", None) or "")
+    if module is None or not isinstance(qualname, str) or "<locals>" in qualname:
+        return None
+    found: Any = module
+    try:
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:  # a missing name or an attribute that raises: not found
+        return None
+    return qualname if found is jitted else None
 
 
 def rebuild(fun: Callable, options: dict[str, Any]) -> PjitFunction:

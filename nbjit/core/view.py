@@ -13,6 +13,7 @@ that, see `nbjit.core.dispatch._as_view`); its members are read-only here.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -36,6 +37,7 @@ class JitInfo:
     jax_jitted: Any  # JAX's own jitted function (its path: slow calls, misses)
     name: str  # its `__name__`
     binders: Any  # its call shape -> binder table (`nbjit.core.binders.BinderTable`)
+    signature: inspect.Signature | None  # `fun`'s, as JAX resolved it (None: it has none)
 
 
 def register_info(jitted: Any, facts: JitInfo) -> None:

@@ -22,6 +22,7 @@ trace-time objects). A computation that holds a host callback (an
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 import warnings
 import weakref
@@ -141,11 +142,13 @@ class FilterExtension(JitExtension):
     described by the wrapped function's arguments, each static leaf by its
     path (`nbjit.filter.describe`)."""
 
-    __slots__ = ("filter_warning", "layout")
+    __slots__ = ("filter_warning", "layout", "signature")
 
-    def __init__(self, filter_warning: bool, layout: str) -> None:
+    def __init__(self, filter_warning: bool, layout: str,
+                 signature: inspect.Signature | None = None) -> None:
         self.filter_warning = filter_warning
         self.layout = layout
+        self.signature = signature  # the wrapped function's: names the described paths
 
     def jax_path(self) -> contextlib.AbstractContextManager[Any]:
         if not self.filter_warning:
@@ -155,7 +158,7 @@ class FilterExtension(JitExtension):
     def describe(self, args: tuple, kwargs: dict, context: tuple, description: Any) -> Any:
         try:
             _, static, arrays = split_inner_args(self.layout, args)
-            return describe.describe_filter_call(static, arrays, context)
+            return describe.describe_filter_call(static, arrays, context, self.signature)
         except Exception:  # describing must never break a call
             return description
 
@@ -168,7 +171,9 @@ def _hiding_donation_warnings() -> Iterator[None]:
 
 
 def filter_pjit(fun: Callable, options: dict[str, Any], filter_warning: bool,
-                layout: str) -> PjitFunction:
-    """The `PjitFunction` of one wrapped function: nbjit's jit, composed with
-    `FilterExtension` (no method of it overridden)."""
-    return PjitFunction(fun, options, extension=FilterExtension(filter_warning, layout))
+                layout: str, signature: inspect.Signature | None = None) -> PjitFunction:
+    """The `PjitFunction` of one wrapped function (`signature`: the wrapped
+    function's): nbjit's jit, composed with `FilterExtension` (no method of it
+    overridden)."""
+    return PjitFunction(fun, options,
+                        extension=FilterExtension(filter_warning, layout, signature))

@@ -339,7 +339,7 @@ def _plan_for(fun: Callable, signature: inspect.Signature, jitkwargs: dict,
         if donate_rest:
             options["donate_argnums"] = 0
         inner = make_inner((*names, getattr(fun, "__module__", None) or __name__), layout, fun)
-        pjit = filter_pjit(inner, options, filter_warning, layout)
+        pjit = filter_pjit(inner, options, filter_warning, layout, signature)
         _names.name_like(inner, fun)  # stats and misses name the wrapped function
         plan = CallPlan(pjit, signature, layout)
         if options_key is not None:

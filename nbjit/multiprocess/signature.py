@@ -160,10 +160,11 @@ def _host_leaves(args: tuple, kwargs: dict | None, description: Any) -> list[tup
     """(path, value) of the host leaves of a call, with `describe_call`'s paths."""
     static = {path for path, _, _ in description.statics}
     kwargs = kwargs or {}
-    arguments = [(f"args[{i}]", v) for i, v in enumerate(args)]
-    arguments += [(f"kwargs[{k!r}]", kwargs[k]) for k in sorted(kwargs)]
+    values = [*args, *(kwargs[k] for k in sorted(kwargs))]
+    if len(values) != len(description.arguments):  # another call's description
+        return []
     out = []
-    for path, value in arguments:
+    for path, value in zip(description.arguments, values, strict=True):
         if path in static:
             continue
         for key_path, leaf in tree_util.tree_flatten_with_path(value)[0]:

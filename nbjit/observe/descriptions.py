@@ -4,13 +4,16 @@ misses compare (`nbjit.observe.explain`), and their packed rows.
 `describe_call` describes a call on a miss (never on a hit: flattening with
 paths costs more than a whole hit): per leaf its path, kind, dtype, shape,
 weak type, sharding and committedness; static values; keyword names;
-pytree structure; trace context. `pack_row` packs one into the int64 row
-that distances are counted over (layout: `nbjit.observe.distance`).
-`nbjit.filter.describe` describes a filter_jit call with the same pieces.
+pytree structure; trace context. Paths start from the parameter's name, as
+JAX's explanations do (`argument_paths`: ``lr``, ``params['w']``).
+`pack_row` packs one into the int64 row that distances are counted over
+(layout: `nbjit.observe.distance`). `nbjit.filter.describe` describes a
+filter_jit call with the same pieces.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,8 +26,8 @@ from nbjit import _jax
 from nbjit._common import PYTHON_SCALARS
 
 __all__ = ["CONTEXT_WORD", "NO_DTYPE", "STRUCTURE_WORD", "CallDescription", "LeafDescription",
-           "add_structure", "describe_call", "describe_leaf", "description_serials", "flag_of",
-           "pack_row", "word_of"]
+           "add_structure", "argument_paths", "describe_call", "describe_leaf",
+           "description_serials", "flag_of", "pack_row", "word_of"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +58,8 @@ class CallDescription:
     positional: int = 0  # how many positional arguments (statics included)
     # (argument path, its treedef) as `structure`: what `structure_difference` walks
     treedefs: tuple[tuple[str, Any], ...] = ()
+    # the path of each argument passed: positional ones in order, then keywords sorted
+    arguments: tuple[str, ...] = ()
 
 
 def word_of(value: Any) -> int:
@@ -101,9 +106,39 @@ def add_structure(path: str, treedef: Any, structure: list, treedefs: list) -> N
         treedefs.append((path, treedef))
 
 
+def argument_paths(signature: inspect.Signature | None, positional: int,
+                   names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the path of each positional argument, of each keyword in `names`), as
+    JAX's explanations name them: a parameter by its name, however it was
+    passed (``lr``); a positional argument past the named ones by the
+    ``*args`` parameter and its index there (``rest[0]``); a keyword no
+    parameter takes by the ``**kwargs`` parameter (``kw['k']``). Without a
+    signature, or past what it accepts: ``args[i]``, ``kwargs['k']``."""
+    by_position: list[str] = []
+    by_keyword: set[str] = set()
+    star = double_star = None
+    if signature is not None:
+        for p in signature.parameters.values():
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                by_position.append(p.name)
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                by_keyword.add(p.name)
+            elif p.kind is p.VAR_POSITIONAL:
+                star = p.name
+            elif p.kind is p.VAR_KEYWORD:
+                double_star = p.name
+    named = len(by_position)
+    args = [by_position[i] if i < named else f"{star}[{i - named}]" if star is not None
+            else f"args[{i}]" for i in range(positional)]
+    kwargs = [k if k in by_keyword else f"{double_star or 'kwargs'}[{k!r}]" for k in names]
+    return args, kwargs
+
+
 def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
-                  static_names: Sequence[str], context: tuple) -> CallDescription:
-    """The description of one call (the original `args` and `kwargs`, statics included).
+                  static_names: Sequence[str], context: tuple,
+                  signature: inspect.Signature | None = None) -> CallDescription:
+    """The description of one call (the original `args` and `kwargs`, statics
+    included); `signature`, the function's, names the paths (`argument_paths`).
 
     Called on misses only: flattening with paths costs more than a whole hit.
     """
@@ -112,21 +147,22 @@ def describe_call(args: tuple, kwargs: dict, static_positions: Sequence[int],
     statics: list[tuple[str, type, Any]] = []
     structure: list[tuple[str, str]] = []
     treedefs: list[tuple[str, Any]] = []
-    for i, value in enumerate(args):
-        if i in static:
-            statics.append((f"args[{i}]", type(value), value))
-        else:
-            _flatten_argument(f"args[{i}]", value, leaves, structure, treedefs)
-    for name in sorted(kwargs):
-        if name in static_names:
-            statics.append((f"kwargs[{name!r}]", type(kwargs[name]), kwargs[name]))
-        else:
-            _flatten_argument(f"kwargs[{name!r}]", kwargs[name], leaves, structure, treedefs)
     names = tuple(sorted(kwargs))
+    arg_paths, kwarg_paths = argument_paths(signature, len(args), names)
+    for i, (path, value) in enumerate(zip(arg_paths, args, strict=True)):
+        if i in static:
+            statics.append((path, type(value), value))
+        else:
+            _flatten_argument(path, value, leaves, structure, treedefs)
+    for name, path in zip(names, kwarg_paths, strict=True):
+        if name in static_names:
+            statics.append((path, type(kwargs[name]), kwargs[name]))
+        else:
+            _flatten_argument(path, kwargs[name], leaves, structure, treedefs)
     row = pack_row(leaves, statics, len(args), structure, names, context)
     return CallDescription(tuple(leaves), tuple(statics), names, tuple(structure), context,
                            tuple(row), np.array(row, dtype=np.int64), next(description_serials),
-                           len(args), tuple(treedefs))
+                           len(args), tuple(treedefs), (*arg_paths, *kwarg_paths))
 
 
 description_serials = itertools.count(1)  # next() is atomic under the GIL

@@ -56,7 +56,13 @@ from nbjit.observe.descriptions import (
     CallDescription,
     LeafDescription,
 )
-from nbjit.observe.names import aval_text, call_site, process_label, structure_differences
+from nbjit.observe.names import (
+    aval_text,
+    call_site,
+    process_label,
+    structure_differences,
+    value_text,
+)
 from nbjit.observe.table import Table
 
 logger = logging.getLogger("nbjit")
@@ -151,7 +157,9 @@ def by_age(descriptions: Sequence[CallDescription]) -> list[CallDescription]:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    """A value in a message, in at most 60 characters: functions and classes by
+    name (`nbjit.observe.names.value_text`), everything else by its repr."""
+    text = value_text(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -237,9 +245,10 @@ def field_differences(old: CallDescription, new: CallDescription) -> list[tuple[
                                              f"static {kind.__name__}"))
             continue
         old_kind, old_value = old_statics[path]
-        if old_kind is not kind:
+        if old_kind is not kind:  # the values too: jax.nn.relu (a custom_jvp) -> a function
             out.append((f"{path}: static argument type",
-                        f"{path}: static argument type {old_kind.__name__} -> {kind.__name__}"))
+                        f"{path}: static argument {_show(old_value)} -> {_show(value)} "
+                        f"(type {old_kind.__name__} -> {kind.__name__})"))
         elif not _equal(old_value, value):
             old_text, new_text = _show(old_value), _show(value)
             change = ("a new object, not equal" if old_text == new_text  # looks the same
@@ -484,7 +493,7 @@ class RankedMisses(Sequence[RankedMiss]):
                 for r in self._rows]
 
     def _table(self) -> Table:
-        header = ["compile s", "misses", "function", "call site", "differs"]
+        header = ["miss s", "misses", "function", "call site", "differs"]
         body = [[f"{r.seconds:.3f}", str(r.count), r.function, r.site, ", ".join(r.fields)]
                 for r in self._rows]
         text_columns = frozenset({2, 3, 4})
@@ -505,10 +514,12 @@ class RankedMisses(Sequence[RankedMiss]):
 def ranked_misses(top: int | None = None) -> RankedMisses:
     """Every nbjit miss of this process so far, grouped by function, call site and
     the fields that differed from the closest cached entry, with how many and
-    the compile time they cost, costliest first (`top`: only the first rows).
+    the time they took (JAX's trace, lowering and compile, or its cache
+    lookups when it held the signature already), costliest first (`top`: only
+    the first rows).
 
     Misses of functions that already had entries say which field to fix;
-    ``first call`` rows are each function's unavoidable first compile.
+    ``first call`` rows are each function's unavoidable first miss.
     """
     with _record_lock:
         rows = [RankedMiss(name, site, fields, count, seconds, message)
@@ -566,9 +577,10 @@ class _MissBudget:
 
 def assert_max_misses(misses: int = 0, slow: int | None = None) -> _MissBudget:
     """``with nbjit.assert_max_misses(n, slow=0):`` fails the block with an
-    AssertionError, naming each explained miss, when nbjit compiled more than
-    `misses` signatures inside it, or (with `slow`) when more than `slow`
-    calls took JAX's own path, with their reasons.
+    AssertionError, naming each explained miss, when more than `misses` calls
+    missed nbjit's cache inside it (whether or not JAX compiled anything new
+    for them), or (with `slow`) when more than `slow` calls took JAX's own
+    path, with their reasons.
 
     Counts are process-wide (every thread's calls count), as JAX's own
     compile caches are; a block that raises keeps its own exception.

@@ -215,13 +215,8 @@ def structure_differences(old: Any, new: Any) -> list[tuple[str, str]]:
 
 
 def _has_argument(description: Any, path: str) -> bool:
-    """Whether the call of `description` passed the argument at `path`
-    (``args[i]`` or ``kwargs['name']``)."""
-    if path.startswith("args["):
-        return int(path[5:path.index("]")]) < description.positional
-    if path.startswith("kwargs["):
-        return any(path == f"kwargs[{name!r}]" for name in description.keyword_names)
-    return True  # not an argument (filter_jit's wrapped callable, "fun"): always there
+    """Whether the call of `description` passed the argument at `path`."""
+    return path in description.arguments
 
 
 class _LeafNames:

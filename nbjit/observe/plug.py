@@ -11,7 +11,7 @@ from typing import Any
 from nbjit import _jax
 from nbjit.core import hooks as _hooks
 from nbjit.core.cache import Counters
-from nbjit.core.view import JitView
+from nbjit.core.view import JitView, info
 from nbjit.observe import explain as _explain
 from nbjit.observe import stats as _stats
 from nbjit.observe.descriptions import describe_call
@@ -25,7 +25,8 @@ def describe(jitted: JitView, args: tuple, kwargs: dict, static_positions: Seque
     """(this call's description or None, and a function (JAX's cache misses after
     the compile) -> `explain.MissContext`)."""
     try:
-        description = describe_call(args, kwargs, static_positions, static_names, context)
+        description = describe_call(args, kwargs, static_positions, static_names, context,
+                                    info(jitted).signature)
     except Exception:  # describing must never break a call
         description = None
     return description, lambda after: _explain.MissContext(

@@ -7,7 +7,7 @@ was profiled (the default), where the time of its calls went: in nbjit's
 dispatch (keying, lookup, inputs, outputs of hits), in `execute_sharded`,
 and in misses and slow calls, timed whole (`nbjit.profile()`); signatures
 whose host inputs became resident or packed (with the packed compiles'
-time); then the misses ranked by the compile time they cost
+time); then the misses ranked by the time they took
 (`nbjit.ranked_misses()`).
 Every row is one function, named as `nbjit.stats()` names it. A call with
 tracers inside another trace is not a slow call: it is counted as traced
@@ -145,8 +145,8 @@ def _ranked_text(ranked: list[dict[str, Any]]) -> list[str]:
     shown = _explain.RankedMisses([_explain.RankedMiss(
         r["function"], r["site"], tuple(r["fields"]), r["count"], r["seconds"], r["example"])
         for r in ranked[:RANKED_SHOWN]])
-    lines = ["", "nbjit run: misses by compile time (grouped by function, call site and the "
-             "fields that differed from the closest cached entry)", str(shown)]
+    lines = ["", "nbjit run: misses by the time they took (grouped by function, call site and "
+             "the fields that differed from the closest cached entry)", str(shown)]
     if len(ranked) > RANKED_SHOWN:
         lines.append(f"... and {len(ranked) - RANKED_SHOWN} more groups (--json has them all)")
     return lines

@@ -83,10 +83,11 @@ def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> Dispatch
 class DispatchStats:
     """What one nbjit function (with its twins) did with its calls.
 
-    calls = hits + misses + slow. `misses` counts compiles (entries created);
-    `slow` calls took JAX's own path, for the reasons in `slow_reasons`;
-    `entries` is how many compiled signatures the cache holds now;
-    `miss_seconds` the wall time spent in misses (trace, lower, compile).
+    calls = hits + misses + slow. `misses` counts the calls nbjit had no entry
+    for and created one (JAX traced and compiled them, or found them in its
+    own caches: a miss is not always a compile); `slow` calls took JAX's own
+    path, for the reasons in `slow_reasons`; `entries` is how many signatures
+    the cache holds now; `miss_seconds` the wall time spent in misses.
     """
 
     name: str
