@@ -57,7 +57,6 @@ as on a device without them).
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import os
 import threading
@@ -159,7 +158,7 @@ class HostPolicy:
                  "__weakref__")
 
     def __init__(self, node: Any, watched: Watched, leaves: list,
-                 fresh_inputs: list[int], eager: bool = False) -> None:
+                 fresh_leaves: list[int], eager: bool = False) -> None:
         self.node_ref = weakref.ref(node)
         self.watched = watched
         self.stage = Stage.PER_LEAF
@@ -175,14 +174,12 @@ class HostPolicy:
         self.eager = eager
         fresh = weakref.WeakMethod(self.fresh)
         self.per_leaf = build_record(watched.fastpath, leaves, False,
-                                     on_fresh=dict.fromkeys(fresh_inputs, fresh))
-        self.builder = dataclasses.replace(
-            self.per_leaf, prepare=_weak_prepare(self, "_build_then_prepare"))
+                                     on_fresh=dict.fromkeys(fresh_leaves, fresh))
+        self.builder = self.per_leaf.replaced(prepare=_weak_prepare(self, "_build_then_prepare"))
         # For leaves without a memo (bigger than its limit) no memo miss says a
         # value is new: this record compares each call's bytes with the last
         # call's instead, until arming is due or given up.
-        self.counter = dataclasses.replace(
-            self.per_leaf, prepare=_weak_prepare(self, "_count_then_prepare"))
+        self.counter = self.per_leaf.replaced(prepare=_weak_prepare(self, "_count_then_prepare"))
 
     def _swap(self, expected: FastPath, stage: Stage, record: FastPath) -> bool:
         """The one place the policy replaces its node's record.
@@ -218,8 +215,7 @@ class HostPolicy:
 
     def hosts(self) -> list[HostInput]:
         """The watched `HostInput` steps (those built with `on_fresh`)."""
-        return [s for s in self.per_leaf.step_objects()
-                if type(s) is HostInput and s.on_fresh is not None]
+        return [s for s in self.per_leaf.host_inputs().values() if s.on_fresh is not None]
 
     def fresh(self) -> None:
         """A watched host leaf brought a new value (its memo missed)."""
@@ -374,9 +370,6 @@ def _weak_call(policy: HostPolicy, method: str) -> Callable[[], None]:
 # ---------------------------------------------------------------------------
 # Arming (after a miss)
 
-
-
-
 # jit options the packed executable keeps (the rest describe f's own inputs/outputs)
 _PACKED_OPTIONS = ("keep_unused", "device", "backend", "compiler_options")
 
@@ -397,28 +390,26 @@ def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: li
         return
     if any(k in jitted.options for k in ("in_shardings", "out_shardings")):
         return
-    n_consts = len(record.consts)
-    hosts = [s for s in record.step_objects() if type(s) is HostInput and s.index >= n_consts]
+    hosts = record.host_inputs()  # leaf -> its HostInput step
     if not hosts:
         return
-    sharding = hosts[0].sharding
+    first = next(iter(hosts.values()))
+    sharding = first.sharding
     shardings = [*fastpath.in_shardings, *fastpath.out_shardings]
     if not all(type(s) is _jax.SingleDeviceSharding for s in shardings) or any(
             s.device_set != sharding.device_set for s in shardings):
         return
-    leaf_of = {h.index: h.index - n_consts if record.kept is None
-               else record.kept[h.index - n_consts] for h in hosts}
-    staged = hosts[0].transfer.stage is not None  # (all of one device: one strategy)
+    staged = first.transfer.stage is not None  # (all of one device: one strategy)
     if staged:
-        layouts = _layouts(hosts, leaf_of, leaves, STAGED_PACK_MAX_BYTES, STAGED_PACK_MAX_BYTES)
+        layouts = _layouts(hosts, leaves, STAGED_PACK_MAX_BYTES, STAGED_PACK_MAX_BYTES)
     else:
-        layouts = _layouts(hosts, leaf_of, leaves, SLOT_MAX_BYTES, TOTAL_MAX_BYTES)
+        layouts = _layouts(hosts, leaves, SLOT_MAX_BYTES, TOTAL_MAX_BYTES)
     # Slots (where a zero-copy put aliases host memory: the CPU) hold bigger
     # leaves too; where puts copy (a GPU) a big leaf keeps its put, which
     # is a copy to the device in any case.
     resident = (RESIDENT and not staged
                 and all(d.platform == "cpu" for d in sharding.device_set))
-    resident_layouts = (_layouts(hosts, leaf_of, leaves, RESIDENT_MAX_BYTES, RESIDENT_MAX_BYTES)
+    resident_layouts = (_layouts(hosts, leaves, RESIDENT_MAX_BYTES, RESIDENT_MAX_BYTES)
                         if resident else [])
     if not layouts and not resident_layouts:
         return
@@ -433,26 +424,22 @@ def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: li
     watched = Watched(fastpath, jaxpr, tuple(layouts), len(leaves), sharding, options,
                       jitted.name, host_counters(jitted.counters), tuple(resident_layouts))
     laid_out = {s.leaf for s in (*layouts, *resident_layouts)}
-    hosts_of = {h.index: h for h in hosts}
     # A leaf too big for a memo puts a copy of itself on every call, a new
     # value or not: slots (a copy into host memory the device reads) cost less.
-    eager = any(not hosts_of[i].memo for i, leaf in leaf_of.items()
-                if leaf in {s.leaf for s in resident_layouts})
-    policy = HostPolicy(node, watched, leaves,
-                        [i for i, leaf in leaf_of.items() if leaf in laid_out], eager)
+    eager = any(not hosts[s.leaf].memo for s in resident_layouts)
+    policy = HostPolicy(node, watched, leaves, [j for j in hosts if j in laid_out], eager)
     node.plan = policy  # the policy lives as long as its node
     policy.install(record)
 
 
-def _layouts(hosts: list[HostInput], leaf_of: dict[int, int], leaves: list, max_each: int,
+def _layouts(hosts: dict[int, HostInput], leaves: list, max_each: int,
              max_total: int) -> list[LeafLayout]:
     """The qualifying host leaves' layouts (at most `max_each` bytes each,
-    `max_total` together), in input order, each at an aligned offset."""
+    `max_total` together), in leaf order, each at an aligned offset."""
     layouts, offset = [], 0
-    for h in hosts:
+    for leaf, h in hosts.items():
         if h.dtype not in PACKABLE:
             continue
-        leaf = leaf_of[h.index]
         layout = LeafLayout(leaf, offset, tuple(h.aval.shape), h.dtype, bool(h.aval.weak_type),
                             python_type(leaves[leaf]))
         if layout.nbytes > max_each or offset + layout.nbytes > max_total:

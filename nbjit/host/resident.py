@@ -34,7 +34,6 @@ on every call keeps `ROTATE_SLOTS` slots and writes the one used longest ago.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import threading
 import weakref
@@ -370,8 +369,9 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
     if not layouts or fence is None:
         return None
     fence_index, fence_bytes = fence
-    n_consts, kept = len(record.consts), record.kept
-    input_index = n_consts + (layouts[0].leaf if kept is None else kept.index(layouts[0].leaf))
+    input_index = record.input_of(layouts[0].leaf)
+    if input_index is None:  # (a host leaf of the record's is never pruned)
+        return None
     pool = ResidentSlots(layouts, watched.sharding, fence_index, input_index, on_broken,
                          fence_bytes)
     slot = pool.claim(None)
@@ -387,13 +387,7 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
         return None
     if inner.executable is not record.executable:
         return None
-    moved: set[int] = set()
-    for step in inner.step_objects():
-        moved.update(getattr(step, "indices", ()))
-        if getattr(step, "index", None) is not None:
-            moved.add(step.index)
-    if any(n_consts + (s.leaf if kept is None else kept.index(s.leaf)) in moved
-           for s in layouts):
+    if any(inner.step_of(s.leaf) is not None for s in layouts):
         return None  # a slot array would be moved: not where the executable wants it
     speculative = any(map(_compared, layouts))  # (runs before its compare: SPECULATE_AFTER)
     written = sum(s.nbytes for s in layouts)
@@ -403,10 +397,10 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
     wake = _waker(pool.devices[0]) if WAKE_MIN_BYTES <= written < WAKE_MAX_BYTES else None
     prepare = _resident_preparer(layouts, watched.n_leaves, inner, pool, record.prepare,
                                  speculative, rotate, wake)
-    resident = dataclasses.replace(record, steps=inner.steps, prepare=prepare, fence=pool.fence)
-    if speculative:
-        resident = dataclasses.replace(resident, execute=_speculating_execute(
-            record.execute, n_consts + (watched.n_leaves if kept is None else len(kept))))
+    # The record over the slots' arrays, with the resident prepare (and, where
+    # a prepare may run the executable itself, the execute that takes its results).
+    resident = inner.replaced(prepare=prepare, fence=pool.fence,
+                              execute=_speculating_execute(inner.execute) if speculative else None)
     return resident, pool
 
 
@@ -483,6 +477,7 @@ def _resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath
              **{f"D{j}": s.dtype for j, s in enumerate(layouts)}}
     if speculative:
         scope.update(counts=pool.counts, SPECULATE_AFTER=SPECULATE_AFTER, run=inner.execute,
+                     RanInputs=RanInputs,
                      consume=_jax.ExecuteResults.consume_with_handlers,
                      handlers=inner.out_handlers, FENCE=pool.fence_index)
     # Out of its own scope: a function in its globals is a cycle, and this
@@ -528,8 +523,8 @@ def _emit_speculate(src: Source, small: list[int], write: Callable[[int], None],
     """Every compared leaf unchanged for SPECULATE_AFTER calls in a row: the
     leaves that are not compared (`small`: small ones, Python scalars) are
     written, the executable runs on the slot, and the compare runs while it
-    does. Equal: its results ride at the end of the inputs, where the
-    record's `execute` takes them. Not equal: that run's outputs fence the
+    does. Equal: its results go back with the inputs (`RanInputs`), and
+    the record's `execute` takes them. Not equal: that run's outputs fence the
     slot (it reads it), and this call takes the per-leaf puts. Either way
     the result is the executable's on the bytes the caller's values held
     during the call."""
@@ -554,7 +549,7 @@ def _emit_speculate(src: Source, small: list[int], write: Callable[[int], None],
                            "append(slot)"])
         with src.block("if not unchanged:"):
             src.line("return fallback(leaves)")
-        src.lines(["inputs.append(results)", "return inputs"])
+        src.lines(["inputs = RanInputs(inputs)", "inputs.results = results", "return inputs"])
 
 
 def _emit_wake(src: Source) -> None:
@@ -578,14 +573,22 @@ def _emit_wake(src: Source) -> None:
         src.line("pass")
 
 
-def _speculating_execute(run: Callable[[Any], Any], n_inputs: int) -> Callable[[Any], Any]:
-    """The resident record's `execute`: a prepare that ran before its compare
-    left the run's results at the end of the inputs (one more than `n_inputs`),
-    and this takes them (the list is the prepare's own)."""
+class RanInputs(list):
+    """The inputs a resident prepare returns when it ran the executable on
+    them already (before its compare): `results` are that run's, which the
+    record's `execute` (`_speculating_execute`) hands back instead of running."""
+
+    __slots__ = ("results",)
+    results: Any
+
+
+def _speculating_execute(run: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The `execute` of a resident record whose prepare may run the executable
+    itself: inputs that already ran (`RanInputs`) give their results."""
     def execute(inputs: Any) -> Any:
-        if len(inputs) == n_inputs:
-            return run(inputs)
-        return inputs.pop()
+        if type(inputs) is RanInputs:
+            return inputs.results
+        return run(inputs)
 
     return execute
 
