@@ -29,7 +29,7 @@ import nbjit
 from nbjit.core.inputs import staging as _staging
 from nbjit.host import packing as _packing
 from nbjit.host import policy as _policy
-from nbjit.host import resident as _resident
+from nbjit.host import slots as _slots
 
 pytestmark = pytest.mark.cpu_host_memory  # tests/conftest.py
 
@@ -335,7 +335,7 @@ def test_caller_overwrites_its_arrays_right_after_each_call(way, monkeypatch):
     it without the fence test gave 170 wrong results of 200 (a probe)."""
     monkeypatch.setattr(_policy, "RESIDENT", way != "packed")
     if way == "resident, one slot":
-        monkeypatch.setattr(_resident, "RESIDENT_CAP", 1)
+        monkeypatch.setattr(_slots, "RESIDENT_CAP", 1)
     n = 1 << 12
 
     def fn(a, b):
@@ -597,9 +597,9 @@ def test_packed_executables_and_slots_die_with_the_function_and_clear_cache(mode
         assert getattr(f.stats(), "packed_compiles" if mode == "packed" else "resident") == 2
         return f
 
-    from nbjit.host import resident as _resident
+    from nbjit.host import waker as _waker
 
-    _resident._waker(jax.devices()[0])  # (made once per device, kept by the process)
+    _waker.waker(jax.devices()[0])  # (made once per device, kept by the process)
     gc.collect()
     gc.disable()
     try:

@@ -24,6 +24,9 @@ from nbjit import _jax
 from nbjit.host import packing as _packing
 from nbjit.host import policy as _policy
 from nbjit.host import resident as _resident
+from nbjit.host import resident_prepare as _prepare
+from nbjit.host import slots as _slots
+from nbjit.host import waker as _waker
 from nbjit.host.policy import TRANSITIONS, Stage
 
 pytestmark = pytest.mark.cpu_host_memory  # tests/conftest.py
@@ -43,7 +46,7 @@ def _is_resident(f, *args, **kwargs) -> bool:
         record.fence is not None)
 
 
-def _pool(f, *args, **kwargs) -> _resident.ResidentSlots:
+def _pool(f, *args, **kwargs) -> _slots.ResidentSlots:
     return _node(f, *args, **kwargs).plan.resident
 
 
@@ -358,19 +361,19 @@ def test_an_unchanged_big_array_is_compared_not_written(monkeypatch):
     """From COMPARE_MIN_BYTES a slot already holding the leaf's bytes is not
     written again; one byte changed anywhere (the last one here), another
     dtype converted into the same signature, or another layout, is written."""
-    monkeypatch.setattr(_resident, "SPECULATE_AFTER", 1 << 30)  # (compare first: tested below)
+    monkeypatch.setattr(_prepare, "SPECULATE_AFTER", 1 << 30)  # (compare first: tested below)
 
     def fn(x):
         return jnp.sum(x, axis=0), x[-1, -1] * 1
 
-    n = _resident.COMPARE_MIN_BYTES // 4 // 128 * 2
+    n = _prepare.COMPARE_MIN_BYTES // 4 // 128 * 2
     x = np.ones((n, 128), np.float32)
     f, args = _run_fresh(fn, lambda i: (x,), calls=4)
     pool = _pool(f, x)
     assert _is_resident(f, x) and pool.made == 1
     staging = pool.free[0][-1]
     writes = []
-    original = _resident._unchanged
+    original = _prepare.unchanged
 
     def counting(address, value, nbytes, dtype):
         same = original(address, value, nbytes, dtype)
@@ -406,11 +409,11 @@ def test_unchanged_big_arrays_run_before_their_compare():
     def fn(x, y):
         return jnp.sum(x, axis=0) + y[0], x[-1, -1] * y[-1, -1]
 
-    n = _resident.COMPARE_MIN_BYTES // 4 // 128
+    n = _prepare.COMPARE_MIN_BYTES // 4 // 128
     x = np.ones((n, 128), np.float32)
     y = np.arange(n * 128, dtype=np.float32).reshape(n, 128)
     f, g = nbjit.jit(fn), jax.jit(fn)
-    for _ in range(_resident.SPECULATE_AFTER + 4):
+    for _ in range(_prepare.SPECULATE_AFTER + 4):
         assert_same_outputs(f(x, y), g(x, y))
     assert _is_resident(f, x, y)
     ran, differed = _speculations(f, x, y)
@@ -419,7 +422,7 @@ def test_unchanged_big_arrays_run_before_their_compare():
         x[where] += 1.0  # in place: the same array object, new bytes
         assert_same_outputs(f(x, y), g(x, y))
         # The next call writes the slot, then the streak builds again.
-        for _ in range(_resident.SPECULATE_AFTER + 2):
+        for _ in range(_prepare.SPECULATE_AFTER + 2):
             assert_same_outputs(f(x, y), g(x, y))
     y2 = y.copy()  # another array with the same bytes: still unchanged
     assert_same_outputs(f(x, y2), g(x, y2))
@@ -436,7 +439,7 @@ def test_small_leaves_beside_an_unchanged_big_one():
     def fn(x, y, s, k):
         return jnp.sum(x, axis=0) * s + jnp.sum(y) + k, x[-1, -1] - s
 
-    n = _resident.COMPARE_MIN_BYTES // 4 // 128
+    n = _prepare.COMPARE_MIN_BYTES // 4 // 128
     x = np.ones((n, 128), np.float32)
     f, g = nbjit.jit(fn), jax.jit(fn)
 
@@ -444,7 +447,7 @@ def test_small_leaves_beside_an_unchanged_big_one():
         y = np.full(7, i, np.float32)
         assert_same_outputs(f(x, y, 0.5 * i, i), g(x, y, 0.5 * i, i))
 
-    for i in range(_resident.SPECULATE_AFTER + 8):
+    for i in range(_prepare.SPECULATE_AFTER + 8):
         call(i)
     y = np.zeros(7, np.float32)
     assert _is_resident(f, x, y, 1.0, 1)
@@ -452,7 +455,7 @@ def test_small_leaves_beside_an_unchanged_big_one():
     assert ran >= 3 and differed == 0, (ran, differed)
     x[n // 2, 3] = 5.0  # in place: the big leaf changes under a run
     call(20)
-    for i in range(_resident.SPECULATE_AFTER + 2):
+    for i in range(_prepare.SPECULATE_AFTER + 2):
         call(30 + i)
     big = 1e39  # above float32's range: whatever jax.jit does with it
     try:
@@ -472,7 +475,7 @@ def test_small_leaves_overwritten_beside_an_unchanged_big_one():
     """The big array unchanged, a small one new every call, both overwritten by
     the caller right after each call, computations in flight: 0 wrong of 200,
     and calls ran before their compare."""
-    n = _resident.COMPARE_MIN_BYTES // 4 * 2
+    n = _prepare.COMPARE_MIN_BYTES // 4 * 2
     f, a, b, wrong = _overwritten_after_each_call(n, lambda i: 1.0, lambda i: i, n_b=256)
     assert wrong == 0
     assert _speculations(f, a, b)[0] > 0
@@ -485,14 +488,14 @@ def test_new_values_every_call_are_written_without_a_compare():
     def fn(x):
         return jnp.sum(x, axis=0)
 
-    n = _resident.COMPARE_MIN_BYTES // 4 // 128
+    n = _prepare.COMPARE_MIN_BYTES // 4 // 128
     xs = [np.full((n, 128), i, np.float32) for i in range(4)]  # (4: not a multiple of ROTATE_SLOTS)
     f, g = nbjit.jit(fn), jax.jit(fn)
     for i in range(4):
         assert_same_outputs(f(xs[i % 4]), g(xs[i % 4]))
     prepare = _node(f, xs[0]).record.prepare
     compares = []
-    original = _resident._unchanged
+    original = _prepare.unchanged
 
     def counting(address, value, nbytes, dtype):
         compares.append(1)
@@ -500,11 +503,11 @@ def test_new_values_every_call_are_written_without_a_compare():
 
     prepare.__globals__["same"] = counting
     try:
-        for i in range(2 * _resident.PROBE_EVERY):
+        for i in range(2 * _prepare.PROBE_EVERY):
             assert_same_outputs(f(xs[i % 4]), g(xs[i % 4]))
-        assert 1 <= len(compares) <= 2 * 2 + _resident.WRITE_AFTER, len(compares)
+        assert 1 <= len(compares) <= 2 * 2 + _prepare.WRITE_AFTER, len(compares)
         ran, _ = _speculations(f, xs[0])
-        for _ in range(_resident.PROBE_EVERY + _resident.SPECULATE_AFTER + 2):
+        for _ in range(_prepare.PROBE_EVERY + _prepare.SPECULATE_AFTER + 2):
             assert_same_outputs(f(xs[1]), g(xs[1]))
         assert _speculations(f, xs[0])[0] > ran
     finally:
@@ -528,12 +531,12 @@ def test_signatures_that_write_every_call_rotate_through_slots():
         pool = _pool(f, xs[0])
         return pool.made, pool.free
 
-    rotate, slots = _resident.ROTATE_MIN_BYTES, _resident.ROTATE_SLOTS
+    rotate, slots = _resident.ROTATE_MIN_BYTES, _slots.ROTATE_SLOTS
     assert made(rotate // 2, 4)[0] == 1
     written, free = made(rotate, 4)  # (below the compare: written every call)
     assert written == slots and len(free) == slots
-    assert made(_resident.COMPARE_MIN_BYTES, 4)[0] == slots  # new values: written
-    assert made(_resident.COMPARE_MIN_BYTES, 1)[0] == 1  # the same array: compared, not written
+    assert made(_prepare.COMPARE_MIN_BYTES, 4)[0] == slots  # new values: written
+    assert made(_prepare.COMPARE_MIN_BYTES, 1)[0] == 1  # the same array: compared, not written
     # In turn: the slot a call takes is the one used longest ago.
     xs = [np.full((rotate // 4 // 64, 64), i, np.float32) for i in range(5)]
     f = nbjit.jit(lambda x: jnp.sum(x, axis=0) * 3)
@@ -634,7 +637,7 @@ def test_no_wake_where_none_can_be_made(monkeypatch, why):
     def broken(compiled):
         raise RuntimeError("no")
 
-    monkeypatch.setattr(_resident, "_wakers", {})
+    monkeypatch.setattr(_waker, "_wakers", {})
     if why == "no compile":
         monkeypatch.setattr(_jax, "compiled_execute", broken)
     else:
@@ -644,8 +647,8 @@ def test_no_wake_where_none_can_be_made(monkeypatch, why):
     for i in range(20):
         assert_same_outputs(f(xs[i % 4]), g(xs[i % 4]))
     assert _is_resident(f, xs[0])
-    assert _node(f, xs[0]).record.prepare.__globals__["wake"] is None
-    assert _resident._wakers == {jax.devices()[0]: None}
+    assert _node(f, xs[0]).record.prepare.__globals__.get("wake") is None
+    assert _waker._wakers == {jax.devices()[0]: None}
 
 
 def test_a_record_that_runs_before_its_compare_dies_with_its_function():
@@ -655,14 +658,14 @@ def test_a_record_that_runs_before_its_compare_dies_with_its_function():
 
     from nbjit import _jax
 
-    _resident._waker(jax.devices()[0])  # (made once per device, kept by the process)
+    _waker.waker(jax.devices()[0])  # (made once per device, kept by the process)
     gc.collect()
     gc.disable()
     try:
         live = len(_jax.live_executables())
         f = nbjit.jit(lambda x: jnp.sum(x) * 2)
-        x = np.ones(_resident.COMPARE_MIN_BYTES // 4, np.float32)
-        for _ in range(_resident.SPECULATE_AFTER + 4):
+        x = np.ones(_prepare.COMPARE_MIN_BYTES // 4, np.float32)
+        for _ in range(_prepare.SPECULATE_AFTER + 4):
             jax.block_until_ready(f(x))  # (one slot: a busy one would make another)
         assert _speculations(f, x)[0] >= 1
         assert len(_jax.live_executables()) == live + 1
@@ -681,8 +684,8 @@ def test_the_floor_of_a_record_that_runs_before_its_compare():
         return jnp.sum(x) * 2
 
     f = nbjit.jit(fn)
-    x = np.arange(_resident.COMPARE_MIN_BYTES // 4, dtype=np.float32)
-    for _ in range(_resident.SPECULATE_AFTER + 4):
+    x = np.arange(_prepare.COMPARE_MIN_BYTES // 4, dtype=np.float32)
+    for _ in range(_prepare.SPECULATE_AFTER + 4):
         jax.block_until_ready(f(x))
     ran, _ = _speculations(f, x)
     run = floor_call(f, x)
@@ -696,7 +699,7 @@ def test_runs_before_their_compare_never_see_later_writes():
     overwriting its arrays right after every call and restoring them before
     the next, computations in flight: 0 results wrong, and calls both ran
     before their compare and found a difference there."""
-    n = _resident.COMPARE_MIN_BYTES // 4 * 2
+    n = _prepare.COMPARE_MIN_BYTES // 4 * 2
     f, a, b, wrong = _overwritten_after_each_call(n, lambda i: i // 7)  # new every 7 calls
     assert wrong == 0
     ran, differed = _speculations(f, a, b)
@@ -762,14 +765,14 @@ def test_slot_memory_is_bounded(monkeypatch):
     f, args = _run_fresh(fn, lambda i: (np.full(n, i, np.float32),), calls=3)
     pool = _pool(f, *args)
     assert pool.slot_bytes >= 2 * 4 * n
-    assert pool.cap == min(_resident.RESIDENT_CAP, _resident.SIGNATURE_MAX_BYTES // pool.slot_bytes)
-    held = _resident.resident_bytes()
+    assert pool.cap == min(_slots.RESIDENT_CAP, _slots.SIGNATURE_MAX_BYTES // pool.slot_bytes)
+    held = _slots.resident_bytes()
     assert held >= pool.made * pool.slot_bytes
     f.clear_cache()
     del f, pool
     gc.collect()
-    assert _resident.resident_bytes() <= held - 2 * 4 * n
-    monkeypatch.setattr(_resident, "PROCESS_MAX_BYTES", 0)  # (others may free theirs meanwhile)
+    assert _slots.resident_bytes() <= held - 2 * 4 * n
+    monkeypatch.setattr(_slots, "PROCESS_MAX_BYTES", 0)  # (others may free theirs meanwhile)
     def fn2(a):
         return a * 3
 

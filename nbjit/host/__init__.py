@@ -5,8 +5,9 @@ host buffer, so a signature that keeps bringing new host values can have
 them written where the executable reads them instead of put leaf by leaf.
 `policy` (one `HostPolicy` per watched signature, the only code that asks
 the cache to replace a node's record) arms that after a miss, `resident`
-makes the slots, `packing` (one put and a second executable) is the way
-where slots cannot be, `layout` is what those two share.
+makes a record write into slots (`slots`, `resident_prepare`, `waker`),
+`packing` (one put and a second executable) is the way where slots cannot
+be, `layout` is what those two share.
 
 On a device with memory of its own (an accelerator) host arrays are staged
 (the core's `Staged` transfer: a private copy, put zero copy); there the

@@ -74,6 +74,7 @@ from nbjit.core.view import JitInfo, info
 from nbjit.host import packing as _packing
 from nbjit.host import resident as _resident
 from nbjit.host.layout import PACKABLE, LeafLayout, Watched, host_counters, python_type
+from nbjit.host.slots import ResidentSlots
 
 __all__ = ["PACK_AFTER", "RESIDENT_MAX_BYTES", "SLOT_MAX_BYTES", "STAGED_PACK_MAX_BYTES",
            "TOTAL_MAX_BYTES", "TRANSITIONS", "HostPolicy", "Stage", "enabled", "on_miss",
@@ -166,7 +167,7 @@ class HostPolicy:
         self.window_start = 0
         self.lock = threading.Lock()  # one call at a time makes slots or starts a compile
         self.sync = False  # compile on the calling thread (see `_start_background`)
-        self.resident: _resident.ResidentSlots | None = None
+        self.resident: ResidentSlots | None = None
         self.seen: list[bytes] | None = None  # the last counted call's bytes (`counter`)
         self.calls = 0  # calls counted by `counter`
         # Arm at once (`install`): slots may hold a leaf too big for a memo,
