@@ -30,6 +30,7 @@ from nbjit.core.inputs import staging as _staging
 from nbjit.host import packing as _packing
 from nbjit.host import policy as _policy
 from nbjit.host import slots as _slots
+from nbjit.host import watch as _watch
 
 pytestmark = pytest.mark.cpu_host_memory  # tests/conftest.py
 
@@ -306,7 +307,7 @@ def test_donation_big_leaves_and_switch_off_are_not_packed():
         f(np.full(3, i, np.float32), np.ones(3, np.float32), jnp.ones(3))
     assert _packing.wait(120)
     assert f.stats().packed_compiles == 0
-    big = _policy.SLOT_MAX_BYTES // 4 + 1
+    big = _watch.SLOT_MAX_BYTES // 4 + 1
     f, args = _run_fresh(lambda a, b: a[:3] + b, lambda i: (
         np.full(big, i, np.float32), np.full(3, -i, np.float32)))
     assert f.stats().packed_compiles == 0

@@ -856,13 +856,17 @@ def test_only_the_cache_assigns_a_nodes_record():
 def test_on_miss_never_raises_into_the_miss_path():
     """`on_miss` is what the miss path calls after a compile with a record: a
     jitted object it cannot read, or no node, leaves the miss alone."""
-    from nbjit.host import policy
+    import types
 
-    assert policy.on_miss(object(), None, None, None, [], (), {}) is None
+    from nbjit.host import watch
+
+    assert watch.on_miss(object()) is None
     f = nbjit.jit(lambda a, b: a + b)
     args = _fresh_pair(0)
     f(*args)
     node = _node(f, *args)
     record = node.record
-    assert policy.on_miss(f, node, None, None, list(args), args, {}) is None
+    outcome = types.SimpleNamespace(jitted=f, node=node, record=None, fastpath=None,
+                                    leaves=list(args), args=args, kwargs={})
+    assert watch.on_miss(outcome) is None
     assert node.record is record  # nothing swapped
