@@ -151,7 +151,7 @@ def test_zero_d_empty_misaligned_strided_and_fortran_arrays(mode):
     assert _is_fast(f, mode, *args)
     if mode == "resident":  # the empty leaf keeps its put (nothing to write)
         node, _ = f._entry_for(args, {})
-        assert [s.leaf for s in node.plan.resident.layouts] == [0, 2, 3, 4, 5]
+        assert [s.leaf for s in node.host_policy.resident.layouts] == [0, 2, 3, 4, 5]
 
 
 def test_python_scalars_keep_weak_types(mode):
@@ -495,7 +495,7 @@ def test_a_context_the_thread_cannot_enter_compiles_on_the_calling_thread(monkey
                                                                np.full(3, -i, np.float64)))
         assert _is_packed(f, *args) and f.stats().packed_compiles == 1
         node, _ = f._entry_for(args, {})
-        assert node.plan.sync
+        assert node.host_policy.sync
         assert f(*args).dtype == np.float64
 
 
@@ -511,7 +511,7 @@ def test_config_options_registered_after_import_still_pack_off_thread(monkeypatc
                                                             np.full(3, -i, np.float32)))
     assert _is_packed(f, *args) and f.stats().packed_compiles == 1
     node, _ = f._entry_for(args, {})
-    assert not node.plan.sync  # compiled on its own thread, not handed back
+    assert not node.host_policy.sync  # compiled on its own thread, not handed back
     assert len(_jax.trace_context_states) == len(_jax.trace_context())
 
 

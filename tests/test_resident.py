@@ -47,7 +47,7 @@ def _is_resident(f, *args, **kwargs) -> bool:
 
 
 def _pool(f, *args, **kwargs) -> _slots.ResidentSlots:
-    return _node(f, *args, **kwargs).plan.resident
+    return _node(f, *args, **kwargs).host_policy.resident
 
 
 def _run_fresh(fn, make_args, calls=CALLS, **jit_options):
@@ -178,7 +178,7 @@ def test_deleted_fences_retire_slots_then_the_signature_gives_them_up():
     assert pool.broken and pool.retired >= pool.MAX_RETIRED
     assert not _is_resident(f, *_fresh_pair(0))
     node = _node(f, *_fresh_pair(0))
-    assert node.plan.stage is Stage.GIVEN_UP and node.record is node.plan.per_leaf
+    assert node.host_policy.stage is Stage.GIVEN_UP and node.record is node.host_policy.per_leaf
     for i in range(4):
         assert_same_outputs(f(*_fresh_pair(i)), g(*_fresh_pair(i)))
 
@@ -199,7 +199,7 @@ def test_an_output_aliasing_a_slot_gives_slots_up():
 
     assert not pool._check_outputs(slot, [Aliasing()])
     assert pool.broken and not _is_resident(f, *_fresh_pair(0))
-    assert _node(f, *_fresh_pair(0)).plan.stage is Stage.GIVEN_UP
+    assert _node(f, *_fresh_pair(0)).host_policy.stage is Stage.GIVEN_UP
     assert_same_outputs(f(*_fresh_pair(3)), jax.jit(lambda a, b: a - b)(*_fresh_pair(3)))
 
 
@@ -221,10 +221,10 @@ def test_a_device_whose_puts_copy_gets_packing_instead(monkeypatch):
     assert _packing.wait(120)
     assert_same_outputs(f(*args), jax.jit(lambda a, b: a * b)(*args))
     assert not _is_resident(f, *args) and f.stats().resident == 0
-    assert f.stats().packed_compiles == 1 and _node(f, *args).plan.stage is Stage.PACKED
+    assert f.stats().packed_compiles == 1 and _node(f, *args).host_policy.stage is Stage.PACKED
     f, args = _run_fresh(lambda a: a + 1, lambda i: (np.full(3, i, np.float32),))
     assert f.stats().resident == 0 and f.stats().packed_compiles == 0
-    assert _node(f, *args).plan.stage is Stage.GIVEN_UP  # one leaf, no slots: nothing to pack
+    assert _node(f, *args).host_policy.stage is Stage.GIVEN_UP  # one leaf, no slots
 
 
 def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatch):
@@ -263,7 +263,7 @@ def test_the_same_big_arrays_every_call_get_slots():
     same = (np.ones(n, np.float32), np.full(n, 2, np.float32))
     f, args = _run_fresh(lambda a, b: a @ b, lambda i: same, calls=2)
     assert _is_resident(f, *args) and f.stats().resident == 1
-    assert _node(f, *args).plan.stage is Stage.RESIDENT
+    assert _node(f, *args).host_policy.stage is Stage.RESIDENT
     g, args = _run_fresh(lambda a, b: a @ b - 1,
                          lambda i: (np.full(n, i, np.float32), np.ones(n, np.float32)))
     assert _is_resident(g, *args) and g.stats().resident == 1
@@ -805,7 +805,7 @@ def test_the_policy_swaps_in_its_watching_record_built_with_on_fresh():
     args = _fresh_pair(0)
     f(*args)
     node = _node(f, *args)
-    policy = node.plan
+    policy = node.host_policy
     assert policy.stage is Stage.PER_LEAF and node.record is policy.per_leaf
     hosts = [s for s in node.record.step_objects() if type(s).__name__ == "HostInput"]
     assert len(hosts) == 2 and all(h.on_fresh is not None for h in hosts)
@@ -818,7 +818,7 @@ def test_the_policy_swaps_in_its_watching_record_built_with_on_fresh():
 def test_the_swap_is_a_compare_and_swap_along_the_table():
     f, args = _run_fresh(lambda a, b: a + b, _fresh_pair)
     node = _node(f, *args)
-    policy, resident = node.plan, node.record
+    policy, resident = node.host_policy, node.record
     assert policy.stage is Stage.RESIDENT
     # Not what the node holds: refused, nothing changes.
     assert not policy._swap(policy.builder, Stage.GIVEN_UP, policy.per_leaf)

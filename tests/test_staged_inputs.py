@@ -128,7 +128,7 @@ def test_new_values_every_call_are_packed_in_words(packed):
         a = args(i)
         assert_same_outputs(f(*a), g(*a))
     node, _ = f._entry_for(a, {})
-    assert node.plan.stage is _policy.Stage.PACKED
+    assert node.host_policy.stage is _policy.Stage.PACKED
     assert f.stats().packed_compiles == 1 and f.stats().resident == 0
 
 
@@ -166,4 +166,4 @@ def test_packed_results_equal_jax_jits_bit_for_bit(packed):
                 rng.standard_normal(1000).astype(np.float32))
         assert_same_outputs(f(*args), g(*args))
     node, _ = f._entry_for(args, {})
-    assert node.plan.stage is _policy.Stage.PACKED
+    assert node.host_policy.stage is _policy.Stage.PACKED

@@ -133,7 +133,7 @@ def guard_and_pop(src: Source, item: str, busy: str) -> Iterator[Source]:
 
 
 class HostCounters:
-    """The host room's counters for one cache namespace (`Counters.room("host")`),
+    """The host room's counters for one cache namespace (`Counters.extension("host")`),
     reported by `nbjit.stats()`: packed executables compiled (`packing`) and
     their compile time, signatures given resident host inputs (`policy`)."""
 
@@ -155,4 +155,4 @@ class HostCounters:
 
 def host_counters(counters: Any) -> HostCounters:
     """The host's counters inside a namespace's `nbjit.core.cache.Counters`."""
-    return counters.room("host", HostCounters)
+    return counters.extension("host", HostCounters)

@@ -9,7 +9,7 @@ where a zero-copy put aliases host memory, i.e. the CPU), else packing
 (`nbjit.host.packing`: one put and a second executable).
 
 After a miss, `nbjit.host.watch.on_miss` arms a `HostPolicy` for a
-signature whose host leaves qualify, and the node holds it (`node.plan`).
+signature whose host leaves qualify, and the node holds it (`node.host_policy`).
 
 The policy is the only code that asks for a node's record to be replaced
 after the miss path inserted it, in one method (`HostPolicy._swap`, through
@@ -130,7 +130,7 @@ class HostPolicy:
     `per_leaf` is the watching per-leaf record (its memos call `fresh`);
     `counter` and `builder` are that record with another `prepare` (count
     calls; make slots or start the compile) and hold the policy weakly, so
-    the node holds the policy (`node.plan`) and nothing holds it back.
+    the node holds the policy (`node.host_policy`) and nothing holds it back.
     """
 
     __slots__ = ("node_ref", "watched", "per_leaf", "counter", "builder", "stage", "count",

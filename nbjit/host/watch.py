@@ -100,7 +100,7 @@ def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: li
     # value or not: slots (a copy into host memory the device reads) cost less.
     eager = any(not hosts[s.leaf].memo for s in resident_layouts)
     policy = _policy.HostPolicy(node, watched, leaves, [j for j in hosts if j in laid_out], eager)
-    node.plan = policy  # the policy lives as long as its node
+    node.host_policy = policy  # the policy lives as long as its node
     policy.install(record)
 
 
