@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import sys
 import threading
 import time
@@ -153,19 +152,14 @@ def compile_packed(watched: Watched, record: FastPath, leaves: list) -> FastPath
         inner = build_record(fastpath, [example, *others], False)
     except Unsupported:
         return None
-    steps = inner.step_objects()
-    if any(getattr(s, "index", None) is None for s in steps):
+    if inner.uses_shard_args():
         return None  # JAX's shard_args among the steps: keep it simple
-    n_consts = len(inner.consts)
-    if inner.kept is not None and 0 not in inner.kept:
+    if inner.input_of(0) is None:
         return None  # (every packed leaf unused: nothing to gain)
-    if any(s.index == n_consts for s in steps):
+    if inner.step_of(0) is not None:
         return None  # the packed buffer itself would be moved: not one device
     prepare = _packed_preparer(layouts, n_leaves, inner, staging, aval, sharding, devices)
-    return dataclasses.replace(
-        record, executable=inner.executable, execute=inner.execute,
-        consts=inner.consts, kept=inner.kept, steps=inner.steps,
-        leaves_are_inputs=False, prepare=prepare)
+    return record.with_inputs_of(inner, prepare)
 
 
 def _packed_preparer(layouts: tuple[LeafLayout, ...], n_leaves: int, inner: FastPath,
