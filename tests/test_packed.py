@@ -26,10 +26,10 @@ from _diff import assert_same_call, assert_same_outputs
 from _threads import run_threads
 
 import nbjit
-from nbjit.core.inputs import staging as _staging
 from nbjit.host import packing as _packing
 from nbjit.host import policy as _policy
 from nbjit.host import slots as _slots
+from nbjit.host import staging as _host_staging
 from nbjit.host import watch as _watch
 
 pytestmark = pytest.mark.cpu_host_memory  # tests/conftest.py
@@ -377,7 +377,7 @@ def test_pool_is_capped_and_reused(monkeypatch):
 
     f, g = nbjit.jit(fn), jax.jit(fn)
     rng = np.random.default_rng(7)
-    before = _staging.host_staging_size()
+    before = _host_staging.host_staging_size()
     pending = []
     for i in range(60):  # many calls in flight: beyond the cap, fresh unpooled buffers
         if i == _policy.PACK_AFTER + 2:
@@ -385,7 +385,7 @@ def test_pool_is_capped_and_reused(monkeypatch):
         a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         pending.append((f(a, b), g(a, b)))
     assert _is_packed(f, a, b)
-    assert _staging.host_staging_size() - before <= 3
+    assert _host_staging.host_staging_size() - before <= 3
     for nb, jx in pending:
         assert_same_outputs(nb, jx)
     node, _ = f._entry_for((a, b), {})

@@ -6,8 +6,9 @@ them written where the executable reads them instead of put leaf by leaf.
 `watch` arms a `policy` after a miss (one `HostPolicy` per watched
 signature, the only code that asks the cache to replace a node's record);
 `resident` makes a record write into slots (`slots`, `resident_prepare`,
-`waker`), `packing` (one put and a second executable) is the way where
-slots cannot be, `layout` is what those two share.
+`waker`), `packing` (one put and a second executable, its buffers pooled
+by `staging`) is the way where slots cannot be, `layout` is what those two
+share.
 
 On a device with memory of its own (an accelerator) host arrays are staged
 (the core's `Staged` transfer: a private copy, put zero copy); there the
