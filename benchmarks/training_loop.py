@@ -3,12 +3,13 @@
     python benchmarks/training_loop.py [--batches 128 1024] [--rounds 9] [--steps 100]
                                        [--widths 512] [--json FILE]
 
-An MLP 784-W-W-10 (W: each of --widths, 512 by default) with plain SGD; each step takes a new (x, y) numpy
-batch from a pool of 8 (as a loader hands them out) and nothing blocks until
-the end of a round. The two functions run in alternating rounds in one
-process; per batch size it prints the per-step ratio nbjit / jax.jit (median
-and p10-p90 of the rounds), the ratio of the time until each call returns,
-whether the losses are equal, and the host-inputs line of nbjit's stats.
+An MLP 784-W-W-10 (W: each of --widths, 512 by default) with plain SGD; each
+step takes a new (x, y) numpy batch from a pool of 8 (as a loader hands them
+out) and nothing blocks until the end of a round. The two functions run in
+alternating rounds in one process; per batch size it prints the per-step ratio
+nbjit / jax.jit (median and p10-p90 of the rounds), the ratio of the time
+until each call returns, whether the losses are equal, and the host-inputs
+line of nbjit's stats.
 
 Then the write-right-after-the-call check: a numpy input (8 KiB to 25 MiB)
 is overwritten right after each call while a slow computation keeps the

@@ -4,7 +4,8 @@
 shardings (numpy arrays and scalars onto any sharding); the rest manages the
 plans and staging buffers behind it. The implementation lives in the core's
 input path: `nbjit.core.inputs.plans` (plans) and `nbjit.core.inputs.staging`
-(staging buffers and their pools).
+(staging buffers and their pools); `host_staging_size` counts packed host
+inputs' pools (`nbjit.host.staging`).
 """
 
 from nbjit.core.inputs.plans import (
@@ -17,7 +18,8 @@ from nbjit.core.inputs.plans import (
     plan_for,
     warm_kernels,
 )
-from nbjit.core.inputs.staging import clear_staging_pool, host_staging_size, staging_pool_size
+from nbjit.core.inputs.staging import clear_staging_pool, staging_pool_size
+from nbjit.host.staging import host_staging_size
 
 __all__ = [
     "SINGLE_DEVICE_PLAN_MIN_BYTES", "ShardingPlan", "addressable_index_domains", "clear_plans",

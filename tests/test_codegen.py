@@ -1,5 +1,5 @@
 """The one emitter of generated source (nbjit/core/codegen.py `Source`) and the
-one object that knows a resident slot's layout (nbjit/host/resident.py
+one object that knows a resident slot's layout (nbjit/host/slots.py
 `SlotLayout`).
 
 Every generator builds its code from statements and nested blocks; only
@@ -15,7 +15,7 @@ import pytest
 
 from nbjit.core.codegen import Source, run_source
 from nbjit.host.layout import LeafLayout, lay_out
-from nbjit.host.resident import ResidentSlots, SlotLayout
+from nbjit.host.slots import ResidentSlots, SlotLayout
 
 
 def test_a_block_indents_what_it_holds_one_level_and_ends_with_the_with():

@@ -9,6 +9,8 @@ through a `ShardingPlan` instead. Every test compares with jax.jit.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
@@ -325,3 +327,43 @@ def test_preparer_applies_steps_to_consts_and_kept_leaves(monkeypatch):
             for got, want in zip(inputs, expected, strict=True):
                 assert isinstance(got, jax.Array) and got.devices() == {dev0}
                 np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_record_says_where_each_leaf_goes():
+    """A `FastPath` answers in leaves, whatever its consts and pruning: the
+    executable input a leaf is (None: pruned), the step that moves it, its
+    host leaves (a closed-over constant's step is no leaf's); `replaced`
+    keeps every other field and runs the new prepare; `with_inputs_of`
+    keeps the outputs and takes the other record's program and inputs."""
+    target = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    consts = (np.arange(3, dtype=np.float32),)
+    leaves = [jnp.ones(4), np.full(2, 5, np.int32), 2.5, np.ones(3, np.float32)]
+    kept = (0, 2, 3)  # leaves[1] is pruned
+    inputs = [*consts, *[leaves[j] for j in kept]]
+    steps = {i: step for i, x in enumerate(inputs)
+             if (step := _steps.input_step(i, x, target, False)) is not None}
+    record = _record.FastPath(
+        executable=object(), execute=print, out_handlers=[], out_tree=None, single_output=True,
+        consts=consts, kept=kept, steps=tuple(s.apply for _, s in sorted(steps.items())),
+        leaves_are_inputs=False,
+        prepare=_record._make_preparer(consts, kept, len(leaves), steps, None))
+    assert [record.input_of(j) for j in range(4)] == [1, None, 2, 3]
+    hosts = record.host_inputs()
+    assert list(hosts) == [2, 3] and [h.index for h in hosts.values()] == [2, 3]
+    assert [record.step_of(j) for j in range(4)] == [None, None, hosts[2], hosts[3]]
+    assert not record.uses_shard_args()
+    everything = [f.name for f in dataclasses.fields(record)]
+
+    def prepare(leaves):
+        return record.prepare(leaves)
+
+    copy = record.replaced(prepare=prepare, fence=print)
+    assert copy.prepare is prepare and copy.fence is print and not copy.leaves_are_inputs
+    assert all(getattr(copy, name) is getattr(record, name) for name in everything
+               if name not in ("prepare", "fence", "leaves_are_inputs"))
+    other = dataclasses.replace(record, executable=object(), consts=(), kept=None, steps=(),
+                                out_handlers=[len], leaves_are_inputs=True)
+    both = record.with_inputs_of(other, prepare)
+    assert both.executable is other.executable and both.kept is None and both.consts == ()
+    assert both.out_handlers is record.out_handlers and both.prepare is prepare
+    assert not both.leaves_are_inputs and both.input_of(1) == 1

@@ -98,14 +98,14 @@ def test_the_core_puts_host_inputs_by_itself():
         for k in range(FRESH_CALLS):
             assert_same_outputs(f(*_fresh_args(k)), g(*_fresh_args(k)))
         node, _ = f._entry_for(_fresh_args(0), {})
-        assert node.plan is None
+        assert node.host_policy is None
         steps = steps_of(f, *_fresh_args(0))["HostInput"]
         assert len(steps) == 3 and all(s.transfer is platforms.DIRECT for s in steps)
     armed = nbjit.jit(_new_f())
     for k in range(FRESH_CALLS):
         armed(*_fresh_args(k))
     node, _ = armed._entry_for(_fresh_args(0), {})
-    assert node.plan is not None
+    assert node.host_policy is not None
 
 
 def test_a_strategy_stages_every_numpy_put_and_hears_each_miss():
@@ -125,7 +125,7 @@ def test_a_strategy_stages_every_numpy_put_and_hears_each_miss():
         assert staging.staged == 2 * (FRESH_CALLS - 1)  # the first call: JAX's path (a miss)
         node, _ = f._entry_for(_fresh_args(0), {})
         assert staging.misses == [node]
-        assert node.plan is None  # the CPU's policy is not this strategy's
+        assert node.host_policy is None  # the CPU's policy is not this strategy's
         source = inspect.getsource(node.record.prepare)
         assert "[T0(x0)], D0, False, False, M0)" in source, source  # while its memo rests
         assert "[T1(x1)], D1, False, False, M1)" in source, source

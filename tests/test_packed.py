@@ -26,10 +26,11 @@ from _diff import assert_same_call, assert_same_outputs
 from _threads import run_threads
 
 import nbjit
-from nbjit.core.inputs import staging as _staging
 from nbjit.host import packing as _packing
 from nbjit.host import policy as _policy
-from nbjit.host import resident as _resident
+from nbjit.host import slots as _slots
+from nbjit.host import staging as _host_staging
+from nbjit.host import watch as _watch
 
 pytestmark = pytest.mark.cpu_host_memory  # tests/conftest.py
 
@@ -150,7 +151,7 @@ def test_zero_d_empty_misaligned_strided_and_fortran_arrays(mode):
     assert _is_fast(f, mode, *args)
     if mode == "resident":  # the empty leaf keeps its put (nothing to write)
         node, _ = f._entry_for(args, {})
-        assert [s.leaf for s in node.plan.resident.layouts] == [0, 2, 3, 4, 5]
+        assert [s.leaf for s in node.host_policy.resident.layouts] == [0, 2, 3, 4, 5]
 
 
 def test_python_scalars_keep_weak_types(mode):
@@ -306,7 +307,7 @@ def test_donation_big_leaves_and_switch_off_are_not_packed():
         f(np.full(3, i, np.float32), np.ones(3, np.float32), jnp.ones(3))
     assert _packing.wait(120)
     assert f.stats().packed_compiles == 0
-    big = _policy.SLOT_MAX_BYTES // 4 + 1
+    big = _watch.SLOT_MAX_BYTES // 4 + 1
     f, args = _run_fresh(lambda a, b: a[:3] + b, lambda i: (
         np.full(big, i, np.float32), np.full(3, -i, np.float32)))
     assert f.stats().packed_compiles == 0
@@ -335,7 +336,7 @@ def test_caller_overwrites_its_arrays_right_after_each_call(way, monkeypatch):
     it without the fence test gave 170 wrong results of 200 (a probe)."""
     monkeypatch.setattr(_policy, "RESIDENT", way != "packed")
     if way == "resident, one slot":
-        monkeypatch.setattr(_resident, "RESIDENT_CAP", 1)
+        monkeypatch.setattr(_slots, "RESIDENT_CAP", 1)
     n = 1 << 12
 
     def fn(a, b):
@@ -376,7 +377,7 @@ def test_pool_is_capped_and_reused(monkeypatch):
 
     f, g = nbjit.jit(fn), jax.jit(fn)
     rng = np.random.default_rng(7)
-    before = _staging.host_staging_size()
+    before = _host_staging.host_staging_size()
     pending = []
     for i in range(60):  # many calls in flight: beyond the cap, fresh unpooled buffers
         if i == _policy.PACK_AFTER + 2:
@@ -384,7 +385,7 @@ def test_pool_is_capped_and_reused(monkeypatch):
         a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         pending.append((f(a, b), g(a, b)))
     assert _is_packed(f, a, b)
-    assert _staging.host_staging_size() - before <= 3
+    assert _host_staging.host_staging_size() - before <= 3
     for nb, jx in pending:
         assert_same_outputs(nb, jx)
     node, _ = f._entry_for((a, b), {})
@@ -494,7 +495,7 @@ def test_a_context_the_thread_cannot_enter_compiles_on_the_calling_thread(monkey
                                                                np.full(3, -i, np.float64)))
         assert _is_packed(f, *args) and f.stats().packed_compiles == 1
         node, _ = f._entry_for(args, {})
-        assert node.plan.sync
+        assert node.host_policy.sync
         assert f(*args).dtype == np.float64
 
 
@@ -510,7 +511,7 @@ def test_config_options_registered_after_import_still_pack_off_thread(monkeypatc
                                                             np.full(3, -i, np.float32)))
     assert _is_packed(f, *args) and f.stats().packed_compiles == 1
     node, _ = f._entry_for(args, {})
-    assert not node.plan.sync  # compiled on its own thread, not handed back
+    assert not node.host_policy.sync  # compiled on its own thread, not handed back
     assert len(_jax.trace_context_states) == len(_jax.trace_context())
 
 
@@ -597,9 +598,9 @@ def test_packed_executables_and_slots_die_with_the_function_and_clear_cache(mode
         assert getattr(f.stats(), "packed_compiles" if mode == "packed" else "resident") == 2
         return f
 
-    from nbjit.host import resident as _resident
+    from nbjit.host import waker as _waker
 
-    _resident._waker(jax.devices()[0])  # (made once per device, kept by the process)
+    _waker.waker(jax.devices()[0])  # (made once per device, kept by the process)
     gc.collect()
     gc.disable()
     try:

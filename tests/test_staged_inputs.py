@@ -127,7 +127,7 @@ def test_new_values_every_call_are_packed_in_words(packed):
         a = args(i)
         assert_same_outputs(f(*a), g(*a))
     node, _ = f._entry_for(a, {})
-    assert node.plan.stage is _policy.Stage.PACKED
+    assert node.host_policy.stage is _policy.Stage.PACKED
     assert f.stats().packed_compiles == 1 and f.stats().resident == 0
 
 
@@ -165,7 +165,7 @@ def test_packed_results_equal_jax_jits_bit_for_bit(packed):
                 rng.standard_normal(1000).astype(np.float32))
         assert_same_outputs(f(*args), g(*args))
     node, _ = f._entry_for(args, {})
-    assert node.plan.stage is _policy.Stage.PACKED
+    assert node.host_policy.stage is _policy.Stage.PACKED
 
 
 def _read_only(x):
@@ -221,8 +221,8 @@ def test_a_read_only_leaf_is_never_packed(packed):
         args = (frozen, np.full(16, i, np.float32), np.full(4, i, np.int32))
         assert_same_outputs(f(*args), g(*args))
     node, _ = f._entry_for(args, {})
-    assert node.plan.stage is _policy.Stage.PACKED
-    assert sorted(s.leaf for s in node.plan.watched.layouts) == [1, 2]
+    assert node.host_policy.stage is _policy.Stage.PACKED
+    assert sorted(s.leaf for s in node.host_policy.watched.layouts) == [1, 2]
 
 
 def test_a_big_leaf_is_read_during_the_call_not_copied(staged):

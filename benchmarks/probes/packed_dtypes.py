@@ -41,7 +41,8 @@ CASES = {
     "bool (13,)": lambda r: r.integers(0, 2, 13).astype(bool),
     "int8 (5,)": lambda r: r.integers(-9, 9, 5).astype(np.int8),
     "f16 (5,)": lambda r: r.standard_normal(5).astype(np.float16),
-    "c64 (13,)": lambda r: (r.standard_normal(13) + 1j * r.standard_normal(13)).astype(np.complex64),
+    "c64 (13,)": lambda r: (r.standard_normal(13) + 1j * r.standard_normal(13)).astype(
+        np.complex64),
     "int32 (4, 3)": lambda r: r.integers(-9, 9, (4, 3)).astype(np.int32),
 }
 
@@ -61,7 +62,7 @@ def main() -> None:
             equal &= all(np.array_equal(np.asarray(x), np.asarray(y))
                          for x, y in zip(f(*args), g(*args), strict=True))
         node, _ = f._entry_for(args, {})
-        plan = getattr(node, "plan", None) or getattr(node, "policy", None)
+        plan = node.host_policy
         layouts = _jax.parameter_layouts(g.lower(*args).compile()._executable.xla_executable)
         print(f"{name}: stage {getattr(plan, 'stage', None)}, equal {equal}, "
               f"layouts {layouts}, failures {failures}", flush=True)

@@ -34,9 +34,9 @@ def floor_call(jitted: PjitFunction, /, *args: Any, **kwargs: Any) -> Callable[[
     record = node.record
     inputs = record.inputs(leaves)
     executable, handlers = record.executable, record.out_handlers
-    # One execute as the hit path makes it: a record's execute may take what
-    # its prepare left in the inputs (a resident record that ran before its
-    # compare). The slot those inputs hold stays the floor's (no fence).
+    # One execute as the hit path makes it: a record's execute may hand back
+    # the results of a run its prepare made (a resident record that ran before
+    # its compare). The slot those inputs hold stays the floor's (no fence).
     _jax.block_until_ready(record.execute(inputs).consume_with_handlers(handlers))
 
     def run() -> Any:

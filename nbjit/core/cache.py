@@ -62,21 +62,22 @@ class Counters:
     """
 
     __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
-                 "evicted", "rooms")
+                 "evicted", "extension_counters")
 
     EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit.observe.explain)
 
     def __init__(self) -> None:
-        # A room's own counters for this namespace (the host's: `nbjit.host.layout`),
-        # made on first use; reset with the rest. Their fields are the room's.
-        self.rooms: dict[str, Any] = {}
+        # Name -> the counters an extension of the core keeps for this
+        # namespace (the host's `HostCounters`: `nbjit.host.layout`), made on
+        # first use and reset with the rest; their fields are the extension's.
+        self.extension_counters: dict[str, Any] = {}
         self.reset()
 
-    def room(self, name: str, make: Callable[[], Any]) -> Any:
-        """The counters room `name` keeps here (made by `make` on first use)."""
-        found = self.rooms.get(name)
+    def extension(self, name: str, make: Callable[[], Any]) -> Any:
+        """The counters extension `name` keeps here (made by `make` on first use)."""
+        found = self.extension_counters.get(name)
         if found is None:
-            found = self.rooms.setdefault(name, make())
+            found = self.extension_counters.setdefault(name, make())
         return found
 
     def reset(self) -> None:
@@ -86,7 +87,7 @@ class Counters:
         self.slow_reasons: collections.Counter[str] = collections.Counter()
         self.evictions = 0
         self.miss_seconds = 0.0
-        for counters in list(self.rooms.values()):
+        for counters in list(self.extension_counters.values()):
             counters.reset()
         self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
 
@@ -99,7 +100,7 @@ class Node:
     """One cached signature in a chain; `record` is its frozen fast-path data."""
 
     __slots__ = ("key", "shardings", "context", "next", "namespace", "record", "reason",
-                 "description", "hits", "plan", "__weakref__")
+                 "description", "hits", "host_policy", "__weakref__")
 
     def __init__(self, key: Any, shardings: list, context: tuple, namespace: Namespace,
                  record: FastPath | None = None, reason: str | None = None) -> None:
@@ -112,7 +113,7 @@ class Node:
         self.next: Node | None = None
         self.hits = 0  # hits served by this node (see `Counters`)
         self.description: Any = None  # what `nbjit.observe.explain` needs, set on the miss path
-        self.plan: Any = None  # its host-input policy, if armed (nbjit.host.policy)
+        self.host_policy: Any = None  # its host-input policy, if armed (nbjit.host.policy)
 
 
 class Pending:

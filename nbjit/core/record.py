@@ -18,7 +18,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.codegen import Source, run_source
-from nbjit.core.inputs.steps import FreshCallback, input_steps
+from nbjit.core.inputs.steps import FreshCallback, HostInput, input_steps
 
 __all__ = ["FastPath", "Unsupported", "build_record"]
 
@@ -71,6 +71,65 @@ class FastPath:
     def step_objects(self) -> list:
         """The step objects behind `steps` (for tests and introspection)."""
         return [apply.__self__ for apply in self.steps]  # type: ignore[attr-defined]
+
+    # What the rooms above the core ask of a record (`nbjit.host`): where a
+    # leaf goes and what moves it, in leaves, never in consts and kept.
+
+    def input_of(self, leaf: int) -> int | None:
+        """Which input of the executable leaf `leaf` is (None: pruned)."""
+        if self.kept is None:
+            return len(self.consts) + leaf
+        try:
+            return len(self.consts) + self.kept.index(leaf)
+        except ValueError:
+            return None
+
+    def step_of(self, leaf: int) -> Any:
+        """The step that moves leaf `leaf` before the executable reads it (a
+        `HostInput`, a copy, a plan, JAX's batched `shard_args`), or None: the
+        leaf goes in as it is, or is pruned."""
+        i = self.input_of(leaf)
+        if i is None:
+            return None
+        for step in self.step_objects():
+            if getattr(step, "index", None) == i or i in getattr(step, "indices", ()):
+                return step
+        return None
+
+    def host_inputs(self) -> dict[int, HostInput]:
+        """Leaf -> its `HostInput` step, for each leaf put by one, in leaf order."""
+        n_consts = len(self.consts)
+        return {i - n_consts if self.kept is None else self.kept[i - n_consts]: step
+                for step in self.step_objects()
+                if type(step) is HostInput and (i := step.index) >= n_consts}
+
+    def uses_shard_args(self) -> bool:
+        """Whether some inputs go through JAX's own batched `shard_args`."""
+        return any(getattr(step, "index", None) is None for step in self.step_objects())
+
+    def replaced(self, *, prepare: Callable[[Sequence[Any]], list] | None = None,
+                 fence: Callable[[Sequence[Any], list], None] | None = None,
+                 execute: Callable[[Sequence[Any]], Any] | None = None) -> FastPath:
+        """A copy with another `prepare` (which then always runs: the leaves
+        are no longer the inputs), `fence` or `execute`; every other field is
+        this record's, whatever fields it has."""
+        changes: dict[str, Any] = {}
+        if prepare is not None:
+            changes.update(prepare=prepare, leaves_are_inputs=False)
+        if fence is not None:
+            changes["fence"] = fence
+        if execute is not None:
+            changes["execute"] = execute
+        return dataclasses.replace(self, **changes)
+
+    def with_inputs_of(self, other: FastPath, prepare: Callable[[Sequence[Any]], list]
+                       ) -> FastPath:
+        """This record's outputs (handlers, tree, fence) with `other`'s
+        executable and inputs (consts, kept leaves, steps), prepared by
+        `prepare`: another program over the same outputs (packed host inputs)."""
+        return dataclasses.replace(
+            self, executable=other.executable, execute=other.execute, consts=other.consts,
+            kept=other.kept, steps=other.steps, leaves_are_inputs=False, prepare=prepare)
 
 
 # ---------------------------------------------------------------------------
@@ -162,7 +221,7 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
 
     `leaves`: the call's dynamic leaves, as the miss saw them (their types
     choose the steps). `donated`: the function donates some argument (host
-    inputs then keep no memo). `on_fresh`: input index -> the callback its
+    inputs then keep no memo). `on_fresh`: leaf -> the callback its
     `HostInput` step is built with (the host-input policy watching it).
     """
     if fastpath is None:
@@ -180,6 +239,8 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
     if len(consts) + len(kept) != len(in_shardings):
         raise Unsupported("no_fastpath")
     inputs = [*consts, *[leaves[i] for i in kept]]
+    if on_fresh is not None:  # (by input index, as the steps count)
+        on_fresh = {len(consts) + i: on_fresh[j] for i, j in enumerate(kept) if j in on_fresh}
     steps, batched = input_steps(inputs, in_shardings, donated, on_fresh)
     out_tree = fastpath.out_pytree_def
     all_kept = len(kept) == len(leaves)

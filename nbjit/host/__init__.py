@@ -3,10 +3,12 @@
 On the CPU a device's memory is host memory: a device array can alias a
 host buffer, so a signature that keeps bringing new host values can have
 them written where the executable reads them instead of put leaf by leaf.
-`policy` (one `HostPolicy` per watched signature, the only code that asks
-the cache to replace a node's record) arms that after a miss, `resident`
-makes the slots, `packing` (one put and a second executable) is the way
-where slots cannot be, `layout` is what those two share.
+`watch` arms a `policy` after a miss (one `HostPolicy` per watched
+signature, the only code that asks the cache to replace a node's record);
+`resident` makes a record write into slots (`slots`, `resident_prepare`,
+`waker`), `packing` (one put and a second executable, its buffers pooled
+by `staging`) is the way where slots cannot be, `layout` is what those two
+share.
 
 On a device with memory of its own (an accelerator) host arrays are staged
 (the core's `Staged` transfer: a private copy, put zero copy); there the
@@ -28,7 +30,7 @@ import os
 
 from nbjit.core.hooks import MissOutcome
 from nbjit.core.inputs import platforms as _platforms
-from nbjit.host import policy as _policy
+from nbjit.host import watch as _watch
 
 __all__ = ["HOST_MEMORY", "HOST_STAGED", "HostMemory", "HostStaged"]
 
@@ -41,8 +43,7 @@ class HostMemory(_platforms.InputStrategy):
     name = "cpu host memory"
 
     def on_miss(self, outcome: MissOutcome) -> None:
-        _policy.on_miss(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
-                        outcome.leaves, outcome.args, outcome.kwargs)  # never raises
+        _watch.on_miss(outcome)  # never raises
 
 
 class HostStaged(_platforms.Staged):
@@ -51,10 +52,7 @@ class HostStaged(_platforms.Staged):
     leaves into one staged put (no slots: device memory is not host memory)."""
 
     name = "staged host memory"
-
-    def on_miss(self, outcome: MissOutcome) -> None:
-        _policy.on_miss(outcome.jitted, outcome.node, outcome.record, outcome.fastpath,
-                        outcome.leaves, outcome.args, outcome.kwargs)  # never raises
+    on_miss = HostMemory.on_miss  # (the same watch; where host arrays are staged, it packs only)
 
 
 HOST_MEMORY = HostMemory()

@@ -21,11 +21,10 @@ import numpy as np
 from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
 from nbjit.core.codegen import Source
 
-__all__ = ["FLOAT32_MAX", "HostCounters", "LeafLayout", "PACKABLE", "POOL_MAX_BYTES", "Refused",
+__all__ = ["FLOAT32_MAX", "HostCounters", "LeafLayout", "PACKABLE", "Refused",
            "Watched", "buffer_nbytes", "guard_and_pop", "host_counters", "lay_out",
            "python_type", "write_leaf"]
 
-POOL_MAX_BYTES = 4 << 20  # staging buffers (slots, or a packed pool) per signature, in bytes
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # numpy dtypes whose bytes XLA reads with the same bit layout (int4 & co. are
@@ -137,7 +136,7 @@ def guard_and_pop(src: Source, item: str, busy: str) -> Iterator[Source]:
 
 
 class HostCounters:
-    """The host room's counters for one cache namespace (`Counters.room("host")`),
+    """The host room's counters for one cache namespace (`Counters.extension("host")`),
     reported by `nbjit.stats()`: packed executables compiled (`packing`) and
     their compile time, signatures given resident host inputs (`policy`)."""
 
@@ -159,4 +158,4 @@ class HostCounters:
 
 def host_counters(counters: Any) -> HostCounters:
     """The host's counters inside a namespace's `nbjit.core.cache.Counters`."""
-    return counters.room("host", HostCounters)
+    return counters.extension("host", HostCounters)

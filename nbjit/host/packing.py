@@ -15,7 +15,7 @@ shardings, committedness and the tree are the original's.
 `compile_packed` compiles it (on the calling thread, or on one of
 `start_thread`'s, in the caller's trace context: `run_in_trace_context`);
 when to do so is the policy's (`nbjit.host.policy`). Per call a packed
-record claims a staging buffer from its `nbjit.core.inputs.staging.HostStaging`
+record claims a staging buffer from its `nbjit.host.staging.HostStaging`
 pool (reused only once nothing else holds it) and writes every leaf into
 its view.
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import sys
 import threading
 import time
@@ -36,11 +35,9 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.codegen import Source, run_source
-from nbjit.core.inputs.staging import HostStaging
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.host.layout import (
     FLOAT32_MAX,
-    POOL_MAX_BYTES,
     LeafLayout,
     Refused,
     Watched,
@@ -48,11 +45,14 @@ from nbjit.host.layout import (
     guard_and_pop,
     write_leaf,
 )
+from nbjit.host.staging import HostStaging
 
 __all__ = ["POOL_CAP", "compile_packed", "run_in_trace_context", "start_thread", "wait"]
 
 POOL_CAP = 64  # staging buffers pooled per packed record (calls in flight beyond: fresh ones)
 POOL_MIN = 4  # however big: a loop keeps a few calls' transfers in flight
+POOL_MAX_BYTES = 4 << 20  # a packed record's pooled staging buffers, in bytes (above POOL_MIN)
+
 
 def unpack(layout: LeafLayout, packed: Any) -> Any:
     """`layout`'s value from the buffer of 32-bit words (traced inside `g`).
@@ -159,19 +159,14 @@ def compile_packed(watched: Watched, record: FastPath, leaves: list) -> FastPath
         inner = build_record(fastpath, [example, *others], False)
     except Unsupported:
         return None
-    steps = inner.step_objects()
-    if any(getattr(s, "index", None) is None for s in steps):
+    if inner.uses_shard_args():
         return None  # JAX's shard_args among the steps: keep it simple
-    n_consts = len(inner.consts)
-    if inner.kept is not None and 0 not in inner.kept:
+    if inner.input_of(0) is None:
         return None  # (every packed leaf unused: nothing to gain)
-    if any(s.index == n_consts for s in steps):
+    if inner.step_of(0) is not None:
         return None  # the packed buffer itself would be moved: not one device
     prepare = _packed_preparer(layouts, n_leaves, inner, staging, aval, sharding, devices)
-    return dataclasses.replace(
-        record, executable=inner.executable, execute=inner.execute,
-        consts=inner.consts, kept=inner.kept, steps=inner.steps,
-        leaves_are_inputs=False, prepare=prepare)
+    return record.with_inputs_of(inner, prepare)
 
 
 def _packed_preparer(layouts: tuple[LeafLayout, ...], n_leaves: int, inner: FastPath,

@@ -8,16 +8,8 @@ this order: resident slots (`nbjit.host.resident`: no compile, no transfer;
 where a zero-copy put aliases host memory, i.e. the CPU), else packing
 (`nbjit.host.packing`: one put and a second executable).
 
-`on_miss` (called by the input strategies of `nbjit.host` after each miss:
-`HostMemory` on a CPU device, `HostStaged` on an accelerator) arms a
-`HostPolicy` for a freshly linked node whose record has a host leaf that
-qualifies (`SLOT_MAX_BYTES` each, `TOTAL_MAX_BYTES` together; where host
-arrays are staged, an accelerator, `STAGED_PACK_MAX_BYTES` in all and no
-slots; a dtype in `PACKABLE`), all inputs and outputs on one device, no
-donation, no explicit in/out shardings; packing needs two such leaves (one
-leaf would still cost one put). Never: donation, effects (no fast path at
-all), debug_nans/infs (those calls never reach a record), more than one
-device, explicit layouts (no record either).
+After a miss, `nbjit.host.watch.on_miss` arms a `HostPolicy` for a
+signature whose host leaves qualify, and the node holds it (`node.host_policy`).
 
 The policy is the only code that asks for a node's record to be replaced
 after the miss path inserted it, in one method (`HostPolicy._swap`, through
@@ -57,7 +49,6 @@ as on a device without them).
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import os
 import threading
@@ -67,33 +58,17 @@ from typing import Any
 
 import numpy as np
 
-from nbjit import _jax
-from nbjit._common import align_up
-from nbjit.core.inputs.platforms import Staged, platform_of, strategy_for
-from nbjit.core.inputs.staging import immutable
 from nbjit.core.inputs.steps import HostInput
 from nbjit.core.record import FastPath, build_record
-from nbjit.core.view import JitInfo, info
 from nbjit.host import packing as _packing
 from nbjit.host import resident as _resident
-from nbjit.host.layout import PACKABLE, LeafLayout, Watched, host_counters, python_type
+from nbjit.host.layout import Watched
+from nbjit.host.slots import ResidentSlots
 
-__all__ = ["PACK_AFTER", "RESIDENT_MAX_BYTES", "SLOT_MAX_BYTES", "STAGED_PACK_MAX_BYTES",
-           "TOTAL_MAX_BYTES", "TRANSITIONS", "HostPolicy", "Stage", "enabled", "on_miss",
-           "set_enabled"]
+__all__ = ["BACKGROUND", "PACK_AFTER", "RESIDENT", "TRANSITIONS", "HostPolicy", "Stage",
+           "enabled", "set_enabled"]
 
 PACK_AFTER = 8  # new host values seen (within 2 * PACK_AFTER calls) before arming
-SLOT_MAX_BYTES = 64 << 10  # a bigger host leaf is not packed (its own put)
-TOTAL_MAX_BYTES = 256 << 10  # all packed leaves of a signature together
-# Where host arrays are staged (an accelerator: `nbjit.core.inputs.platforms.Staged`)
-# each is copied into staging anyway: packing costs no copy more and saves a
-# put per leaf, whatever the leaf's size, up to this in all.
-STAGED_PACK_MAX_BYTES = 16 << 20
-# A bigger leaf keeps its own put there, read during the call (not copied).
-STAGED_PACK_MAX_EACH = Staged.DIRECT_MIN_BYTES - 1
-# All resident leaves of a signature together (one slot's staging): any host
-# leaf bound for one device fits while the signature's total stays within.
-RESIDENT_MAX_BYTES = 16 << 20
 # Compile the packed executable on a thread of its own (False: on the calling
 # thread, at the call that finds packing due).
 BACKGROUND = True
@@ -155,7 +130,7 @@ class HostPolicy:
     `per_leaf` is the watching per-leaf record (its memos call `fresh`);
     `counter` and `builder` are that record with another `prepare` (count
     calls; make slots or start the compile) and hold the policy weakly, so
-    the node holds the policy (`node.plan`) and nothing holds it back.
+    the node holds the policy (`node.host_policy`) and nothing holds it back.
     """
 
     __slots__ = ("node_ref", "watched", "per_leaf", "counter", "builder", "stage", "count",
@@ -163,7 +138,7 @@ class HostPolicy:
                  "__weakref__")
 
     def __init__(self, node: Any, watched: Watched, leaves: list,
-                 fresh_inputs: list[int], eager: bool = False) -> None:
+                 fresh_leaves: list[int], eager: bool = False) -> None:
         self.node_ref = weakref.ref(node)
         self.watched = watched
         self.stage = Stage.PER_LEAF
@@ -171,7 +146,7 @@ class HostPolicy:
         self.window_start = 0
         self.lock = threading.Lock()  # one call at a time makes slots or starts a compile
         self.sync = False  # compile on the calling thread (see `_start_background`)
-        self.resident: _resident.ResidentSlots | None = None
+        self.resident: ResidentSlots | None = None
         self.seen: list[bytes] | None = None  # the last counted call's bytes (`counter`)
         self.calls = 0  # calls counted by `counter`
         # Arm at once (`install`): slots may hold a leaf too big for a memo,
@@ -179,14 +154,12 @@ class HostPolicy:
         self.eager = eager
         fresh = weakref.WeakMethod(self.fresh)
         self.per_leaf = build_record(watched.fastpath, leaves, False,
-                                     on_fresh=dict.fromkeys(fresh_inputs, fresh))
-        self.builder = dataclasses.replace(
-            self.per_leaf, prepare=_weak_prepare(self, "_build_then_prepare"))
+                                     on_fresh=dict.fromkeys(fresh_leaves, fresh))
+        self.builder = self.per_leaf.replaced(prepare=_weak_prepare(self, "_build_then_prepare"))
         # For leaves without a memo (bigger than its limit) no memo miss says a
         # value is new: this record compares each call's bytes with the last
         # call's instead, until arming is due or given up.
-        self.counter = dataclasses.replace(
-            self.per_leaf, prepare=_weak_prepare(self, "_count_then_prepare"))
+        self.counter = self.per_leaf.replaced(prepare=_weak_prepare(self, "_count_then_prepare"))
 
     def _swap(self, expected: FastPath, stage: Stage, record: FastPath) -> bool:
         """The one place the policy replaces its node's record.
@@ -222,8 +195,7 @@ class HostPolicy:
 
     def hosts(self) -> list[HostInput]:
         """The watched `HostInput` steps (those built with `on_fresh`)."""
-        return [s for s in self.per_leaf.step_objects()
-                if type(s) is HostInput and s.on_fresh is not None]
+        return [s for s in self.per_leaf.host_inputs().values() if s.on_fresh is not None]
 
     def fresh(self) -> None:
         """A watched host leaf brought a new value (its memo missed)."""
@@ -245,8 +217,8 @@ class HostPolicy:
         bytes: the same arrays every call are not fresh values and get no slots.
         Arming is due after `PACK_AFTER` new values; with fewer within
         ``2 * PACK_AFTER`` calls the node goes back to its watching record for
-        good, so comparing (a copy of up to `TOTAL_MAX_BYTES`) costs only the
-        first calls of a signature."""
+        good, so comparing (a copy of up to `nbjit.host.watch.TOTAL_MAX_BYTES`)
+        costs only the first calls of a signature."""
         seen = [np.asarray(leaves[layout.leaf]).tobytes() for layout in self.watched.layouts]
         if not seen:  # nothing to pack (the leaves are too big): no new values to count
             self._swap(self.counter, Stage.PER_LEAF, self.per_leaf)
@@ -373,118 +345,3 @@ def _weak_call(policy: HostPolicy, method: str) -> Callable[[], None]:
             getattr(live, method)()
 
     return call
-
-
-# ---------------------------------------------------------------------------
-# Arming (after a miss)
-
-
-
-
-# jit options the packed executable keeps (the rest describe f's own inputs/outputs)
-_PACKED_OPTIONS = ("keep_unused", "device", "backend", "compiler_options")
-
-
-def on_miss(jitted: Any, node: Any, record: FastPath, fastpath: Any, leaves: list, args: tuple,
-            kwargs: dict) -> None:
-    """After a miss linked `node` with `record`: arms a `HostPolicy` if the
-    signature qualifies (see the module's docstring). Never raises."""
-    try:
-        _arm(info(jitted), node, record, fastpath, leaves, args, kwargs)
-    except Exception:  # never breaks a miss: the node keeps the miss's record
-        pass
-
-
-def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: list,
-         args: tuple, kwargs: dict) -> None:
-    if not _enabled or jitted.donates or _jax.post_hook_state.value is not None:
-        return
-    if any(k in jitted.options for k in ("in_shardings", "out_shardings")):
-        return
-    n_consts = len(record.consts)
-    hosts = [s for s in record.step_objects() if type(s) is HostInput and s.index >= n_consts]
-    if not hosts:
-        return
-    sharding = hosts[0].sharding
-    shardings = [*fastpath.in_shardings, *fastpath.out_shardings]
-    if not all(type(s) is _jax.SingleDeviceSharding for s in shardings) or any(
-            s.device_set != sharding.device_set for s in shardings):
-        return
-    leaf_of = {h.index: h.index - n_consts if record.kept is None
-               else record.kept[h.index - n_consts] for h in hosts}
-    staged = isinstance(strategy_for(platform_of(sharding)), Staged)  # (one device: one strategy)
-    if staged:  # (an array no one can write is put in place, zero copy: never packed)
-        layouts = _layouts([h for h in hosts if not immutable(leaves[leaf_of[h.index]])],
-                           leaf_of, leaves, STAGED_PACK_MAX_EACH, STAGED_PACK_MAX_BYTES)
-    else:
-        layouts = _layouts(hosts, leaf_of, leaves, SLOT_MAX_BYTES, TOTAL_MAX_BYTES)
-    # Slots (where a zero-copy put aliases host memory: the CPU) hold bigger
-    # leaves too; where puts copy (a GPU) a big leaf keeps its put, which
-    # is a copy to the device in any case.
-    resident = (RESIDENT and not staged
-                and all(d.platform == "cpu" for d in sharding.device_set))
-    resident_layouts = (_layouts(hosts, leaf_of, leaves, RESIDENT_MAX_BYTES, RESIDENT_MAX_BYTES)
-                        if resident else [])
-    if not layouts and not resident_layouts:
-        return
-    jaxpr = None  # fewer than two leaves to pack: resident or nothing
-    if len(layouts) >= 2:
-        jaxpr = _traced_jaxpr(jitted, args, kwargs, layouts, len(leaves))
-        if jaxpr is None:
-            layouts = []  # (packing needs the jaxpr; slots do not)
-            if not resident_layouts:
-                return
-    input_layouts: tuple = ()
-    if staged and layouts:  # (raises where the runtime cannot say: then nothing is armed)
-        compiled = _jax.parameter_layouts(fastpath.xla_executable)
-        index_of = {leaf: index for index, leaf in leaf_of.items()}
-        input_layouts = tuple(compiled[index_of[s.leaf]] for s in layouts)
-    options = {k: v for k, v in jitted.options.items() if k in _PACKED_OPTIONS}
-    watched = Watched(fastpath, jaxpr, tuple(layouts), len(leaves), sharding, options,
-                      jitted.name, host_counters(jitted.counters), tuple(resident_layouts),
-                      input_layouts)
-    laid_out = {s.leaf for s in (*layouts, *resident_layouts)}
-    hosts_of = {h.index: h for h in hosts}
-    # A leaf too big for a memo puts a copy of itself on every call, a new
-    # value or not: slots (a copy into host memory the device reads) cost less.
-    eager = any(not hosts_of[i].memo for i, leaf in leaf_of.items()
-                if leaf in {s.leaf for s in resident_layouts})
-    policy = HostPolicy(node, watched, leaves,
-                        [i for i, leaf in leaf_of.items() if leaf in laid_out], eager)
-    node.plan = policy  # the policy lives as long as its node
-    policy.install(record)
-
-
-def _layouts(hosts: list[HostInput], leaf_of: dict[int, int], leaves: list, max_each: int,
-             max_total: int) -> list[LeafLayout]:
-    """The qualifying host leaves' layouts (at most `max_each` bytes each,
-    `max_total` together), in input order, each at an aligned offset."""
-    layouts, offset = [], 0
-    for h in hosts:
-        if h.dtype not in PACKABLE:
-            continue
-        leaf = leaf_of[h.index]
-        layout = LeafLayout(leaf, offset, tuple(h.aval.shape), h.dtype, bool(h.aval.weak_type),
-                            python_type(leaves[leaf]))
-        if layout.nbytes > max_each or offset + layout.nbytes > max_total:
-            continue
-        layouts.append(layout)
-        offset += align_up(layout.nbytes)
-    return layouts
-
-
-def _traced_jaxpr(jitted: JitInfo, args: tuple, kwargs: dict, layouts: list[LeafLayout],
-                  n_leaves: int) -> Any:
-    """The jaxpr JAX traced the signature to, if its inputs are the leaves as laid out."""
-    try:
-        jaxpr = _jax.traced_jaxpr(jitted.jax_jitted, args, kwargs)
-    except Exception:
-        return None
-    in_avals = list(jaxpr.in_avals)
-    if len(in_avals) != n_leaves:
-        return None
-    for s in layouts:
-        a = in_avals[s.leaf]
-        if (tuple(a.shape), np.dtype(a.dtype), bool(a.weak_type)) != (s.shape, s.dtype, s.weak):
-            return None
-    return jaxpr

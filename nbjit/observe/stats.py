@@ -70,13 +70,13 @@ def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> Dispatch
     reasons = dict(counters.slow_reasons)  # one read: other threads may add keys
     slow = sum(reasons.values())
     hits, misses = counters.hits + live_hits, counters.misses
-    rooms: dict[str, Any] = {}  # the rooms' own counters (the host's: resident, packed_*)
-    for room in list(getattr(counters, "rooms", {}).values()):
-        rooms.update(room.fields())
+    extensions: dict[str, Any] = {}  # the extensions' own fields (the host's: resident, packed_*)
+    for added in list(getattr(counters, "extension_counters", {}).values()):
+        extensions.update(added.fields())
     return DispatchStats(
         name=name, calls=hits + misses + slow, hits=hits, misses=misses, slow=slow,
         slow_reasons=reasons, evictions=counters.evictions, entries=entries,
-        miss_seconds=counters.miss_seconds, **rooms)
+        miss_seconds=counters.miss_seconds, **extensions)
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,11 @@
 A `ShardingPlan` (`nbjit.core.inputs.plans`) gathers a numpy array's shards into one
 64-byte-aligned staging buffer per call (`staging_buffer`; from
 PARALLEL_COPY_MIN_BYTES the copy is split into chunks several threads
-claim, `split_copy` / `parallel_copy`). Packed host inputs
-(`nbjit.host.packing`) write small leaves into the buffers of a
-`HostStaging` pool. Either pool reuses a buffer only once its reference
-count shows that nothing else (no live array, no transfer) holds it.
+claim, `split_copy` / `parallel_copy`); a staged leaf copies into the
+private buffers of its `StagingRing`. A pool reuses a buffer only once its
+reference count shows that nothing else (no live array, no transfer) holds
+it; pools made above the core (packed host inputs', `nbjit.host.staging`)
+are cleared with these (`add_staging_pool`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import numpy as np
 
 from nbjit._common import ALIGN, align_up
 
-__all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "HostStaging", "StagingRing",
-           "clear_staging_pool", "copy_parts", "host_staging_size", "immutable",
+__all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "StagingRing",
+           "add_staging_pool", "clear_staging_pool", "copy_parts", "immutable",
            "kernels_or_background",
            "load_kernels", "parallel_copy", "split_copy",
            "staging_buffer", "staging_pool_size"]
@@ -296,104 +297,16 @@ def staging_buffer(size: int) -> np.ndarray:
         return raw
 
 
-class HostStaging:
-    """Small staging buffers of one layout, for one packed record's host leaves.
-
-    The same rule as the big buffers above: a buffer is overwritten only
-    when, right after `collect_garbage()` (each call runs one first), no
-    one but the pool holds it (with zero copy the runtime holds one
-    reference to the array it was given for as long as any device buffer,
-    computation or view reads that memory). Each item is
-    ``(staging, *leaf views)``: the staging array (uint32 words) is a 64-byte-aligned view
-    of its allocation, the leaf views are views of that allocation too, so
-    a reference to the staging array itself is the runtime's alone.
-
-    `free` is claimed with ``popleft`` and refilled with ``append`` (atomic
-    under the GIL: two threads never fill one buffer). At most `cap`
-    buffers are pooled; beyond, each call gets a fresh, unpooled buffer
-    (never reused, so never overwritten while read).
-    """
-
-    __slots__ = ("nbytes", "layouts", "cap", "free", "made", "spare", "__weakref__")
-
-    CHUNK = 16  # items allocated at once (fewer where that passes CHUNK_BYTES)
-    CHUNK_BYTES = 1 << 20
-
-    # A free item's staging array as `getrefcount(item[0])` sees it: the
-    # item tuple's reference and the call's argument.
-    FREE_REFCOUNT = 2
-
-    def __init__(self, nbytes: int, layouts: list[tuple[int, tuple[int, ...], np.dtype]],
-                 cap: int) -> None:
-        self.nbytes = nbytes
-        # (start, stop, shape, dtype) of each leaf's view, from (offset, shape, dtype)
-        self.layouts = [(offset, offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
-                         shape, dtype) for offset, shape, dtype in layouts]
-        self.cap = cap
-        self.free: collections.deque = collections.deque()
-        self.made = 0  # buffers pooled so far
-        self.spare: list = []  # made, never used yet
-        with _pool_lock:
-            _host_stagings.add(self)
-
-    def new_item(self) -> tuple:
-        """A fresh ``(staging, *views)`` (zero-filled: padding bytes are defined)."""
-        spare = self.spare
-        if not spare:
-            # Made `CHUNK` at a time: reading an allocation's address costs more
-            # than making it. Each item's views are of the chunk (their base).
-            stride = self.nbytes
-            chunk = max(1, min(self.CHUNK, self.CHUNK_BYTES // stride))
-            raw = np.zeros(stride * chunk + ALIGN, np.uint8)
-            address = raw.__array_interface__["data"][0]
-            skip = align_up(address) - address
-            for k in range(chunk):
-                at = skip + k * stride
-                spare.append((raw[at:at + stride].view(np.uint32),
-                              *[raw[at + start:at + stop].view(dtype).reshape(shape)
-                                for start, stop, shape, dtype in self.layouts]))
-        try:
-            return spare.pop()
-        except IndexError:  # another thread took the last one meanwhile
-            return self.new_item()
-
-    def claim(self) -> tuple:
-        """A free pooled item, else a new one (pooled while under the cap)."""
-        free = self.free
-        for _ in range(len(free)):
-            try:
-                item = free.popleft()
-            except IndexError:
-                break
-            if sys.getrefcount(item[0]) == self.FREE_REFCOUNT:
-                return item
-            free.append(item)  # still read by an array or a computation
-        item = self.new_item()
-        if self.made >= self.cap:
-            return (*item, None)  # unpooled: marked by a trailing None
-        self.made += 1
-        return item
-
-    def release(self, item: tuple) -> None:
-        """Puts a claimed item back (the runtime's reference marks it busy)."""
-        if item[-1] is not None:
-            self.free.append(item)
-
-    def clear(self) -> None:
-        """Lets go of the free buffers; those in use come back when released."""
-        self.free.clear()
-        self.spare.clear()
-        self.made = 0
-
-
-_host_stagings: weakref.WeakSet[HostStaging] = weakref.WeakSet()
 _rings: weakref.WeakSet[StagingRing] = weakref.WeakSet()  # (the class is below)
+# Pools of staging buffers made above the core (packed host inputs':
+# `nbjit.host.staging`), emptied with the core's own (`add_staging_pool`).
+_other_pools: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def host_staging_size() -> int:
-    """Pooled small staging buffers of packed records (free or in use)."""
+def add_staging_pool(pool: Any) -> None:
+    """Has `clear_staging_pool` clear `pool` (anything with ``clear()``) too, while it lives."""
     with _pool_lock:
-        return sum(s.made for s in _host_stagings)
+        _other_pools.add(pool)
 
 
 def clear_staging_pool() -> None:
@@ -402,8 +315,8 @@ def clear_staging_pool() -> None:
     with _pool_lock:
         _pool.clear()
         _pool_bytes = 0
-        for staging in _host_stagings:
-            staging.clear()
+        for pool in _other_pools:
+            pool.clear()
         for ring in _rings:
             ring.clear()
 

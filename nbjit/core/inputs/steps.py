@@ -44,12 +44,6 @@ _WEAK_SCALAR_TYPES = frozenset({int, float, complex})  # as JAX types them (bool
 FreshCallback = Callable[[], Callable[[], None] | None]
 
 
-# A host value while its memo rests (or with no memo), inside a record's
-# generated preparer (`nbjit.core.record`): a numpy array is transferred
-# right there ({put}: as its `HostTransfer` says); anything else (a scalar,
-# an awake memo) asks the step.
-
-
 class HostInput:
     """A host value bound for one device, at `index` of the inputs.
 

@@ -1,0 +1,294 @@
+"""Resident slots: one signature's pool of host buffers that device arrays alias.
+
+A slot is a 64-byte-aligned staging buffer with, made once, a zero-copy
+device array over each leaf's view of it. A slot is free again once the
+last call that read it is done, which its *fence* tells: that call's
+smallest output, kept until the slot is reused, since every output of a
+computation is ready exactly when the computation is. A fence that was
+deleted cannot tell: its slot is retired, and after `ResidentSlots.MAX_RETIRED`
+the pool gives its slots up. The bytes slots and fences hold are bounded per
+signature and per process (`HeldBytes`).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from nbjit import _jax
+from nbjit._common import ALIGN, align_up
+from nbjit.core.codegen import Source, run_source
+from nbjit.host.layout import LeafLayout, buffer_nbytes
+
+__all__ = ["PROCESS_MAX_BYTES", "RESIDENT_CAP", "RETIRED", "ROTATE_SLOTS", "SIGNATURE_MAX_BYTES",
+           "HeldBytes", "ResidentSlots", "SlotLayout", "resident_bytes"]
+
+RESIDENT_CAP = 32  # slots per signature (calls in flight beyond: per-leaf puts)
+# What one signature's slots may hold, their fences (the outputs they keep
+# alive) included: at least one slot, more only within this.
+SIGNATURE_MAX_BYTES = 32 << 20
+# What every signature's slots hold together, in this process: a slot that
+# would pass it is not made (that call takes the per-leaf puts).
+PROCESS_MAX_BYTES = 512 << 20
+# Slots a signature that writes on every call keeps (`ResidentSlots.add_spares`):
+# a call takes the least recently used, since the slot the last call's
+# computation read is still in the worker core's cache, and writing it again
+# first takes those lines back from there (docs/host-inputs.md).
+ROTATE_SLOTS = 3
+
+RETIRED = object()  # the fence of a slot that is never used again
+
+
+class HeldBytes:
+    """The bytes one pool's slots and fences hold, and their part of the
+    process's total (`resident_bytes()`, at most `PROCESS_MAX_BYTES`).
+
+    Every change is made under one lock for every pool. Once `release`d
+    (the pool died, or gave its slots up) the pool holds nothing and takes
+    nothing more.
+    """
+
+    __slots__ = ("nbytes", "released")
+
+    lock = threading.Lock()
+    total = 0  # every live pool's bytes together
+
+    def __init__(self) -> None:
+        self.nbytes = 0
+        self.released = False
+
+    def take(self, nbytes: int) -> bool:
+        """Counts `nbytes` more, unless that passes the process's bound."""
+        with HeldBytes.lock:
+            if self.released or HeldBytes.total + nbytes > PROCESS_MAX_BYTES:
+                return False
+            HeldBytes.total += nbytes
+            self.nbytes += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        """Counts `nbytes` fewer (nothing once released: all were given back)."""
+        with HeldBytes.lock:
+            if not self.released:
+                HeldBytes.total -= nbytes
+                self.nbytes -= nbytes
+
+    def release(self) -> None:
+        """Gives back everything this pool holds, for good."""
+        with HeldBytes.lock:
+            if not self.released:
+                HeldBytes.total -= self.nbytes
+                self.nbytes = 0
+                self.released = True
+
+
+def resident_bytes() -> int:
+    """Bytes the resident slots of this process hold (staging and fences)."""
+    return HeldBytes.total
+
+
+class SlotLayout:
+    """What a slot of `n` leaves holds: a list (generated code reads it by a
+    constant index) ``[fence, *arrays, *views, *addresses, staging]``, where
+    leaf j (in the pool's `layouts` order) has device array ``array(j)``,
+    host view ``view(j)`` and that view's address ``address(j)``; the
+    fence (`FENCE`: the output that tells when the slot is free) comes first,
+    the staging buffer (`STAGING`) last."""
+
+    __slots__ = ("n",)
+
+    FENCE = 0
+    STAGING = -1
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def array(self, j: int) -> int:
+        return 1 + j
+
+    def view(self, j: int) -> int:
+        return 1 + self.n + j
+
+    def address(self, j: int) -> int:
+        return 1 + 2 * self.n + j
+
+    def make(self, arrays: list, views: list, staging: np.ndarray) -> list:
+        """A new slot, its fence None."""
+        return [None, *arrays, *views, *[view.ctypes.data for view in views], staging]
+
+    def arrays(self, slot: list) -> list:
+        return slot[self.array(0):self.array(self.n)]
+
+
+class ResidentSlots:
+    """The slots of one resident record (see the module's docstring).
+
+    A slot is a list laid out as `slot_layout` (a `SlotLayout`) says. `free`
+    is claimed with ``popleft`` and refilled with ``append`` (atomic under
+    the GIL); `by_array` finds a slot from its first device array (the
+    fence hook sees the call's inputs, nothing else). At most `cap` slots
+    exist; a call that finds none free takes the per-leaf path.
+    `on_broken`, given when the pool is made, is called once if the pool
+    gives its slots up. `streak` and `counts` are the generated prepare's
+    (`nbjit.host.resident_prepare`).
+    """
+
+    __slots__ = ("layouts", "avals", "sharding", "devices", "nbytes", "slot_bytes", "cap", "free",
+                 "by_array", "made", "retired", "fence_index", "input_index", "broken", "on_broken",
+                 "fence", "held", "streak", "counts", "slot_layout", "__weakref__")
+
+    MAX_RETIRED = 8  # slots retired (deleted fences) before the signature gives slots up
+
+    def __init__(self, layouts: list[LeafLayout], sharding: Any, fence_index: int,
+                 input_index: int, on_broken: Callable[[], None] | None = None,
+                 fence_bytes: int = 0) -> None:
+        self.layouts = layouts
+        self.slot_layout = SlotLayout(len(layouts))
+        self.avals = [_jax.ShapedArray(s.shape, s.dtype, weak_type=s.weak) for s in layouts]
+        self.sharding = sharding
+        self.devices = list(sharding.device_set)
+        self.nbytes = nbytes = buffer_nbytes(layouts)
+        # A slot costs its staging and the fence it keeps alive while free.
+        self.slot_bytes = nbytes + ALIGN + fence_bytes
+        self.cap = max(1, min(RESIDENT_CAP, SIGNATURE_MAX_BYTES // self.slot_bytes))
+        self.held = HeldBytes()  # this pool's part of `resident_bytes()`
+        weakref.finalize(self, self.held.release)
+        self.free: collections.deque = collections.deque()
+        self.by_array: dict[int, list] = {}
+        self.made = 0
+        self.fence_index = fence_index
+        self.input_index = input_index
+        self.retired = 0
+        self.broken = False
+        self.on_broken = on_broken
+        self.fence = self._make_fence()
+        # Calls in a row whose compared leaves were all unchanged, and calls
+        # in a row with one that changed (or written without a compare).
+        self.streak = [0, 0]
+        self.counts = [0, 0]  # runs before the compare; of those, compares that differed
+
+    def new_slot(self) -> list | None:
+        """A new slot, or None where a zero-copy put does not alias its view
+        (or the process's slots already hold `PROCESS_MAX_BYTES`)."""
+        if not self.held.take(self.slot_bytes):
+            return None
+        slot = None
+        try:
+            slot = self._make_slot()
+        finally:
+            if slot is None:
+                self.held.give(self.slot_bytes)
+        return slot
+
+    def _make_slot(self) -> list | None:
+        raw = np.zeros(self.nbytes + ALIGN, np.uint8)  # zeros: padding bytes are defined
+        address = raw.ctypes.data
+        skip = align_up(address) - address
+        staging = raw[skip:skip + self.nbytes]
+        views = [staging[s.offset:s.offset + s.nbytes].view(s.dtype).reshape(s.shape)
+                 for s in self.layouts]
+        arrays = []
+        for view, aval in zip(views, self.avals, strict=True):
+            array = _jax.batched_device_put(aval, self.sharding, [view], self.devices, False,
+                                            False, _jax.ZERO_COPY)
+            if array.unsafe_buffer_pointer() != view.ctypes.data:
+                return None  # a copy (device memory, or a runtime that copies): no slots
+            arrays.append(array)
+        slot = self.slot_layout.make(arrays, views, staging)
+        self.by_array[id(arrays[0])] = slot
+        self.made += 1
+        return slot
+
+    def claim(self, busy: list | None) -> list | None:
+        """A new slot under the cap, else None, after `busy` (the oldest free
+        slot, popped and found still read) goes back to the pool or is retired.
+
+        No other free slot is tried: they were freed later, so their calls
+        were dispatched later and are the less likely to be done (a loop
+        with many calls in flight would pay a readiness test per slot).
+        """
+        if busy is not None:
+            if busy[SlotLayout.FENCE] is RETIRED:
+                self.retire(busy)
+            else:
+                self.free.append(busy)
+        if self.made >= self.cap or self.broken:
+            return None
+        return self.new_slot()
+
+    def add_spares(self) -> None:
+        """Free slots up to `ROTATE_SLOTS` (within the cap): a call takes the
+        oldest free slot, so calls that write rotate through them."""
+        while self.made < min(ROTATE_SLOTS, self.cap) and not self.broken:
+            try:
+                slot = self.new_slot()
+            except Exception:  # (out of memory: the slots there are do)
+                return
+            if slot is None:
+                return
+            self.free.append(slot)
+
+    def retire(self, slot: list) -> None:
+        """Never uses `slot` again (the runtime keeps its memory while anything reads it)."""
+        if self.by_array.pop(id(slot[self.slot_layout.array(0)]), None) is not None:
+            self.made -= 1
+            self.held.give(self.slot_bytes)  # (given up: every slot's bytes are back already)
+            self.retired += 1
+            if self.retired >= self.MAX_RETIRED:
+                self.give_up()
+
+    def give_up(self) -> None:
+        """No slots from now on: `on_broken` sends the signature back to its per-leaf record."""
+        self.broken = True
+        self.cap = 0
+        self.free.clear()
+        self.held.release()
+        if (on_broken := self.on_broken) is not None:
+            on_broken()
+
+    def _make_fence(self) -> Callable[[Any, list], None]:
+        """``fence(inputs, outs)``, after a hit: the slot the call read (if any)
+        keeps its fence and is free again. The first fenced call checks its outputs."""
+        scope = {"get": self.by_array.get, "append": self.free.append, "CHECKED": False}
+
+        ref = weakref.ref(self)  # (the pool holds the fence: no cycle back)
+
+        def first(slot: list, outs: list) -> None:
+            pool = ref()
+            if pool is not None and pool._check_outputs(slot, outs):
+                scope["CHECKED"] = True
+                pool.free.append(slot)
+
+        scope["first"] = first
+        src = Source()
+        with src.block("def fence(inputs, outs):"):
+            src.line(f"slot = get(id(x := inputs[{self.input_index}]))")
+            with src.block(f"if slot is not None and slot[{self.slot_layout.array(0)}] is x:"):
+                src.line(f"slot[{SlotLayout.FENCE}] = outs[{self.fence_index}]")
+                with src.block("if CHECKED:"):
+                    src.line("append(slot)")
+                with src.block("else:"):
+                    src.line("first(slot, outs)")
+        return run_source(src.text(), "resident fence", scope)["fence"]
+
+    def _check_outputs(self, slot: list, outs: list) -> bool:
+        """Whether no output aliases the slot's memory (else slots are given up)."""
+        staging = slot[SlotLayout.STAGING]
+        start = staging.ctypes.data
+        stop = start + staging.nbytes
+        try:
+            pointers = [o.unsafe_buffer_pointer() for o in outs if o.size]
+        except Exception:
+            pointers = [start]
+        if any(start <= p < stop for p in pointers):
+            # (Never seen: XLA's outputs are new buffers unless donated.) This
+            # slot is never written again, so the caller's outputs stay valid.
+            self.by_array.pop(id(slot[self.slot_layout.array(0)]), None)
+            self.give_up()
+            return False
+        return True
