@@ -77,8 +77,10 @@ def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: li
             s.device_set != sharding.device_set for s in shardings):
         return
     staged = isinstance(strategy_for(platform_of(sharding)), Staged)  # (one device: one strategy)
-    if staged:  # (an array no one can write is put in place, zero copy: never packed)
-        layouts = _layouts({j: h for j, h in hosts.items() if not immutable(leaves[j])},
+    if staged:  # never packed there: an array no one can write (put in place, zero
+        # copy), and a complex leaf (a TPU cannot constrain its layout: other bits)
+        layouts = _layouts({j: h for j, h in hosts.items()
+                            if not immutable(leaves[j]) and h.dtype.kind != "c"},
                            leaves, STAGED_PACK_MAX_EACH, STAGED_PACK_MAX_BYTES)
     else:
         layouts = _layouts(hosts, leaves, SLOT_MAX_BYTES, TOTAL_MAX_BYTES)
