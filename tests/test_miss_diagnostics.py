@@ -71,7 +71,7 @@ def test_ranked_misses_text_and_html(fresh_ranking):
     text = str(ranked)
     assert repr(ranked) == text
     header = text.splitlines()[0].split()
-    assert header[:2] == ["compile", "s"] and "differs" in header
+    assert header[:2] == ["miss", "s"] and "differs" in header
     assert "x: shape" in text and function_name(f._fun) in text
     page = ranked._repr_html_()
     assert page.startswith("<table>") and html.escape(function_name(f._fun)) in page
