@@ -345,8 +345,13 @@ def _ready_ratio(row: dict[str, Any]) -> str:
     return f"{ratio} ({spread})"
 
 
+def _width(row: dict[str, Any]) -> str:
+    """", hidden width W" where the loop's MLP is not the default 784-512-512-10."""
+    return f", hidden width {row['width']}" if row.get("width", 512) != 512 else ""
+
+
 def _loop_sentence(loop: dict[str, Any]) -> str:
-    parts = [f"batch {r['batch']}: {r['step_ratio']:.2f} a step "
+    parts = [f"batch {r['batch']}{_width(r)}: {r['step_ratio']:.2f} a step "
              f"({r['step_p10_p90'][0]:.2f}-{r['step_p10_p90'][1]:.2f}), calls returning at "
              f"{r['call_ratio']:.2f}, losses {'equal' if r['losses_equal'] else 'NOT equal'}"
              for r in loop["loops"]]
@@ -354,6 +359,13 @@ def _loop_sentence(loop: dict[str, Any]) -> str:
     return ("; ".join(parts) + f". A write to the numpy input right after the call changed "
             f"{w['changed']['jax.jit']} of {w['calls']} of jax.jit's results and "
             f"{w['changed']['nbjit']} of nbjit's.")
+
+
+def _loop_commit(data: dict[str, Any], loop: dict[str, Any]) -> str:
+    """", run at nbjit C" where the loop's run is of another commit than the compare's."""
+    commit = loop.get("commit")
+    same = commit == data["meta"]["versions"].get("nbjit_commit")
+    return "" if same or not commit else f"; run at nbjit {commit}"
 
 
 def tpu_block(data: dict[str, Any], loop: dict[str, Any]) -> str:
@@ -366,7 +378,8 @@ def tpu_block(data: dict[str, Any], loop: dict[str, Any]) -> str:
     return (f"On a TPU v5e ({meta['date']}, nbjit {v.get('nbjit_commit') or '?'}, jax "
             f"{v['jax']}, Python {v['python']}; nbjit / jax.jit, below 1 nbjit is faster): "
             f"{cells}. The training loop of `benchmarks/training_loop.py` (an MLP, a new "
-            f"numpy batch each step, no block per step): {_loop_sentence(loop)} "
+            f"numpy batch each step, no block per step{_loop_commit(data, loop)}): "
+            f"{_loop_sentence(loop)} "
             + self_check_line(meta) + "".join(f" Note: {note}." for note in loop.get("notes", []))
             + " Every row: [docs/performance.md](docs/performance.md#on-a-tpu).")
 
@@ -384,13 +397,14 @@ def tpu_compare_block(data: dict[str, Any]) -> str:
 
 def tpu_loop_block(loop: dict[str, Any]) -> str:
     """docs/host-inputs.md's table of the training loop on the TPU."""
-    lines = [f"jax {loop['jax']}, {loop['device']}; nbjit / jax.jit, median (p10-p90) of "
-             "interleaved rounds:", "",
-             "| batch | jax.jit us a step | nbjit us a step | a step | until each call returns "
-             "| losses | host inputs |",
-             "|---:|---:|---:|---:|---:|---|---|"]
+    lines = [f"nbjit {loop.get('commit', '?')}, jax {loop['jax']}, {loop['device']}; nbjit / "
+             "jax.jit, median (p10-p90) of interleaved rounds:", "",
+             "| batch | hidden width | jax.jit us a step | nbjit us a step | a step "
+             "| until each call returns | losses | host inputs |",
+             "|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in loop["loops"]:
-        lines.append(f"| {r['batch']} | {r['jax_step_us']:.0f} | {r['nbjit_step_us']:.0f} "
+        lines.append(f"| {r['batch']} | {r.get('width', 512)} | {r['jax_step_us']:.0f} "
+                     f"| {r['nbjit_step_us']:.0f} "
                      f"| {r['step_ratio']:.2f} ({r['step_p10_p90'][0]:.2f}-"
                      f"{r['step_p10_p90'][1]:.2f}) | {r['call_ratio']:.2f} "
                      f"| {'equal' if r['losses_equal'] else 'NOT equal'} "
