@@ -25,13 +25,13 @@ profile: where a profiled hit's time outside its five phases lies (before
   the first stamp, after the last), for the profile test's bound.
 """
 
-# ruff: noqa: E731  (a probe: small lambdas name the ways)
+# ruff: noqa: E731, B023  (a probe: small lambdas name the ways, called in the
+# iteration of the loop that binds their names)
 
 from __future__ import annotations
 
 import gc
 import json
-import os
 import statistics
 import sys
 import time
@@ -43,7 +43,6 @@ from jax._src import core as jcore
 from jax._src.lib import _jax as X
 
 import nbjit
-from nbjit.observe import profile as _profile
 
 dev = jax.devices()[0]
 S = jax.sharding.SingleDeviceSharding(dev)
@@ -205,7 +204,7 @@ def section_floors() -> None:
             if fn is None:
                 continue
             t = []
-            for r in range(3):
+            for _ in range(3):
                 ys = []
                 t0 = time.perf_counter()
                 for i in range(20):
@@ -284,8 +283,10 @@ def section_loop(configs=((128, 512), (1024, 512), (1024, 4096)), rounds=7, step
             "jax.jit": lambda p, i: jf(p, *pool[i]),
             "nbjit": lambda p, i: nf(p, *pool[i]),
             "device_floor": lambda p, i: jf(p, *dpool[i]),
-            "zc_caller": lambda p, i: jf(p, wx["zc_caller"](pool[i][0]), wy["zc_caller"](pool[i][1])),
-            "staged_zc": lambda p, i: jf(p, wx["staged_zc"](pool[i][0]), wy["staged_zc"](pool[i][1])),
+            "zc_caller": lambda p, i: jf(p, wx["zc_caller"](pool[i][0]),
+                                         wy["zc_caller"](pool[i][1])),
+            "staged_zc": lambda p, i: jf(p, wx["staged_zc"](pool[i][0]),
+                                         wy["staged_zc"](pool[i][1])),
             "until_x": lambda p, i: jf(p, wx["until"](pool[i][0]), wy["staged_zc"](pool[i][1])),
         }
         if PIN is not None:
