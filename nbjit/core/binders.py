@@ -24,7 +24,10 @@ own path); a miss or a signature without a fast path to its `_miss_or_slow`.
 Flavours (`nbjit.core.flavours`: this module imports nothing of the rooms
 that register them): "plain" is the hit path; "timed" (registered by
 `nbjit.observe.profile`, while a `nbjit.profile()` is active) adds clock
-stamps between the phases and times slow calls whole; "traced" (registered by
+stamps between the phases, its first and last taken by
+`PjitFunction.__call__` as the call enters and as the binder returns (its
+binders take them as `stamps`), and times slow calls whole; "traced"
+(registered by
 `nbjit.observe.spans`, for calls made while a profiler session collects)
 opens a profiler span per phase; "key_only" keys a call and returns
 ``(leaves, key, shardings)``, running nothing. One emitter (`_source`) writes
@@ -164,7 +167,7 @@ class _Names:
             + [f"({k!r}, type({self.kwargs[k]}), {self.kwargs[k]})" for k in split.static_names])
 
 
-def _unpack(src: Source, split: Split, names: _Names) -> None:
+def _unpack(src: Source, split: Split, names: _Names, flavour: Flavour) -> None:
     """A binder's first statements: a keyword binder checks the call's names
     are exactly its own, and an unrolled one puts every argument in its local.
 
@@ -172,7 +175,8 @@ def _unpack(src: Source, split: Split, names: _Names) -> None:
     count alone (``~nargs``: no tuple of names built per call); a call with
     other names goes to the binder of its full call shape (`other_keywords`).
     """
-    other = "return other_keywords(self, args, kwargs)  # other names"
+    other = ("return other_keywords(self, args, kwargs, stamps)  # other names"
+             if flavour.entry_stamp else "return other_keywords(self, args, kwargs)  # other names")
     if split.names and names.unroll:  # each name read once; a missing one raises KeyError
         with src.block(f"if len(kwargs) != {len(split.names)}:"):
             src.line(other)
@@ -353,9 +357,17 @@ def _source(split: Split, flavour: Flavour) -> str:
     arguments unpacked, keyed, then the hit path (or, keys only, the key)."""
     names = _Names(split)
     src = Source()
-    with src.block("def bind(self, args, kwargs):"):
-        _stamp(src, flavour.start)
-        _unpack(src, split, names)
+    # An entry-stamping flavour's binder takes `stamps`, begun as the call
+    # entered `PjitFunction.__call__`; `start` begins it for a call that came
+    # another way.
+    with src.block("def bind(self, args, kwargs, stamps=None):" if flavour.entry_stamp
+                   else "def bind(self, args, kwargs):"):
+        if flavour.entry_stamp and flavour.start:
+            with src.block("if stamps is None:"):
+                src.line(flavour.start)
+        else:
+            _stamp(src, flavour.start)
+        _unpack(src, split, names, flavour)
         _read(src, split, flavour, names)
         if flavour.keys_only:
             src.line("return (leaves, key, shardings)")
@@ -410,7 +422,11 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
         scope["learn_reader"] = lambda tid, treedef, leaves: readers.learn(
             tid, _param_trees(treedef, named), leaves)
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
-    return run_source(source, name, scope)["bind"]
+    binder = run_source(source, name, scope)["bind"]
+    # Whether it takes the call's `stamps` (a function attribute:
+    # `__defaults__` costs ~0.3 us to read once JAX has added an audit hook).
+    binder.takes_entry_stamp = f.entry_stamp
+    return binder
 
 
 def _refuse(*_: Any) -> str:
@@ -421,16 +437,16 @@ def _refuse(*_: Any) -> str:
 def _hit_source(flavour: str) -> str:
     """The source of the hit path alone (`BinderTable.hit`)."""
     src = Source()
-    with src.block("def hit(self, args, kwargs, leaves, key, shardings, t0, t_key):"):
+    with src.block("def hit(self, args, kwargs, leaves, key, shardings, stamps, t_key):"):
         _hit(src, _flavours.flavour(flavour))
     return src.text()
 
 
 def _make_hit(env: dict[str, Any], flavour: str) -> Callable[..., Any]:
-    """The hit path alone, ``hit(self, args, kwargs, leaves, key, shardings, t0, t_key)``:
+    """The hit path alone, ``hit(self, args, kwargs, leaves, key, shardings, stamps, t_key)``:
     for a call keyed elsewhere (a miss another thread compiled meanwhile,
-    filter_jit's reader keys); `t0` and `t_key` are the timed flavour's first
-    stamps."""
+    filter_jit's reader keys); `stamps` (the call's stamps so far, a list: see
+    `Flavour.entry_stamp`) and `t_key` are the timed flavour's."""
     scope = {**env, **_flavours.flavour(flavour).scope}
     name = "hit" if flavour == "plain" else f"hit {flavour}"
     return run_source(_hit_source(flavour), name, scope)["hit"]
@@ -526,13 +542,16 @@ class BinderTable(dict):
         return _source(self.split(shape), _flavours.flavour(flavour or self.flavour))
 
 
-def _other_keywords(jitted: Any, args: tuple, kwargs: dict) -> Any:
+def _other_keywords(jitted: Any, args: tuple, kwargs: dict, stamps: list | None = None) -> Any:
     """A keyword call whose names are not those of the binder its positional
-    count found: the binder of its full call shape runs it."""
+    count found: the binder of its full call shape runs it (`stamps`: the
+    call's, `Flavour.entry_stamp`)."""
     shape = call_shape(args, kwargs)
     binders = info(jitted).binders
     binder = binders.get(shape) or binders.build(shape)
-    return binder(jitted, args, kwargs)
+    if stamps is not None and binder.takes_entry_stamp:
+        return binder(jitted, args, kwargs, stamps)
+    return binder(jitted, args, kwargs)  # no stamps came, or built plain: switched meanwhile
 
 
 def binder_source(jitted: Any, /, *args: Any, **kwargs: Any) -> str:

@@ -9,7 +9,9 @@ A call goes: `__call__` -> the binder of its call shape (`nbjit.core.binders`:
 one generated function per positional count and keyword names, which keys
 the call and runs the hit path: lookup -> inputs -> execute -> outputs). A
 leaf no key can hold goes to `_unkeyable` (JAX's own path). A miss, or a
-signature that cannot take the fast path, goes to `_miss_or_slow`.
+signature that cannot take the fast path, goes to `_miss_or_slow`. While
+the hit path's flavour stamps a call's ends (`nbjit.profile()`'s),
+`__call__` is `_stamped_call`: the same call, with the first and last stamps.
 
 A miss reads as one story: `_miss` claims the signature (one compile per
 signature across threads, `Namespace.claim`); `_compile` checks that every
@@ -42,6 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core import flavours as _flavours
 from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
@@ -60,6 +63,7 @@ ArrayImpl = _jax.ArrayImpl
 _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
 _tracing = _jax.traceme_enabled  # a profiler session is collecting spans (nbjit/observe/spans.py)
+_clock = time.perf_counter_ns  # the stamped call's (`Flavour.entry_stamp`)
 _NOT_SET = object()  # marks jit options the caller did not pass
 
 
@@ -122,6 +126,32 @@ class PjitFunction:
         try:  # costs nothing unless something raises (Python >= 3.11)
             return binder(self, args, kwargs)
         except Exception as error:  # a miss, slow path or bad input: jaxlib shows no frames
+            _jax.filter_dispatch_frames(error)
+            raise
+
+    _plain_call = __call__
+
+    def _stamped_call(self, /, *args: Any, **kwargs: Any) -> Any:
+        """`__call__` while the hit path's flavour stamps the call's ends
+        (`Flavour.entry_stamp`: "timed", a `nbjit.profile()`): the same call,
+        the clock read as it enters and as the binder returns, so that the
+        phases span all of it but this frame (finding the binder counts in
+        the first phase, the binder's return in the last)."""
+        stamps = [_clock()]
+        if _tracing():
+            return profiler_hooks().traced_call(self, args, kwargs)
+        _collect_garbage()
+        try:
+            binder = self._binders[~len(args) if kwargs else len(args)]
+        except KeyError:
+            binder = self._binders.build((len(args), *kwargs) if kwargs else len(args))
+        try:
+            if binder.takes_entry_stamp:
+                out = binder(self, args, kwargs, stamps)
+                stamps[-1] = _clock()  # a hit's record holds `stamps`: the call ended
+                return out
+            return binder(self, args, kwargs)  # built plain: the flavour switched meanwhile
+        except Exception as error:
             _jax.filter_dispatch_frames(error)
             raise
 
@@ -215,7 +245,7 @@ class PjitFunction:
             return self._slow(args, kwargs, "compile_failed")
         now = time.perf_counter_ns()  # the timed flavour records the hit from here
         key, shardings, _ = signature
-        return self._binders.hit(self, args, kwargs, leaves, key, shardings, now, now)
+        return self._binders.hit(self, args, kwargs, leaves, key, shardings, [now], now)
 
     def _compile(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                  failed: Node | None) -> Any:
@@ -391,7 +421,7 @@ class PjitFunction:
         if binders.flavour != "plain" or _tracing():
             return self(*args())
         _collect_garbage()  # as __call__ does
-        return hit(self, _hooks.Deferred(args), {}, leaves, key, shardings, 0, 0)
+        return hit(self, _hooks.Deferred(args), {}, leaves, key, shardings, None, 0)
 
     def _entry_for(self, args: tuple, kwargs: dict) -> tuple[Node | None, Sequence]:
         """The node a call would hit, and its dynamic leaves (no side effects)."""
@@ -445,6 +475,17 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
         return "effects" if _jax.jaxpr_has_effects(jitted, args, kwargs) else "no_fastpath"
     except Exception:
         return "no_fastpath"
+
+
+def _call_for(flavour: _flavours.Flavour) -> None:
+    """Sets `PjitFunction.__call__` for the hit path's flavour: the stamped
+    call while it stamps a call's entry, else the plain one (no clock read:
+    a call outside a profile runs the same code as if none had been)."""
+    PjitFunction.__call__ = (  # type: ignore[method-assign]
+        PjitFunction._stamped_call if flavour.entry_stamp else PjitFunction._plain_call)
+
+
+_flavours.on_use(_call_for)
 
 
 def _as_view(jitted: PjitFunction) -> JitView:

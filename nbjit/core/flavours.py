@@ -14,7 +14,9 @@ module listen, the binders (`nbjit.core.binders`) import nothing of
     `nbjit.observe.spans` "traced" (`add_flavour`).
   * `use_flavour(name)` switches the hit path of every live function, and of
     every function made later, to flavour `name` ("plain" or "timed": a
-    `nbjit.profile()` starting and ending).
+    `nbjit.profile()` starting and ending), then tells the callbacks given
+    to `on_use` (the dispatcher's: `PjitFunction.__call__` stamps a call's
+    ends while the flavour asks for it, `Flavour.entry_stamp`).
 
 What a call does in a profiler session outside its hit path (the traced
 call, the spans of the miss and slow paths) is in `nbjit.core.profiler`;
@@ -25,12 +27,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 __all__ = ["KEY_ONLY", "PLAIN", "Flavour", "add_flavour", "current_flavour", "flavour",
-           "use_flavour", "watch_table"]
+           "on_use", "use_flavour", "watch_table"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,18 @@ class Flavour:
     ``{args}`` (its arguments); `scope`: the names these pieces read.
     `keys_only`: the binder returns ``(leaves, key, shardings)`` after keying
     and runs nothing.
+
+    `entry_stamp`: `PjitFunction.__call__` stamps the call's ends, with
+    `time.perf_counter_ns` (the flavour's own stamps read the same clock):
+    it hands the binder `stamps`, a list holding the clock read as the call
+    entered, and once the binder returns sets the list's last item to the
+    clock. The binder adds its own stamps to the list (its last item at
+    least: the stamped call overwrites it), so that they span the whole
+    call but the stamped call's own frame. The binders take
+    ``stamps=None`` and run `start` (which sets `stamps`) only for a call
+    that came another way (a profiler session's traced call). While such a
+    flavour is on, `PjitFunction.__call__` is the dispatcher's stamped call;
+    otherwise it reads no clock.
     """
 
     name: str
@@ -53,6 +67,7 @@ class Flavour:
     leave: str = "{fn}({args})"
     scope: Mapping[str, Any] = field(default_factory=dict)
     keys_only: bool = False
+    entry_stamp: bool = False
 
 
 PLAIN = Flavour("plain")
@@ -83,6 +98,8 @@ class _Table(Protocol):
     def set_flavour(self, name: str) -> None: ...
 
 
+_used: list[Callable[[Flavour], None]] = []  # told of every switch (`on_use`)
+
 # id -> binder table (a table is a dict: unhashable, and equal to any other empty one)
 _tables: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
@@ -108,3 +125,11 @@ def use_flavour(name: str) -> None:
         tables = list(_tables.values())
     for table in tables:
         table.set_flavour(name)
+    for callback in _used:
+        callback(flavour(name))
+
+
+def on_use(callback: Callable[[Flavour], None]) -> None:
+    """`callback(flavour)` after every `use_flavour`, and now with the current one."""
+    _used.append(callback)
+    callback(flavour(_current))

@@ -9,19 +9,31 @@ imported, and entering the first profile and leaving the last switch every
 function to it and back (`use_flavour`; then the callbacks registered with
 `on_switch`).
 
-What the timed flavour's lines call:
-  * `record(jitted, t0, t_key, t_lookup, t_inputs, t_execute, t_outputs)`:
-    one hit, as `time.perf_counter_ns` stamps (t0 = the call began; each
-    later stamp = that phase ended);
+A hit's first and last stamps are taken by `PjitFunction.__call__` (the
+flavour stamps the call's ends, `Flavour.entry_stamp`): as the call enters
+and as its binder returns. So the key phase runs from the entry (freeing
+the buffers the runtime released, finding the binder, keying) to the
+lookup, and the outputs phase to the binder's return (recording the hit,
+freeing the binder's locals). What the timed flavour's lines call:
+  * `record(jitted, stamps, t_key, t_lookup, t_inputs, t_execute)`: one
+    hit, as `time.perf_counter_ns` stamps: `stamps` is the call's list,
+    begun with the entry's; the phases' ends and a provisional end of the
+    call are added, and the list is stored (the stamped call sets its end);
   * `timed_call(jitted, t0, fn, *args)`: a miss or slow call, run and
     recorded whole (`record_whole(jitted, kind, nanoseconds)`);
   * `active()`: whether any profile is active.
 
-The profile states its own overhead per call (`Profile.overhead_ns`): the
-time of a probe call shaped like a profiled hit (six clock reads, the
-record), measured each time a profile starts (a short calibration, paid
-once per profile, not per call). It bounds both what profiling adds to a
-call and the part of a call outside its five phases.
+Outside a hit's five phases lies only the stamped call's own frame:
+entering `PjitFunction.__call__` up to its first clock read, and its return
+after the last. The profile states its own overhead per call
+(`Profile.overhead_ns`): the time of a probe call shaped like a profiled
+hit that does no work (the stamped call, seven clock reads, the record),
+measured each time a profile starts (a short calibration, paid once per
+profile, not per call). It bounds what profiling adds to a call, and the
+part of a call outside its phases is a small piece of it, which stays
+within it where a call's Python runs several times slower than in the
+probe's tight loop (a TPU, whose runtime leaves the caller's caches cold:
+docs/profiler.md).
 """
 
 from __future__ import annotations
@@ -60,15 +72,17 @@ def active() -> bool:
     return bool(_active)
 
 
-def record(jitted: Any, t0: int, t_key: int, t_lookup: int, t_inputs: int, t_execute: int,
-           t_outputs: int) -> None:
-    """One hit of `jitted`, as perf_counter_ns stamps (see the module docstring)."""
-    stamp = (t0, t_key, t_lookup, t_inputs, t_execute, t_outputs)
+def record(jitted: Any, stamps: list[int], t_key: int, t_lookup: int, t_inputs: int,
+           t_execute: int) -> None:
+    """One hit of `jitted`: `stamps` (the call's, begun as it entered) with the
+    phases' ends and the call's end added, provisionally: `PjitFunction.__call__`
+    sets it again as the binder returns (see the module docstring)."""
+    stamps += (t_key, t_lookup, t_inputs, t_execute, _clock())
     for prof in _active:
         hits = prof._hits.get(jitted)
         if hits is None:
             hits = prof._hits[jitted] = []
-        hits.append(stamp)
+        hits.append(stamps)
 
 
 def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
@@ -91,36 +105,46 @@ def timed_call(jitted: JitView, t0: int, fn: Callable, /, *args: Any) -> Any:
         record_whole(jitted, kind, _clock() - t0)
 
 
-# The timed flavour of the hit path (`nbjit.core.flavours`): a clock stamp
-# first and after each phase, the hit recorded before it returns, a slow path
-# timed whole.
+# The timed flavour of the hit path (`nbjit.core.flavours`): the call's ends
+# stamped by `PjitFunction.__call__` (with this clock; `start` stamps the
+# entry of a call that came another way), a stamp after each phase, the hit
+# recorded before the binder returns, a slow path timed whole.
 TIMED = _flavours.add_flavour(_flavours.Flavour(
     "timed",
-    start="t0 = clock()",
+    start="stamps = [clock()]",
     stamps=("t_key = clock()", "t_lookup = clock()", "t_inputs = clock()", "t_execute = clock()"),
-    finish="record_hit(self, t0, t_key, t_lookup, t_inputs, t_execute, clock())",
-    leave="timed_call(self, t0, {fn}, {args})",
-    scope={"clock": _clock, "record_hit": record, "timed_call": timed_call}))
+    finish="record_hit(self, stamps, t_key, t_lookup, t_inputs, t_execute)",
+    leave="timed_call(self, stamps[0], {fn}, {args})",
+    scope={"clock": _clock, "record_hit": record, "timed_call": timed_call},
+    entry_stamp=True))
 
 
-def probe_binder(jitted: Any, args: tuple, kwargs: dict) -> Any:
-    """The only binder of the overhead probe: what the timed flavour adds to a
-    hit (six clock reads and the record), with no work between the stamps."""
+def probe_binder(jitted: Any, args: tuple, kwargs: dict, stamps: list[int] | None = None
+                 ) -> Any:
+    """The only binder of the overhead probe: the timed flavour's binder with
+    no work between the stamps (four clock reads, the record with a fifth)."""
     clock = _clock
-    t0 = clock()
+    if stamps is None:
+        stamps = [clock()]
     t1 = clock()
     t2 = clock()
     t3 = clock()
     t4 = clock()
-    record(jitted, t0, t1, t2, t3, t4, clock())
+    record(jitted, stamps, t1, t2, t3, t4)
     return args
 
 
+probe_binder.takes_entry_stamp = True  # type: ignore[attr-defined]  # as the timed flavour's
+
 class _OverheadProbe(PjitFunction):
     """A jitted function for `nbjit.profile()`'s overhead: its call is
-    `PjitFunction.__call__` itself (inherited, so it cannot drift from it) and
-    its one binder (call shape: one positional argument) stamps and records as
-    the timed flavour does, with no work (`probe_binder`)."""
+    `PjitFunction._stamped_call` itself, what `PjitFunction.__call__` is while
+    a profile is active (the same function, so it cannot drift from it),
+    whether or not one is; its one binder (call shape: one positional
+    argument) stamps and records as the timed flavour's do, with no work
+    (`probe_binder`)."""
+
+    __call__ = PjitFunction._stamped_call
 
     def __init__(self) -> None:  # no function, no cache: nothing of PjitFunction's own
         self._binders = _ProbeBinders({1: probe_binder})  # type: ignore[assignment]
@@ -136,10 +160,11 @@ class _ProbeBinders(dict):
 def _measure_overhead(n: int = 1000) -> float:
     """Nanoseconds per call of a probe shaped like a timed hit that does no work.
 
-    The probe is the dispatcher's own call (`_OverheadProbe`: look up the
-    binder of the call shape, call it) into `probe_binder`, which stamps t0,
-    its key, and four more phases and records. It bounds both what profiling
-    adds to a call and the part of a call outside its five phases. Median of
+    The probe is the dispatcher's own stamped call (`_OverheadProbe`: stamp
+    the entry, look up the binder of the call shape, call it, stamp the end)
+    into `probe_binder`, which stamps the ends of four phases and records
+    the hit. It bounds what profiling adds to a call, and holds the part of
+    a call outside its five phases (the stamped call's own frame). Median of
     five batches, gc off.
     """
     global _active
@@ -168,7 +193,7 @@ class Profile:
     """The per-phase timings of nbjit calls made while it was active."""
 
     def __init__(self) -> None:
-        self._hits: dict[Any, list[tuple[int, ...]]] = {}
+        self._hits: dict[Any, list[list[int]]] = {}  # stamps per hit (`record`)
         self._whole: dict[Any, list[tuple[str, int]]] = {}
         self.overhead_ns = 0.0
 
