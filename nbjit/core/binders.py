@@ -209,8 +209,8 @@ def _keyed_from_leaves(src: Source, flavour: Flavour, names: _Names) -> None:
     """Leaves no reader read (`tid` their treedef's id), keyed one by one: all
     jax.Arrays in one pass; mixed with host values by the treedef's mixed
     keyer, else leaf by leaf (`mixed_signatures`); a leaf nothing can key
-    sends the call to `_unkeyable`: JAX's own path."""
-    src.line("signatures = None")
+    sends the call to `_unkeyable`: JAX's own path. `signatures` is None
+    when this starts."""
     with src.block("if not leaves or type(leaves[-1]) is ArrayImpl:"
                    "  # else host values: skip this"):
         with src.block("try:  # one assignment: a leaf with .aval, no ._sharding (a Ref) sets"
@@ -293,7 +293,7 @@ def _read(src: Source, split: Split, flavour: Flavour, names: _Names) -> None:
     _flattened(flattened, split, flavour, names)
     if not names.unroll:  # more dynamic arguments than UNROLL_MAX: a loop over them
         key = f"({', '.join(prefix)}, *pairs)" if marked else "pairs"
-        src.line(f"dynamic = {leaves}")
+        src.lines([f"dynamic = {leaves}", "signatures = None"])
         with src.block("try:"):
             src.lines([f"pairs, shardings = {_ARRAY_SIGNATURES.format(xs='dynamic')}",
                        f"key = {key}", "leaves = dynamic"])
@@ -323,6 +323,7 @@ def _unrolled(src: Source, flavour: Flavour, names: _Names, prefix: list[str], l
                    f"key = (LEAVES, KEY_SHAPE, {names.static_key}, LEAVES_TREEDEF_ID,"
                    " signatures)"])
     with src.block("else:"):
+        src.line("signatures = None")
         if len(dynamic) != 1:
             src.extend(flattened)
             return
@@ -331,7 +332,6 @@ def _unrolled(src: Source, flavour: Flavour, names: _Names, prefix: list[str], l
         # all jax.Arrays, and such a container of n leaves has one treedef per
         # type and n, so the key needs no flatten. Otherwise `signatures`
         # stays None and the call is flattened.
-        src.line("signatures = None")
         _sequence(src, dynamic[0], names)
         with src.block("if signatures is None:"):
             src.extend(flattened)
