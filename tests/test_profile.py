@@ -61,33 +61,37 @@ def test_phases_sum_to_the_call_within_the_stated_overhead():
         # ran at two speeds, 2x apart): the overhead is measured again
         # between the chunks of timed calls, and the largest estimate bounds them.
         overheads = [prof.overhead_ns]
+        clock = time.perf_counter_ns
         gc.disable()  # as in every timing here (nbjit/bench/measure.py): no collection mid-call
         try:
             outs = []  # kept: freeing an output array (~1 us) is no part of the call
             for _ in range(3):
                 overheads.append(_profile._measure_overhead(200))
                 for _ in range(100):
-                    start = time.perf_counter_ns()
-                    outs.append(f(a))
-                    gaps.append(time.perf_counter_ns() - start)
+                    start = clock()
+                    out = f(a)
+                    end = clock()
+                    outs.append(out)
+                    gaps.append(end - start)
             overheads.append(_profile._measure_overhead(200))
         finally:
             gc.enable()
     overhead = max(overheads)
     spans = prof.phases_ns(f).sum(axis=1)[20:]  # the 300 timed calls
     outside = np.asarray(gaps) - spans  # the call's time not in any phase
-    # What lies outside the phases: the stamped call's own frame (entering
-    # `PjitFunction.__call__` up to its first clock read, its return after
-    # the last), a small part of the probe call the stated overhead times:
-    # ~0.5 us here against ~1 us. Where a call's Python runs 5-8x slower than
-    # in the probe's tight loop (a TPU v5e, whose runtime leaves the caches
-    # cold: 7.8 us lay outside there against 1.0 stated, while the binder
-    # took the first and last stamps), it grows by about that factor and stays
-    # under the bound: 1.5-3.7 us against 3.1-4.6 in
-    # benchmarks/probes/cold_profile.py's cold runs on this machine (4.8-5.1
-    # before). Twice the stated overhead, plus 1 us for the test's own clock
-    # read and append; a phase left unstamped (execute alone is 3-5x the
-    # overhead here, ~100x on a TPU) still fails it, and
+    # What lies outside the phases: `__call__`'s own frame (entering it up to
+    # its first clock read, its return after the last), under half of the
+    # probe call the stated overhead times (~0.5 us against ~1.1 here, this
+    # test's clock reads included). Where a call's Python runs several times
+    # slower than in the probe's tight loop (a TPU, whose runtime leaves the
+    # caches cold: 7.8 us lay outside there against 1.0 stated while the
+    # binder took the first and last stamps) it grows with the rest:
+    # benchmarks/probes/cold_profile.py's cold runs here kept it under this
+    # bound where 16-20 MiB were written between calls (1.6-2.8 us; 4.3-7.4
+    # before), not at 24-32 MiB (docs/profiler.md). Twice the stated
+    # overhead, plus 1 us for this test's own clock reads; a phase left
+    # unstamped (execute alone is 3-5x the overhead here, ~100x on a TPU)
+    # still fails it, and
     # test_the_phases_span_the_call_from_its_entry_to_the_binders_return
     # checks that the first and last stamps are the call's own.
     assert np.median(outside) <= 2 * overhead + 1000, (np.median(outside), overhead)
@@ -95,10 +99,10 @@ def test_phases_sum_to_the_call_within_the_stated_overhead():
 
 
 def test_the_phases_span_the_call_from_its_entry_to_the_binders_return():
-    """What a call does around its binder (entering `__call__`, finding the
-    binder, returning from it) counts in the first and last phases: a binder
-    that sleeps 2 ms before and after its work shows them in the key and
-    outputs phases, and nothing of them outside."""
+    """What a call does around its binder (finding it, returning from it)
+    counts in the first and last phases: a binder that sleeps 2 ms before
+    and after its work shows them in the key and outputs phases, and nothing
+    of them outside."""
     f, a = _compiled()
     with nbjit.profile() as prof:
         f(a)  # builds the timed binder

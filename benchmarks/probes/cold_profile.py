@@ -8,9 +8,10 @@ On a TPU v5e every piece of Python in a profiled call ran 5-8x slower than
 in the tight loop that measures the profile's overhead (`Profile.overhead_ns`):
 after ~100 us inside the runtime's execute the thread's caches are cold.
 This probe makes that condition on a CPU: before each timed call it reads
-and writes a buffer of `--evict-mib` MiB (default 16: on a 2-core AMD EPYC
-with 32 MiB of L3 that slowed the key phase ~6x and the time outside the
-phases ~7x, the TPU's proportions; 64 MiB slowed them 20-30x). It runs the
+and writes a buffer of `--evict-mib` MiB (default 16). On a 2-core AMD EPYC
+with 32 MiB of L3, with the binder's own first and last stamps, 16 MiB made
+the time outside the phases 4-6x the warm one, 20 MiB 5x, 24-32 MiB 13-15x
+(the TPU: 7x); 64 MiB made everything 20-30x slower. It runs the
 loop of `tests/test_profile.py::test_phases_sum_to_the_call_within_the_stated_overhead`
 (f = x * 2 + 1 on a float32[8,128] device array, gc off, the outputs kept;
 `--collect`: the runtime's released buffers freed before each call, as that
@@ -40,6 +41,7 @@ def run(calls: int, evict: np.ndarray | None, collect: bool) -> dict:
     a = jnp.ones((8, 128))
     f(a)
     starts, ends, outs = [], [], []
+    clock = time.perf_counter_ns
     with nbjit.profile() as prof:
         for _ in range(20):  # builds the timed binder
             f(a)
@@ -53,10 +55,12 @@ def run(calls: int, evict: np.ndarray | None, collect: bool) -> dict:
                         evict += 1  # every cache line of the buffer read and written
                     if collect:
                         _jax.collect_garbage()
-                    start = time.perf_counter_ns()
-                    outs.append(f(a))
-                    ends.append(time.perf_counter_ns())
+                    start = clock()
+                    out = f(a)
+                    end = clock()
+                    outs.append(out)
                     starts.append(start)
+                    ends.append(end)
             overheads.append(_profile._measure_overhead(200))
         finally:
             gc.enable()

@@ -25,8 +25,8 @@ Flavours (`nbjit.core.flavours`: this module imports nothing of the rooms
 that register them): "plain" is the hit path; "timed" (registered by
 `nbjit.observe.profile`, while a `nbjit.profile()` is active) adds clock
 stamps between the phases, its first and last taken by
-`PjitFunction.__call__` as the call enters and as the binder returns (its
-binders take them as `stamps`), and times slow calls whole; "traced"
+`PjitFunction.__call__` as the call enters and as the binder has returned
+(its binders take them as `stamps`), and times slow calls whole; "traced"
 (registered by
 `nbjit.observe.spans`, for calls made while a profiler session collects)
 opens a profiler span per phase; "key_only" keys a call and returns

@@ -10,8 +10,10 @@ one generated function per positional count and keyword names, which keys
 the call and runs the hit path: lookup -> inputs -> execute -> outputs). A
 leaf no key can hold goes to `_unkeyable` (JAX's own path). A miss, or a
 signature that cannot take the fast path, goes to `_miss_or_slow`. While
-the hit path's flavour stamps a call's ends (`nbjit.profile()`'s),
-`__call__` is `_stamped_call`: the same call, with the first and last stamps.
+a profiler session collects, or while the hit path's flavour stamps a
+call's ends (`nbjit.profile()`'s), `__call__` stamps the call's ends around
+its detour (`_traced_call`, `_stamped_call`: the same call, the binder
+handed the stamps).
 
 A miss reads as one story: `_miss` claims the signature (one compile per
 signature across threads, `Namespace.claim`); `_compile` checks that every
@@ -64,6 +66,7 @@ _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
 _tracing = _jax.traceme_enabled  # a profiler session is collecting spans (nbjit/observe/spans.py)
 _clock = time.perf_counter_ns  # the stamped call's (`Flavour.entry_stamp`)
+_ALWAYS = True.__bool__  # a C call that answers True
 _NOT_SET = object()  # marks jit options the caller did not pass
 
 
@@ -116,8 +119,11 @@ class PjitFunction:
     # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        if _tracing():  # in a profiler trace: jaxlib's spans around the call, nbjit's inside
-            return profiler_hooks().traced_call(self, args, kwargs)
+        if _detours():  # a profiler session collects, or a profile times calls (`_detour_for`)
+            stamps = [_clock()]  # the call's first stamp, and its last once the detour returns
+            out = _detour(self, args, kwargs, stamps)
+            stamps[-1] = _clock()  # a hit a profile recorded holds `stamps`
+            return out
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
         try:  # a keyword call by its positional count: its binder checks the names
             binder = self._binders[~len(args) if kwargs else len(args)]
@@ -126,32 +132,6 @@ class PjitFunction:
         try:  # costs nothing unless something raises (Python >= 3.11)
             return binder(self, args, kwargs)
         except Exception as error:  # a miss, slow path or bad input: jaxlib shows no frames
-            _jax.filter_dispatch_frames(error)
-            raise
-
-    _plain_call = __call__
-
-    def _stamped_call(self, /, *args: Any, **kwargs: Any) -> Any:
-        """`__call__` while the hit path's flavour stamps the call's ends
-        (`Flavour.entry_stamp`: "timed", a `nbjit.profile()`): the same call,
-        the clock read as it enters and as the binder returns, so that the
-        phases span all of it but this frame (finding the binder counts in
-        the first phase, the binder's return in the last)."""
-        stamps = [_clock()]
-        if _tracing():
-            return profiler_hooks().traced_call(self, args, kwargs)
-        _collect_garbage()
-        try:
-            binder = self._binders[~len(args) if kwargs else len(args)]
-        except KeyError:
-            binder = self._binders.build((len(args), *kwargs) if kwargs else len(args))
-        try:
-            if binder.takes_entry_stamp:
-                out = binder(self, args, kwargs, stamps)
-                stamps[-1] = _clock()  # a hit's record holds `stamps`: the call ended
-                return out
-            return binder(self, args, kwargs)  # built plain: the flavour switched meanwhile
-        except Exception as error:
             _jax.filter_dispatch_frames(error)
             raise
 
@@ -477,15 +457,66 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
         return "no_fastpath"
 
 
-def _call_for(flavour: _flavours.Flavour) -> None:
-    """Sets `PjitFunction.__call__` for the hit path's flavour: the stamped
-    call while it stamps a call's entry, else the plain one (no clock read:
-    a call outside a profile runs the same code as if none had been)."""
-    PjitFunction.__call__ = (  # type: ignore[method-assign]
-        PjitFunction._stamped_call if flavour.entry_stamp else PjitFunction._plain_call)
+# -- what `PjitFunction.__call__` does first: its detour --------------------
+#
+# `__call__` asks `_detours()` first and, when it answers yes, reads the
+# clock, hands the call to `_detour` with that stamp in a list, and sets the
+# list's last item to the clock as the detour returns: the ends of a call a
+# profile times (`Flavour.entry_stamp`), as near its caller as `__call__`
+# can take them. Outside a profile these are the profiler session's check
+# (`TraceMe.is_enabled`, one C++ read) and `_traced_call` (the stamps then
+# go unread); while the hit path's flavour stamps a call's ends (a
+# `nbjit.profile()`), a C call that answers yes and `_stamped_call`. Only
+# these module globals change (`_detour_for`), never the class: the plain
+# call runs the same code as if no profile had ever been (a class attribute
+# set on every switch would, from Python 3.13 on, leave the class without
+# the version tag its calls' attribute caches need after 1000 switches).
 
 
-_flavours.on_use(_call_for)
+def _traced_call(jitted: PjitFunction, args: tuple, kwargs: dict, stamps: list[int]) -> Any:
+    """The call while a profiler session collects: the registered traced call."""
+    return profiler_hooks().traced_call(jitted, args, kwargs)
+
+
+def _stamped_call(jitted: PjitFunction, args: tuple, kwargs: dict, stamps: list[int]) -> Any:
+    """The call while the hit path's flavour stamps its ends (`Flavour.entry_stamp`):
+    `PjitFunction.__call__`'s own steps, the binder handed `stamps`, which
+    `__call__` began as the call entered and ends as this returns, so that
+    the phases span the whole call but `__call__`'s frame (finding the
+    binder counts in the first phase, the binder's return in the last)."""
+    if _tracing():
+        return profiler_hooks().traced_call(jitted, args, kwargs)
+    _collect_garbage()
+    binders = jitted._binders
+    try:
+        binder = binders[~len(args) if kwargs else len(args)]
+    except KeyError:
+        binder = binders.build((len(args), *kwargs) if kwargs else len(args))
+    try:
+        if binder.takes_entry_stamp:
+            return binder(jitted, args, kwargs, stamps)
+        return binder(jitted, args, kwargs)  # built plain: the flavour switched meanwhile
+    except Exception as error:  # as `__call__`: jaxlib shows no frames
+        _jax.filter_dispatch_frames(error)
+        raise
+
+
+_detours: Callable[[], bool] = _tracing
+_detour: Callable[[PjitFunction, tuple, dict, list[int]], Any] = _traced_call
+
+
+def _detour_for(flavour: _flavours.Flavour) -> None:
+    """Sets `PjitFunction.__call__`'s detour for the hit path's flavour (in an
+    order where a call that reads one new global and one old one still runs
+    right: the stamped call checks for a profiler session itself)."""
+    global _detours, _detour
+    if flavour.entry_stamp:
+        _detour, _detours = _stamped_call, _ALWAYS
+    else:
+        _detours, _detour = _tracing, _traced_call
+
+
+_flavours.on_use(_detour_for)
 
 
 def _as_view(jitted: PjitFunction) -> JitView:

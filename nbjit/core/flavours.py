@@ -49,15 +49,15 @@ class Flavour:
 
     `entry_stamp`: `PjitFunction.__call__` stamps the call's ends, with
     `time.perf_counter_ns` (the flavour's own stamps read the same clock):
-    it hands the binder `stamps`, a list holding the clock read as the call
-    entered, and once the binder returns sets the list's last item to the
-    clock. The binder adds its own stamps to the list (its last item at
-    least: the stamped call overwrites it), so that they span the whole
-    call but the stamped call's own frame. The binders take
+    while such a flavour is on it reads the clock first, runs the call
+    through the dispatcher's stamped call, which hands the binder `stamps`
+    (a list holding that first reading), and sets the list's last item to
+    the clock as it returns. The binder adds its own stamps to the list (a
+    last item at least, which `__call__` then overwrites), so that they
+    span the whole call but `__call__`'s own frame. The binders take
     ``stamps=None`` and run `start` (which sets `stamps`) only for a call
-    that came another way (a profiler session's traced call). While such a
-    flavour is on, `PjitFunction.__call__` is the dispatcher's stamped call;
-    otherwise it reads no clock.
+    that came another way (a profiler session's traced call). Otherwise
+    `__call__` reads no clock.
     """
 
     name: str

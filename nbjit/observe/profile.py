@@ -11,29 +11,28 @@ function to it and back (`use_flavour`; then the callbacks registered with
 
 A hit's first and last stamps are taken by `PjitFunction.__call__` (the
 flavour stamps the call's ends, `Flavour.entry_stamp`): as the call enters
-and as its binder returns. So the key phase runs from the entry (freeing
-the buffers the runtime released, finding the binder, keying) to the
-lookup, and the outputs phase to the binder's return (recording the hit,
-freeing the binder's locals). What the timed flavour's lines call:
+and as the rest of the call returns to it. So the key phase runs from the
+entry (freeing the buffers the runtime released, finding the binder,
+keying) to the lookup, and the outputs phase to that return (recording the
+hit, freeing the binder's locals). What the timed flavour's lines call:
   * `record(jitted, stamps, t_key, t_lookup, t_inputs, t_execute)`: one
     hit, as `time.perf_counter_ns` stamps: `stamps` is the call's list,
     begun with the entry's; the phases' ends and a provisional end of the
-    call are added, and the list is stored (the stamped call sets its end);
+    call are added, and the list is stored (`__call__` sets its end);
   * `timed_call(jitted, t0, fn, *args)`: a miss or slow call, run and
     recorded whole (`record_whole(jitted, kind, nanoseconds)`);
   * `active()`: whether any profile is active.
 
-Outside a hit's five phases lies only the stamped call's own frame:
-entering `PjitFunction.__call__` up to its first clock read, and its return
-after the last. The profile states its own overhead per call
-(`Profile.overhead_ns`): the time of a probe call shaped like a profiled
-hit that does no work (the stamped call, seven clock reads, the record),
-measured each time a profile starts (a short calibration, paid once per
-profile, not per call). It bounds what profiling adds to a call, and the
-part of a call outside its phases is a small piece of it, which stays
-within it where a call's Python runs several times slower than in the
-probe's tight loop (a TPU, whose runtime leaves the caller's caches cold:
-docs/profiler.md).
+Outside a hit's five phases lies only `__call__`'s own frame: entering it
+up to its first clock read, and its return after the last. The profile
+states its own overhead per call (`Profile.overhead_ns`): the time of a
+probe call shaped like a profiled hit that does no work (`__call__` and its
+stamped call, seven clock reads, the record), measured in a tight loop each
+time a profile starts (a short calibration, paid once per profile, not per
+call). It bounds what profiling adds to a call where the call's Python runs
+as warm as the loop; the part of a call outside its phases is about half of
+it then, and grows with the caller's cold caches as everything else does
+(docs/profiler.md: a TPU's runtime leaves them cold).
 """
 
 from __future__ import annotations
@@ -136,15 +135,13 @@ def probe_binder(jitted: Any, args: tuple, kwargs: dict, stamps: list[int] | Non
 
 probe_binder.takes_entry_stamp = True  # type: ignore[attr-defined]  # as the timed flavour's
 
+
 class _OverheadProbe(PjitFunction):
     """A jitted function for `nbjit.profile()`'s overhead: its call is
-    `PjitFunction._stamped_call` itself, what `PjitFunction.__call__` is while
-    a profile is active (the same function, so it cannot drift from it),
-    whether or not one is; its one binder (call shape: one positional
-    argument) stamps and records as the timed flavour's do, with no work
-    (`probe_binder`)."""
-
-    __call__ = PjitFunction._stamped_call
+    `PjitFunction.__call__` itself (inherited, so it cannot drift from it:
+    with the timed flavour on, its detour into the dispatcher's stamped
+    call) and its one binder (call shape: one positional argument) stamps
+    and records as the timed flavour's do, with no work (`probe_binder`)."""
 
     def __init__(self) -> None:  # no function, no cache: nothing of PjitFunction's own
         self._binders = _ProbeBinders({1: probe_binder})  # type: ignore[assignment]
@@ -160,14 +157,18 @@ class _ProbeBinders(dict):
 def _measure_overhead(n: int = 1000) -> float:
     """Nanoseconds per call of a probe shaped like a timed hit that does no work.
 
-    The probe is the dispatcher's own stamped call (`_OverheadProbe`: stamp
-    the entry, look up the binder of the call shape, call it, stamp the end)
-    into `probe_binder`, which stamps the ends of four phases and records
-    the hit. It bounds what profiling adds to a call, and holds the part of
-    a call outside its five phases (the stamped call's own frame). Median of
-    five batches, gc off.
+    The probe is the dispatcher's own call (`_OverheadProbe`: `__call__`,
+    which stamps the entry and the end around its detour into the stamped
+    call, which looks up the binder of the call shape and calls it) into
+    `probe_binder`, which stamps the ends of four phases and records the
+    hit. It bounds what profiling adds to a call, and holds the part of a
+    call outside its five phases (`__call__`'s own frame). Measured with
+    the timed flavour on (`Profile.__enter__` switches first), else the
+    probe would take the plain call. Median of five batches, gc off.
     """
     global _active
+    if _flavours.current_flavour() != TIMED.name:
+        raise RuntimeError("the overhead is measured while a profile is active")
     probe = _OverheadProbe()
     saved, _active = _active, (Profile(),)
     try:
@@ -202,13 +203,12 @@ class Profile:
     def __enter__(self) -> Profile:
         global _active
         with _lock:
-            self.overhead_ns = _measure_overhead()  # under the machine's current load
-            first = not _active
-            _active = (*_active, self)
-            if first:
+            if not _active:
                 _flavours.use_flavour("timed")
                 for switch in _switches:
                     switch(True)
+            self.overhead_ns = _measure_overhead()  # under the machine's current load
+            _active = (*_active, self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
