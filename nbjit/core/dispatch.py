@@ -65,7 +65,7 @@ ArrayImpl = _jax.ArrayImpl
 _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
 _tracing = _jax.traceme_enabled  # a profiler session is collecting spans (nbjit/observe/spans.py)
-_clock = time.perf_counter_ns  # the stamped call's (`Flavour.entry_stamp`)
+_clock = time.perf_counter_ns  # `__call__`'s stamps while a profile times calls
 _ALWAYS = True.__bool__  # a C call that answers True
 _NOT_SET = object()  # marks jit options the caller did not pass
 
