@@ -67,6 +67,21 @@ def test_statements_keep_their_own_text():
                                        "indentation", "    " + long]
 
 
+def test_a_reused_source_is_shown_again_after_linecache_is_cleared():
+    """Tracebacks and `inspect.getsource` read a generated function's text from
+    linecache; a `linecache.clearcache()` (tools call it) must not leave a
+    function whose compiled code is reused without its text."""
+    import inspect
+    import linecache
+
+    source = "def made_here():\n    return 41 + 1\n"
+    fn = run_source(source, "cleared", {})["made_here"]
+    linecache.clearcache()
+    again = run_source(source, "cleared", {})["made_here"]
+    assert again.__code__ is fn.__code__  # the compiled code is reused
+    assert again() == 42 and inspect.getsource(again) == source
+
+
 def test_slot_layout_indices():
     layout = SlotLayout(3)
     assert [layout.array(j) for j in range(3)] == [1, 2, 3]

@@ -105,8 +105,9 @@ def run_source(source: str, name: str, scope: dict[str, Any]) -> dict[str, Any]:
             for old in _code_objects:
                 linecache.cache.pop(old, None)
             _code_objects.clear()
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         code = compile(source, filename, "exec")
         _code_objects[filename] = code
+    if filename not in linecache.cache:  # new, or dropped by a linecache.clearcache()
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(code, scope)
     return scope
