@@ -103,7 +103,7 @@ def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: li
     input_layouts: tuple = ()
     if staged and layouts:  # (raises where the runtime cannot say: then nothing is armed)
         compiled = _jax.parameter_layouts(fastpath.xla_executable)
-        input_layouts = tuple(compiled[record.input_of(s.leaf)] for s in layouts)
+        input_layouts = tuple(compiled[hosts[s.leaf].index] for s in layouts)  # its input
     options = {k: v for k, v in jitted.options.items() if k in _PACKED_OPTIONS}
     watched = Watched(fastpath, jaxpr, tuple(layouts), len(leaves), sharding, options,
                       jitted.name, host_counters(jitted.counters), tuple(resident_layouts),
