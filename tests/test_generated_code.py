@@ -102,6 +102,13 @@ def _fresh_host_calls():
             assert f(np.ones(8, np.float32), np.ones(8, np.float32)).tolist() == [2.0] * 8
 
 
+_SOURCES: dict[str, str] = {}  # filename -> text, recorded as the fixture ran it
+
+
+def _source(filename: str) -> str:
+    return _SOURCES.get(filename) or "".join(linecache.getlines(filename))
+
+
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """filename -> names its scope supplies, of every generated source run by
@@ -110,6 +117,9 @@ def generated(tmp_path_factory):
 
     def recording_exec(code, scope):
         seen[code.co_filename] = set(scope)
+        # Its text as run: codegen's bounded cache may drop it from linecache
+        # later in a long session (every older source goes at its limit).
+        _SOURCES[code.co_filename] = "".join(linecache.getlines(code.co_filename))
         return builtins.exec(code, scope)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -156,7 +166,7 @@ def test_generated_sources_define_and_use_every_name(generated):
     run, at_import = generated
     faults = {}
     for filename, names in [*run.items(), *at_import.items()]:
-        source = "".join(linecache.getlines(filename))
+        source = _source(filename)
         found = _name_faults(source, names)
         if found:
             faults[filename.rsplit("<", 1)[1]] = found
@@ -201,7 +211,7 @@ def _ruff(sources, directory, *options) -> None:
     directory.mkdir()
     paths = []
     for i, (filename, names) in enumerate(sorted(sources)):
-        source = "".join(linecache.getlines(filename))
+        source = _source(filename)
         assert source, filename
         supplied = sorted(n for n in names or () if n.isidentifier() and n != "__builtins__")
         header = "".join(f"{n} = None\n" for n in supplied)
