@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from nbjit.core.codegen import Source, run_source
+from nbjit.core.codegen import Source, generated_source, run_source
 from nbjit.host.layout import LeafLayout, lay_out
 from nbjit.host.slots import ResidentSlots, SlotLayout
 
@@ -80,6 +80,9 @@ def test_a_reused_source_is_shown_again_after_linecache_is_cleared():
     again = run_source(source, "cleared", {})["made_here"]
     assert again.__code__ is fn.__code__  # the compiled code is reused
     assert again() == 42 and inspect.getsource(again) == source
+    linecache.clearcache()  # and a function not made again: its text is still known
+    assert generated_source(fn.__code__.co_filename) == source
+    assert inspect.getsource(fn) == source
 
 
 def test_slot_layout_indices():

@@ -106,7 +106,8 @@ _SOURCES: dict[str, str] = {}  # filename -> text, recorded as the fixture ran i
 
 
 def _source(filename: str) -> str:
-    return _SOURCES.get(filename) or "".join(linecache.getlines(filename))
+    return (_SOURCES.get(filename) or codegen.generated_source(filename)
+            or "".join(linecache.getlines(filename)))
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,11 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["Source", "run_source", "source_filename"]
+__all__ = ["Source", "generated_source", "run_source", "source_filename"]
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
-_code_objects: dict[str, Any] = {}  # file name (names the source's text) -> compiled code
+# file name (names the source's text) -> (compiled code, the source)
+_code_objects: dict[str, tuple[Any, str]] = {}
 _MAX_CODE_OBJECTS = 1024
 
 
@@ -99,15 +100,30 @@ def source_filename(source: str, name: str) -> str:
 def run_source(source: str, name: str, scope: dict[str, Any]) -> dict[str, Any]:
     """Runs `source` (module-level definitions) in `scope` and returns `scope`."""
     filename = source_filename(source, name)
-    code = _code_objects.get(filename)
-    if code is None:
+    entry = _code_objects.get(filename)
+    if entry is None:
         if len(_code_objects) >= _MAX_CODE_OBJECTS:  # linecache keeps what it holds
             for old in _code_objects:
                 linecache.cache.pop(old, None)
             _code_objects.clear()
-        code = compile(source, filename, "exec")
-        _code_objects[filename] = code
+        entry = _code_objects[filename] = (compile(source, filename, "exec"), source)
     if filename not in linecache.cache:  # new, or dropped by a linecache.clearcache()
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(code, scope)
+        _show(filename, source)
+    exec(entry[0], scope)
     return scope
+
+
+def generated_source(filename: str) -> str | None:
+    """The text of a generated source still cached (None: unknown or
+    evicted), put back into linecache if something cleared it there."""
+    entry = _code_objects.get(filename)
+    if entry is None:
+        return None
+    if filename not in linecache.cache:
+        _show(filename, entry[1])
+    return entry[1]
+
+
+def _show(filename: str, source: str) -> None:
+    """Puts `source` where tracebacks and `inspect.getsource` read it."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
