@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -245,26 +246,9 @@ def section_safety() -> None:
     RESULTS["safety_changed_of_15"] = out
 
 
-def init(key, sizes):
-    params = []
-    for m, n in zip(sizes[:-1], sizes[1:], strict=True):
-        key, k = jax.random.split(key)
-        params.append((jax.random.normal(k, (m, n)) * np.sqrt(2 / m), jnp.zeros(n)))
-    return params
-
-
-def loss_fn(params, x, y):
-    h = x
-    for w, b in params[:-1]:
-        h = jax.nn.relu(h @ w + b)
-    w, b = params[-1]
-    logits = h @ w + b
-    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
-
-
-def step(params, x, y):
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), loss
+# The loop's model is benchmarks/training_loop.py's (its figures and these agree).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from training_loop import init, step  # noqa: E402
 
 
 def section_loop(configs=((128, 512), (1024, 512), (1024, 4096)), rounds=7, steps=100) -> None:
