@@ -379,9 +379,14 @@ def then_agrees(nb: Any, jx: Any, *args: Any, **kwargs: Any) -> None:
 
 @check
 def agreement_re_miss_after_clear_cache_on_one_process() -> None:
-    """A one-sided miss of an agreed signature passes at once (no wait for the hitter)."""
+    """A one-sided miss of an agreed signature passes at once (no wait for the hitter).
+
+    The program has no cross-process collective: from jaxlib 0.12.1 a program with
+    one that a single process compiled again (a fresh executable, whose launch ids
+    restart) no longer pairs with the others' executions, and jax.jit's call hangs
+    there as nbjit's does (docs/multi-controller.md)."""
     x = global_array((8, 4), P("x"))
-    nb, jx = pair(lambda: lambda x: jnp.sum(x) + x)
+    nb, jx = pair(lambda: lambda x: x * 2 + 1)
     calls_hit(nb, jx, x)
     if RANK == 1:
         nb.clear_cache()
@@ -391,6 +396,21 @@ def agreement_re_miss_after_clear_cache_on_one_process() -> None:
     assert time.perf_counter() - start < 5
     assert nb.miss_count == per_process(1, 2)
     assert _agreement.counters().at_once == before + per_process(0, 1)
+
+
+@check
+def agreement_re_miss_after_an_eviction_on_one_process() -> None:
+    """nbjit's own entries dropped on one process (as its LRU evicts): the re-miss gets
+    JAX's executable back, so a program with a cross-process collective still pairs
+    with the hitter's executions (a fresh executable would not, from jaxlib 0.12.1)."""
+    x = global_array((8, 4), P("x"))
+    nb, jx = pair(lambda: lambda x: jnp.sum(x) + x)
+    calls_hit(nb, jx, x)
+    if RANK == 1:
+        nb._clear_cache()  # nbjit's entries only; JAX's caches keep the executable
+    for _ in range(2):
+        same_call(nb, jx, x)  # process 1 misses once, process 0 hits
+    assert nb.miss_count == per_process(1, 2)
 
 
 @check
