@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import itertools
 import json
 import pathlib
 import sys
@@ -370,11 +371,27 @@ def disagrees(call: Callable[[], Any], nb: Any, path: str, values: tuple[str, st
     return message
 
 
+_EXCHANGES = itertools.count()
+
+
+def on_each_process(value: str) -> list[str]:
+    """`value` as each process gave it (the distributed key-value store)."""
+    client, key = _jax.distributed_client(), f"tests/exchange/{next(_EXCHANGES)}"
+    client.key_value_set(f"{key}/{RANK}", value)
+    return [client.blocking_key_value_get(f"{key}/{r}", 30_000) for r in range(2)]
+
+
 def then_agrees(nb: Any, jx: Any, *args: Any, **kwargs: Any) -> None:
-    """After a disagreement both processes go on: a call that agrees runs as jax.jit's."""
+    """After a disagreement both processes go on: a call that agrees runs as jax.jit's,
+    with the same program on both (a trace cached by the disagreeing call's local
+    validation would carry that call's traceback in its metadata: another
+    fingerprint, whose launch ids pair with nothing from jaxlib 0.12.1)."""
     same_call(nb, jx, *args, **kwargs)
     same_call(nb, jx, *args, **kwargs)
     assert nb.miss_count == 1 and nb._cache_size() == 1
+    node, = nb._namespace.entries.values()
+    fingerprints = on_each_process(node.record.executable.fingerprint.hex())
+    assert fingerprints[0] == fingerprints[1], fingerprints
 
 
 @check

@@ -160,10 +160,20 @@ def _local_validation(jitted: JitView, args: tuple, kwargs: dict) -> Callable[[]
     Run only when the processes disagree (lowering traces the function): JAX
     lowers locally, with no collective, and checks there what one process can
     get wrong on its own (incompatible devices, bad types) with JAX's message.
+    Its trace is then evicted from JAX's caches: a later agreed call of this
+    signature must trace afresh, from its own call, as every other process
+    does. A cached trace would carry this call's traceback into the program's
+    metadata, so the program would differ from the other processes' (another
+    fingerprint), and from jaxlib 0.12.1 its collectives then pair with
+    nothing (launch ids derive from the fingerprint).
     """
     def validate() -> None:
         facts = _view.info(jitted)
-        upstream = _jax.jax_jit(facts.fun, **facts.options)  # as the dispatcher makes it
-        _jax.lower_as_called(upstream, facts.fun, args, kwargs)
+        # as the dispatcher makes it (Any: jax's stubs lack its clear_cache)
+        upstream: Any = _jax.jax_jit(facts.fun, **facts.options)
+        try:
+            _jax.lower_as_called(upstream, facts.fun, args, kwargs)
+        finally:
+            upstream.clear_cache()  # JAX's traces of `fun` (public: jit(f).clear_cache())
 
     return validate
