@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Everything the TPU figures in the docs come from, in three device calls of
+# under 10 minutes each, on the TPU machines lent to this project (Python
+# 3.11, jax 0.10.2 with libtpu; no network, the machine's own package index
+# under /opt/pypi). Run from the checkout there, with $OUT set by the device
+# tool and the commit named (the checkout that travels has no .git):
+#
+#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh suite   # parts 1-4 (a CPU part beside each accelerator part)
+#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh rest    # parts 5-6, compare (part 7), the training loop
+#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh probes  # benchmarks/probes: copies and input paths
+#
+# Each call first installs numba, llvmlite, pytest-timeout and optax from the
+# machine's index into /tmp/site (--no-deps: the machine's jax stays first on
+# PYTHONPATH; chex and toolz are not in that index, and naming them stops the
+# whole install). What comes back: one tarball per accel_check run (its
+# logs, JUnit XML, summary, versions, compare-tpu.json), and for `rest` the
+# loop's JSON and log; for `probes`, each probe's output. scripts/doc_tables.py turns them into the docs' tables
+# (docs/testing.md says where each lands).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:?usage: tpu_session.sh suite|rest|probes}
+out=${OUT:?OUT: the folder whose files come back}
+: "${NBJIT_COMMIT:?NBJIT_COMMIT: the commit this checkout is}"
+export PYTHONUNBUFFERED=1
+
+PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: \
+  --index-url file:///opt/pypi/simple --no-deps --target /tmp/site \
+  numba llvmlite pytest-timeout optax
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+
+work=$(mktemp -d)
+check() {  # check NAME PART...: one accel_check run, its output folder tarred into $OUT
+  local name=$1 parts=() p
+  shift
+  for p in "$@"; do parts+=(--part "$p"); done
+  bash scripts/accel_check.sh --accel tpu --python python3 --out "$work/$name" "${parts[@]}" \
+    2>&1 | tee "$work/$name.log" || true
+  tar -C "$work" -czf "$out/$name.tgz" "$name" "$name.log"
+}
+
+case "$stage" in
+  suite)
+    check parts-1-3 1 3
+    check parts-2-4 2 4
+    ;;
+  rest)
+    check parts-5-6-7 5 6 7
+    python3 benchmarks/training_loop.py --widths 512 4096 --rounds 5 --json "$out/training-loop-tpu.json" \
+      2>&1 | tee "$out/training-loop-tpu.log" || true
+    ;;
+  probes)
+    python3 benchmarks/probes/copy_kinds.py 2>&1 | tee "$out/copy-kinds.log" || true
+    python3 benchmarks/probes/accel_inputs.py floors loop \
+      --only zc_caller,staged_zc,streamed_zc,nbjit,device_floor \
+      --json "$out/accel-inputs.json" 2>&1 | tee "$out/accel-inputs.log" || true
+    ;;
+  *)
+    echo "tpu_session: unknown stage: $stage (suite, rest or probes)" >&2
+    exit 2
+    ;;
+esac
+ls -l "$out"
