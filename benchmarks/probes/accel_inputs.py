@@ -4,12 +4,16 @@ result) at jax.jit's cost (run on a TPU or GPU; docs/host-inputs.md's
 accelerator part is written from its output).
 
     python benchmarks/probes/accel_inputs.py [floors|safety|loop|profile ...]
-                                             [--json FILE]
+                                             [--only WAY,...] [--json FILE]
+
+--only keeps the loop's variants (and the floors' ways) named, plus jax.jit.
 
 floors: one put of a numpy array (400 KiB, 3 MiB, 25 MiB) by each way, time
   until the call returns and until the device array is ready:
     zc_caller      the caller's array, ZERO_COPY (jax.jit's way: racy)
     staged_zc      a copy into a warm private buffer, then ZERO_COPY
+    streamed_zc    the same copy with non-temporal stores (copy_kinds.py's
+                   kernel), then ZERO_COPY
     during         the caller's array, IMMUTABLE_ONLY_DURING_CALL
     until          the caller's array, IMMUTABLE_UNTIL_TRANSFER_COMPLETES
     pinned         the caller's array copied into pinned host memory during
@@ -45,6 +49,9 @@ from jax._src.lib import _jax as X
 
 import nbjit
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from copy_kinds import aligned, stream_copy  # noqa: E402
+
 dev = jax.devices()[0]
 S = jax.sharding.SingleDeviceSharding(dev)
 ZC = X.HostBufferSemantics.ZERO_COPY
@@ -58,6 +65,9 @@ ALWAYS = X.ArrayCopySemantics.ALWAYS_COPY
 DONATE = X.ArrayCopySemantics.DONATE_INPUT
 RESULTS: dict = {"jax": jax.__version__, "device": f"{dev.platform} {dev.device_kind}",
                  "memory_kinds": [m.kind for m in dev.addressable_memories()]}
+
+
+ONLY: set[str] = set()  # --only: the ways and variants kept (empty: all)
 
 
 def log(*a) -> None:
@@ -74,21 +84,35 @@ def to_device(p, cs=ALWAYS):
         [p], [S._internal_device_list], [S], [cs])[0]
 
 
+def aligned_empty(shape, dtype):
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return aligned(nbytes).view(dtype).reshape(shape)
+
+
+def streamed(dst, src):
+    """copy_kinds.py's non-temporal copy, where both are whole blocks of 64 bytes."""
+    if dst.nbytes % 64 or not src.flags.c_contiguous or src.dtype != dst.dtype:
+        np.copyto(dst, src)
+    else:
+        stream_copy(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))
+
+
 class Ring:
     """Warm private buffers, one reused once only the ring holds it."""
 
-    def __init__(self, shape, dtype, n=8):
-        self.bufs = [np.empty(shape, dtype) for _ in range(n)]
+    def __init__(self, shape, dtype, n=8, copy=np.copyto):
+        self.bufs = [aligned_empty(shape, dtype) for _ in range(n)]
         for b in self.bufs:
             b.fill(0)
         self.i = 0
+        self.copy = copy
 
     def stage(self, x):
         for _ in range(len(self.bufs)):
             b = self.bufs[self.i]
             self.i = (self.i + 1) % len(self.bufs)
             if sys.getrefcount(b) <= 2:  # the list and the argument
-                np.copyto(b, x)
+                self.copy(b, x)
                 return b
         b = np.array(x, copy=True)
         return b
@@ -125,9 +149,11 @@ class PinnedRing:
 
 def ways(shape, dtype):
     ring = Ring(shape, dtype)
+    stream_ring = Ring(shape, dtype, copy=streamed)
     w = {
         "zc_caller": lambda x: put(x, S, ZC),
         "staged_zc": lambda x: put(ring.stage(x), S, ZC),
+        "streamed_zc": lambda x: put(stream_ring.stage(x), S, ZC),
         "during": lambda x: put(x, S, DURING),
         "until": lambda x: put(x, S, UNTIL),
     }
@@ -151,6 +177,8 @@ def section_floors() -> None:
         row = {}
         reps = 40 if name != "25M" else 12
         for wname, fn in ways(shape, np.float32).items():
+            if ONLY and wname not in ONLY:
+                continue
             ret, rdy = [], []
             try:
                 for i in range(reps + 3):
@@ -200,9 +228,9 @@ def section_floors() -> None:
             ts.append(time.perf_counter() - t0)
         row["copy_warm"] = round(statistics.median(ts) * 1e6, 1)
         # 20 puts back to back, then one block (what a loop sees): us each
-        for wname in ("zc_caller", "staged_zc", "pinned", "pinned_raw", "until"):
+        for wname in ("zc_caller", "staged_zc", "streamed_zc", "pinned", "pinned_raw", "until"):
             fn = ways(shape, np.float32).get(wname)
-            if fn is None:
+            if fn is None or (ONLY and wname not in ONLY):
                 continue
             t = []
             for _ in range(3):
@@ -271,6 +299,8 @@ def section_loop(configs=((128, 512), (1024, 512), (1024, 4096)), rounds=7, step
                                          wy["zc_caller"](pool[i][1])),
             "staged_zc": lambda p, i: jf(p, wx["staged_zc"](pool[i][0]),
                                          wy["staged_zc"](pool[i][1])),
+            "streamed_zc": lambda p, i: jf(p, wx["streamed_zc"](pool[i][0]),
+                                           wy["staged_zc"](pool[i][1])),
             "until_x": lambda p, i: jf(p, wx["until"](pool[i][0]), wy["staged_zc"](pool[i][1])),
         }
         if PIN is not None:
@@ -297,6 +327,8 @@ def section_loop(configs=((128, 512), (1024, 512), (1024, 4096)), rounds=7, step
 
         ok = {}
         for name, fn in variants.items():
+            if ONLY and name not in ONLY and name != "jax.jit":
+                continue
             try:
                 run(fn, 24)
                 ok[name] = fn
@@ -392,6 +424,10 @@ def main() -> None:
     if "--json" in args:
         i = args.index("--json")
         path = args[i + 1]
+        del args[i:i + 2]
+    if "--only" in args:
+        i = args.index("--only")
+        ONLY.update(args[i + 1].split(","))
         del args[i:i + 2]
     sections = args or ["profile", "floors", "safety", "loop"]
     log("accel_inputs:", RESULTS)
