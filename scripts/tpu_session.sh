@@ -23,18 +23,25 @@ out=${OUT:?OUT: the folder whose files come back}
 : "${NBJIT_COMMIT:?NBJIT_COMMIT: the commit this checkout is}"
 export PYTHONUNBUFFERED=1
 
-PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: \
-  --index-url file:///opt/pypi/simple --no-deps --target /tmp/site \
-  numba llvmlite pytest-timeout optax
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+# NBJIT_ACCEL (default tpu) and NBJIT_SKIP_INSTALL=1 try the script where there
+# is no TPU (NBJIT_ACCEL=cpu; with NBJIT_ACCEL_CHECK_ARGS=--dry-run, say).
+accel=${NBJIT_ACCEL:-tpu}
+if [ "${NBJIT_SKIP_INSTALL:-0}" != 1 ]; then
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: \
+    --index-url file:///opt/pypi/simple --no-deps --target /tmp/site \
+    numba llvmlite pytest-timeout optax
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+fi
 
 work=$(mktemp -d)
 check() {  # check NAME PART...: one accel_check run, its output folder tarred into $OUT
   local name=$1 parts=() p
   shift
   for p in "$@"; do parts+=(--part "$p"); done
-  bash scripts/accel_check.sh --accel tpu --python python3 --out "$work/$name" "${parts[@]}" \
-    2>&1 | tee "$work/$name.log" || true
+  # shellcheck disable=SC2086
+  bash scripts/accel_check.sh --accel "$accel" --python python3 --out "$work/$name" \
+    "${parts[@]}" ${NBJIT_ACCEL_CHECK_ARGS:-} 2>&1 | tee "$work/$name.log" || true
+  mkdir -p "$work/$name"
   tar -C "$work" -czf "$out/$name.tgz" "$name" "$name.log"
 }
 
