@@ -399,9 +399,10 @@ def agreement_re_miss_after_clear_cache_on_one_process() -> None:
     """A one-sided miss of an agreed signature passes at once (no wait for the hitter).
 
     The program has no cross-process collective: from jaxlib 0.12.1 a program with
-    one that a single process compiled again (a fresh executable, whose launch ids
-    restart) no longer pairs with the others' executions, and jax.jit's call hangs
-    there as nbjit's does (docs/multi-controller.md)."""
+    one that a single process traced again, here from another call (whose traceback
+    goes into the program's metadata: another fingerprint, so other launch ids), no
+    longer pairs with the others' executions, and jax.jit's call hangs there as
+    nbjit's does (docs/multi-controller.md)."""
     x = global_array((8, 4), P("x"))
     nb, jx = pair(lambda: lambda x: x * 2 + 1)
     calls_hit(nb, jx, x)
