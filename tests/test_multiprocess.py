@@ -26,6 +26,8 @@ from _agreement_worker import worker_env
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_multiproc_worker.py"
+# The files that define checks, in the order the worker registers (and runs) them.
+CHECK_FILES = (WORKER, HERE / "_multiproc_agreement.py")
 TIMEOUT_S = 180  # both workers together; a pair normally finishes in ~15-30 s
 PEER_GRACE_S = 20  # how long the other worker may go on once one has failed
 NUM_PROCESSES = 2
@@ -81,11 +83,13 @@ def _run_pair(tmp: Path, checks: list[str]) -> tuple[list[dict | None], list[str
 
 
 def _worker_checks(decorator: str = "@check") -> list[str]:
-    """The check names, read from the worker's source (importing it would start JAX)."""
-    names, lines = [], WORKER.read_text().splitlines()
-    for previous, line in zip(lines, lines[1:], strict=False):
-        if previous.strip() == decorator and line.startswith("def "):
-            names.append(line[4:line.index("(")])
+    """The check names, read from the check files (importing them would start JAX)."""
+    names = []
+    for path in CHECK_FILES:
+        lines = path.read_text().splitlines()
+        for previous, line in zip(lines, lines[1:], strict=False):
+            if previous.strip() == decorator and line.startswith("def "):
+                names.append(line[4:line.index("(")])
     return names
 
 
