@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import shlex
-import subprocess
 import sys
 import time
 
@@ -38,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import nbjit
+from nbjit.bench.runner import git_commit
 from nbjit.host import packing
 
 
@@ -137,18 +136,6 @@ def writes_after_the_call(calls_per_size: int = 12) -> dict:
     return {"calls": calls, "changed": changed}
 
 
-def _commit() -> str:
-    """The nbjit commit measured: NBJIT_COMMIT (a checkout without .git), else git's."""
-    if os.environ.get("NBJIT_COMMIT"):
-        return os.environ["NBJIT_COMMIT"]
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
-    except OSError:
-        return "?"
-    return done.stdout.strip() or "?"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[128, 1024])
@@ -160,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     device = jax.devices()[0]
     out = {"jax": jax.__version__, "device": f"{device.platform} {device.device_kind}",
-           "loops": [], "writes_after_the_call": None, "commit": _commit(),
+           "loops": [], "writes_after_the_call": None, "commit": git_commit() or "?",
            "command": shlex.join(["python3", "benchmarks/training_loop.py", *sys.argv[1:]])}
     for width in args.widths:
         for batch in args.batches:

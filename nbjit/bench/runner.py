@@ -363,7 +363,7 @@ def run(
     return rows, meta
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     """HEAD's short hash, with ``+dirty`` when nbjit/ has uncommitted changes;
     ``NBJIT_COMMIT`` in the environment instead, where it is set (a copy of a
     checkout whose git, if any, is not the one it came from: a lent machine's,
@@ -409,7 +409,7 @@ def metadata(settings: measure.Settings, self_check: bool, label_a: str) -> dict
             "numba": numba.__version__,
             "numpy": np.__version__,
             "nbjit": _nbjit_version(),
-            "nbjit_commit": _git_commit(),
+            "nbjit_commit": git_commit(),
         },
         "machine": {
             "platform": platform.platform(),
