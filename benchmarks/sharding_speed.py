@@ -23,7 +23,7 @@ import dataclasses  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
+from jax.sharding import NamedSharding, make_single_device_sharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nbjit  # noqa: E402
@@ -58,7 +58,7 @@ def cases():
         s = NamedSharding(mesh, spec)
         out.append(("device_put", name, None, _blocked(nb_device_put, x, s),
                     _blocked(jax.device_put, x, s), None))
-    one = SingleDeviceSharding(jax.devices()[0])
+    one = make_single_device_sharding(jax.devices()[0])
     image = rng.standard_normal((128, 224, 224)).astype(np.float32)
     out.append(("device_put", "128x224x224 f32 one device", None,
                 _blocked(nb_device_put, image, one), _blocked(jax.device_put, image, one),

@@ -46,6 +46,7 @@ from jax._src import api as _api
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dtypes as _dtypes
+from jax._src import sharding_impls as _sharding_impls
 from jax._src import source_info_util as _source_info_util
 from jax._src import traceback_util as _traceback_util
 from jax._src import tree_util as _tree_util
@@ -100,7 +101,9 @@ def _deleted_by_delete(x: Any) -> bool:  # by `.delete()`, not donation (that ke
 
 # Frees what was dropped off the GIL, as jaxlib's PjitFunction does per call.
 collect_garbage = _jaxlib_ext.collect_garbage
-SingleDeviceSharding = jax.sharding.SingleDeviceSharding
+# From sharding_impls, where it is defined: jax 0.12.1 deprecates the public
+# name, and a project whose tests turn warnings into errors must load nbjit.
+SingleDeviceSharding = _sharding_impls.SingleDeviceSharding
 NamedSharding = jax.sharding.NamedSharding
 
 # The C++ tuple of every config value that enters a jit key (one C++ call).

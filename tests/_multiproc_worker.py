@@ -45,7 +45,7 @@ from _multiproc_common import (  # noqa: E402
     same_call,
     same_outputs,
 )
-from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
+from jax.sharding import NamedSharding, make_single_device_sharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from nbjit import _jax  # noqa: E402
@@ -234,7 +234,7 @@ def _other_process_device_calls(wrap: Callable, unwrap: Callable) -> None:
     array with no addressable shard here; every hit raises ValueError (the
     executable has no computation on this process's devices).
     """
-    nb, jx = pair(lambda: lambda v: unwrap(v) + 1, in_shardings=SingleDeviceSharding(OTHER))
+    nb, jx = pair(lambda: lambda v: unwrap(v) + 1, in_shardings=make_single_device_sharding(OTHER))
     x = jnp.arange(4.0)
     assert not x._committed
     out = same_call(nb, jx, wrap(x))
@@ -256,7 +256,7 @@ def other_process_device_pytree() -> None:
 
 @check
 def other_process_device_committed_local_input() -> None:
-    nb, jx = pair(lambda: lambda v: v * 2, in_shardings=SingleDeviceSharding(OTHER))
+    nb, jx = pair(lambda: lambda v: v * 2, in_shardings=make_single_device_sharding(OTHER))
     x = jax.device_put(jnp.arange(4.0), jax.local_devices()[1])
     same_call(nb, jx, x)
     for _ in range(2):
@@ -266,7 +266,7 @@ def other_process_device_committed_local_input() -> None:
 
 @check
 def other_process_device_host_input() -> None:
-    nb, jx = pair(lambda: lambda v: v * 2, in_shardings=SingleDeviceSharding(OTHER))
+    nb, jx = pair(lambda: lambda v: v * 2, in_shardings=make_single_device_sharding(OTHER))
     for _ in range(3):
         out = same_call(nb, jx, np.arange(4.0, dtype=np.float32))
         assert not out.addressable_shards

@@ -101,7 +101,7 @@ def test_a_pools_slots_are_laid_out_as_its_slot_layout_says():
     layouts = lay_out([LeafLayout(j, 0, shape, np.dtype(dtype), False, None)
                        for j, (shape, dtype) in enumerate(shapes)])
     device = jax.devices("cpu")[0]
-    pool = ResidentSlots(layouts, jax.sharding.SingleDeviceSharding(device), 0, 0)
+    pool = ResidentSlots(layouts, jax.sharding.make_single_device_sharding(device), 0, 0)
     slot = pool.new_slot()
     assert slot is not None
     layout = pool.slot_layout

@@ -402,7 +402,7 @@ def _shardings() -> dict[str, Any]:
         "grid_partial": NamedSharding(grid, PartitionSpec("b")),  # replicated over "a"
         "grid_flat": NamedSharding(grid, PartitionSpec(("a", "b"))),
         "half_split": NamedSharding(half, PartitionSpec("d")),
-        "one_device": jax.sharding.SingleDeviceSharding(devices[5]),
+        "one_device": jax.sharding.make_single_device_sharding(devices[5]),
     }
 
 

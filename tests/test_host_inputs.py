@@ -303,7 +303,7 @@ def test_preparer_applies_steps_to_consts_and_kept_leaves(monkeypatch):
     another device): the generated preparer and the loop give the same inputs,
     every one a jax.Array on the executable's device with the input's value."""
     dev0, dev1 = jax.devices()[:2]
-    target = jax.sharding.SingleDeviceSharding(dev0)
+    target = jax.sharding.make_single_device_sharding(dev0)
     consts = (np.arange(3, dtype=np.float32), jax.device_put(jnp.ones(2), dev1),
               jax.device_put(jnp.zeros(1), dev0))
     leaves = [jax.device_put(jnp.ones(4), dev0), np.full(2, 5, np.int32), 2.5]
@@ -335,7 +335,7 @@ def test_a_record_says_where_each_leaf_goes():
     host leaves (a closed-over constant's step is no leaf's); `replaced`
     keeps every other field and runs the new prepare; `with_inputs_of`
     keeps the outputs and takes the other record's program and inputs."""
-    target = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.sharding.make_single_device_sharding(jax.devices()[0])
     consts = (np.arange(3, dtype=np.float32),)
     leaves = [jnp.ones(4), np.full(2, 5, np.int32), 2.5, np.ones(3, np.float32)]
     kept = (0, 2, 3)  # leaves[1] is pruned

@@ -82,10 +82,11 @@ def test_the_cpu_takes_the_host_memory_strategy_and_accelerators_staging():
         assert platforms.strategy_for("tpu") is platforms.STAGED
     assert platforms.DEFAULT.host_transfer(None, None) is platforms.DIRECT
     aval = _jax.ShapedArray((3,), np.float32)
-    staged = platforms.STAGED.host_transfer(aval, jax.sharding.SingleDeviceSharding(
+    staged = platforms.STAGED.host_transfer(aval, jax.sharding.make_single_device_sharding(
         jax.devices("cpu")[0]))
     assert staged.semantics is _jax.ZERO_COPY and staged.stage is not None
-    assert platforms.platform_of(jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])) == "cpu"
+    cpu0 = jax.sharding.make_single_device_sharding(jax.devices("cpu")[0])
+    assert platforms.platform_of(cpu0) == "cpu"
 
 
 def test_the_core_puts_host_inputs_by_itself():

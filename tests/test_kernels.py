@@ -179,7 +179,7 @@ def test_index_domains_equal_jax(mesh_name, spec_name, reverse):
 @needs_8_devices
 def test_index_domains_single_device_and_rank_zero():
     device = jax.devices()[3]
-    sharding = jax.sharding.SingleDeviceSharding(device)
+    sharding = jax.sharding.make_single_device_sharding(device)
     devices, domains = addressable_index_domains(sharding, (5, 7))
     assert devices == [device]
     assert domains.tolist() == [[[0, 5], [0, 7]]]

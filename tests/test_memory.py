@@ -151,7 +151,7 @@ def _make_and_call(jit, i: int):
         args = (jnp.ones(2), 2)
     else:  # explicit options: the other module cache
         args = (jnp.ones(2),)
-        f = jit(lambda x: x - i, out_shardings=jax.sharding.SingleDeviceSharding(
+        f = jit(lambda x: x - i, out_shardings=jax.sharding.make_single_device_sharding(
             jax.devices()[0]))
     for _ in range(2):
         out = f(*args)

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _devices import AXES, DEVICES, mesh, mesh_shape
-from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import NamedSharding, make_single_device_sharding
 from jax.sharding import PartitionSpec as P
 
 from nbjit import _jax
@@ -157,7 +157,7 @@ def test_replicas_share_one_staging_shard():
 @pytest.mark.parametrize("where", ["mesh", "single"])
 def test_scalars_match_jax(value, where):
     requested = (NamedSharding(mesh(2), P()) if where == "mesh"
-                 else SingleDeviceSharding(DEVICES[-1]))
+                 else make_single_device_sharding(DEVICES[-1]))
     ours = sharding.device_put(value, requested)
     theirs = jax.device_put(value, requested)
     assert_same_array(ours, theirs, requested)
@@ -186,7 +186,7 @@ def test_gspmd_and_single_device_shardings():
     named = NamedSharding(cube, P(("x", "z"), None, "y"))
     gspmd = _jax.GSPMDSharding(tuple(cube.devices.flat), named._to_xla_hlo_sharding(3))
     x = _in_layout(_values((8, 3, 4), np.float32), "negative")
-    for requested in [gspmd, SingleDeviceSharding(DEVICES[-1])]:
+    for requested in [gspmd, make_single_device_sharding(DEVICES[-1])]:
         assert_same_array(sharding.device_put(x, requested), jax.device_put(x, requested),
                           requested)
     assert sharding.plan_for(gspmd, (8, 3, 4), np.dtype(np.float32)) is not None
@@ -357,7 +357,7 @@ def test_parallel_put_matches_jax(small_big_thresholds, layout, spec, shape):
 
 
 def test_parallel_put_of_one_device_matches_jax(small_big_thresholds):
-    requested = SingleDeviceSharding(DEVICES[-1])
+    requested = make_single_device_sharding(DEVICES[-1])
     x = _values((128, 33), np.float32)
     plan = sharding.plan_for(requested, x.shape, x.dtype)
     assert plan.parallel and len(plan._parts) > 2
@@ -425,7 +425,7 @@ def test_staging_pool_never_hands_out_a_buffer_a_live_array_uses(small_big_thres
 
 
 def test_staging_pool_keeps_buffers_a_donated_result_uses(small_big_thresholds):
-    requested = SingleDeviceSharding(jax.devices()[0])
+    requested = make_single_device_sharding(jax.devices()[0])
     plan = sharding.plan_for(requested, (64, 64), np.dtype(np.float32))
     x = _values((64, 64), np.float32)
     out = jax.jit(lambda a: a + 1, donate_argnums=0)(plan.put(x))

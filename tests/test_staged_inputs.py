@@ -234,7 +234,7 @@ def test_a_big_leaf_is_read_during_the_call_not_copied(staged):
     n = _platforms.Staged.DIRECT_MIN_BYTES // 4
     small = _jax.ShapedArray((n - 1,), np.float32)
     big = _jax.ShapedArray((n,), np.float32)
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = jax.sharding.make_single_device_sharding(jax.devices()[0])
     assert _platforms.STAGED.host_transfer(small, sharding).stage is not None
     assert _platforms.STAGED.host_transfer(big, sharding) is _platforms.DIRECT
     fn = lambda a: jnp.sum(a[::4096] * 2.0)  # noqa: E731

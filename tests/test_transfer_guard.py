@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _diff import assert_same_call, assert_same_exception
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, make_single_device_sharding
 
 import nbjit
 from nbjit import _jax
@@ -46,14 +46,14 @@ def _hits_inside_guard(nb, jx, x, level: str, guard=jax.transfer_guard_device_to
 
 def _assert_implicit_transfers_refused(x: jax.Array) -> None:
     """The guard still holds for JAX's own (Python) path after nbjit's hit."""
-    fresh = jax.jit(lambda v: v - 1, in_shardings=SingleDeviceSharding(jax.devices()[6]))
+    fresh = jax.jit(lambda v: v - 1, in_shardings=make_single_device_sharding(jax.devices()[6]))
     with pytest.raises(Exception, match="[Dd]isallowed device-to-device"):
         fresh(x)
 
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_uncommitted_array_copied_on_a_hit_ignores_the_guard(level):
-    nb, jx = _pair(in_shardings=SingleDeviceSharding(jax.devices()[1]))
+    nb, jx = _pair(in_shardings=make_single_device_sharding(jax.devices()[1]))
     x = jnp.arange(4.0)  # uncommitted, on device 0
     assert not x._committed
     _hits_inside_guard(nb, jx, x, level)
@@ -61,7 +61,7 @@ def test_uncommitted_array_copied_on_a_hit_ignores_the_guard(level):
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_committed_array_on_the_wrong_device_copied_on_a_hit_ignores_the_guard(level):
-    nb, jx = _pair(in_shardings=SingleDeviceSharding(jax.devices()[1]))
+    nb, jx = _pair(in_shardings=make_single_device_sharding(jax.devices()[1]))
     x = jax.device_put(jnp.arange(4.0), jax.devices()[2])
     assert x._committed
     _hits_inside_guard(nb, jx, x, level)
@@ -69,8 +69,9 @@ def test_committed_array_on_the_wrong_device_copied_on_a_hit_ignores_the_guard(l
 
 def test_global_guard_and_pytree_path():
     """Set with jax.config (global level), and a dict argument (nbjit's pytree path)."""
-    nb, jx = (nbjit.jit(lambda d: d["a"] + 1, in_shardings=SingleDeviceSharding(jax.devices()[3])),
-              jax.jit(lambda d: d["a"] + 1, in_shardings=SingleDeviceSharding(jax.devices()[3])))
+    third = make_single_device_sharding(jax.devices()[3])
+    nb, jx = (nbjit.jit(lambda d: d["a"] + 1, in_shardings=third),
+              jax.jit(lambda d: d["a"] + 1, in_shardings=third))
     x = {"a": jnp.arange(4.0)}
     assert_same_call(nb, jx, x)
     old = jax.config.jax_transfer_guard_device_to_device
@@ -83,7 +84,7 @@ def test_global_guard_and_pytree_path():
 
 
 def test_the_guard_level_is_restored_after_a_hit():
-    nb, jx = _pair(in_shardings=SingleDeviceSharding(jax.devices()[1]))
+    nb, jx = _pair(in_shardings=make_single_device_sharding(jax.devices()[1]))
     x = jnp.arange(4.0)
     nb(x)
     state = _jax._guard_thread_local()
@@ -96,7 +97,7 @@ def test_the_guard_level_is_restored_after_a_hit():
 
 
 def test_a_miss_inside_the_guard_raises_as_upstream():
-    nb, jx = _pair(in_shardings=SingleDeviceSharding(jax.devices()[1]))
+    nb, jx = _pair(in_shardings=make_single_device_sharding(jax.devices()[1]))
     with jax.transfer_guard_device_to_device("disallow"):
         e_nb, _ = assert_same_exception(nb, jx, jnp.arange(4.0))
     assert "isallowed device-to-device" in str(e_nb)

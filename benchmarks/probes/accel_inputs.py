@@ -53,12 +53,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from copy_kinds import aligned, stream_copy  # noqa: E402
 
 dev = jax.devices()[0]
-S = jax.sharding.SingleDeviceSharding(dev)
+S = jax.sharding.make_single_device_sharding(dev)
 ZC = X.HostBufferSemantics.ZERO_COPY
 DURING = X.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
 UNTIL = X.HostBufferSemantics.IMMUTABLE_UNTIL_TRANSFER_COMPLETES
 try:
-    PIN = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+    PIN = jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host")
 except Exception:  # a backend without pinned host memory
     PIN = None
 ALWAYS = X.ArrayCopySemantics.ALWAYS_COPY

@@ -31,7 +31,7 @@ from jax._src.lib import _jax as X
 OUT = os.environ.get("OUT", "/tmp")
 results = {"jax": jax.__version__, "devices": str(jax.devices()), "backend": jax.default_backend()}
 dev = jax.devices()[0]
-S = jax.sharding.SingleDeviceSharding(dev)
+S = jax.sharding.make_single_device_sharding(dev)
 UNTIL = X.HostBufferSemantics.IMMUTABLE_UNTIL_TRANSFER_COMPLETES
 DURING = X.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
 ZC = X.HostBufferSemantics.ZERO_COPY
