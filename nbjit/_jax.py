@@ -142,6 +142,22 @@ def result_handler(aval, sharding, committed: bool):
     return _pxla.global_aval_to_result_handler(aval, sharding, committed)
 
 
+def jaxlib_launcher(name: str, fun, cache_miss, cache):
+    """A jaxlib `PjitFunction` over a call's flat leaves: no static arguments,
+    `cache_miss(*leaves)` returning ``(outputs, fast-path data, False)`` as
+    JAX's own miss does, `fun(*leaves)` run where jaxlib runs Python (under
+    `disable_jit`). What `jax._src.pjit._pjit_call_impl` itself makes; its
+    hits are jaxlib's C++ fast path: key, put host leaves, run, outputs.
+    One `fun` object per launcher: jaxlib keys its cache by it."""
+    return _jaxlib_ext.pjit(name, fun, cache_miss, [], [], "nbjit-launch", dispatch_registry,
+                            _pxla.cc_shard_arg, cache)
+
+
+def jaxlib_launcher_cache(capacity: int):
+    """A jaxlib cache of launchers' entries (`jaxlib_launcher`), shared by them."""
+    return _jaxlib_ext.PjitFunctionCache(capacity=capacity)
+
+
 def pxla_shard_args(shardings, layouts, args):
     """JAX's own (Python) argument sharding, used off the fast path."""
     return _pxla.shard_args(shardings, layouts, [REUSE_INPUT] * len(args), args)
@@ -517,10 +533,7 @@ def kv_wait(client, key: str, timeout_ms: float) -> str | None:
         raise
 
 
-# --- packed host inputs: zero-copy puts, jaxprs, weak types, config states ---
-import jax.experimental.layout as _layout  # noqa: E402  (public)
-from jax._src.lax import lax as _lax_internal  # noqa: E402
-
+# --- host buffers: zero-copy puts, reads during the call ---
 ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY  # a host buffer used in place
 # Host memory is read while the transfer call runs, by contract (on an
 # accelerator the call waits for the transfer): the result never aliases the
@@ -549,50 +562,6 @@ def jax_path_reads_host_arrays_during_call() -> bool:
 # set a level (the common case, a cheap read); else `host_transfers_unguarded`
 # reads the level jaxlib applies.
 transfer_guard_host_to_device = _config.transfer_guard_host_to_device
-# A ClosedJaxpr as a function of its flat inputs (its equations bound again).
-jaxpr_as_fun = _core.jaxpr_as_fun
-
-
-def parameter_layouts(executable) -> list:
-    """Each parameter's compiled layout (`Layout`) in a jaxlib executable."""
-    return [_layout.Layout.from_pjrt_layout(x) for x in executable.get_parameter_layouts()]
-
-
-with_layout_constraint = _layout.with_layout_constraint
-
-
-def with_weak_type(x, weak_type: bool):
-    """`x` with its weak type set (a no-op conversion, as JAX types Python scalars)."""
-    return _lax_internal._convert_element_type(x, x.dtype, weak_type=weak_type)
-
-
-def traced_jaxpr(jitted, args, kwargs):
-    """The ClosedJaxpr JAX traced `jitted` to for this call (its tracing cache answers)."""
-    return jitted.trace(*args, **kwargs).jaxpr
-
-
-# Each `trace_context()` entry's config State (None for context managers that
-# are not States: mesh, compute_on, xla_metadata, axis env, ...). Entering a
-# State with a value (`state(value)`) sets it thread-locally.
-_config_holders = getattr(_config.config, "_value_holders", {})  # none known: all None
-_trace_context_names = _config.trace_context_names
-
-
-def refresh_trace_context_states() -> list:
-    """Reads `trace_context_states` again: a library imported after nbjit
-    (equinox's dependencies, say) may register config options that enter
-    jit's trace context, which makes `trace_context()` longer."""
-    global trace_context_states
-    trace_context_states = [
-        _config_holders.get(name, _config_holders.get("jax_" + name))
-        for name in (_trace_context_names() if callable(_trace_context_names)
-                     else _trace_context_names)]
-    return trace_context_states
-
-
-trace_context_states: list = refresh_trace_context_states()
-
-
 # Host callbacks in the computation being traced (nbjit.filter: a computation
 # that can raise from a callback, as `equinox.error_if` does, is waited on).
 _CALLBACK_PRIMITIVES = frozenset({"pure_callback", "io_callback"})

@@ -4,8 +4,7 @@
 shardings (numpy arrays and scalars onto any sharding); the rest manages the
 plans and staging buffers behind it. The implementation lives in the core's
 input path: `nbjit.core.inputs.plans` (plans) and `nbjit.core.inputs.staging`
-(staging buffers and their pools); `host_staging_size` counts packed host
-inputs' pools (`nbjit.host.staging`).
+(staging buffers and their pools).
 """
 
 from nbjit.core.inputs.plans import (
@@ -19,10 +18,9 @@ from nbjit.core.inputs.plans import (
     warm_kernels,
 )
 from nbjit.core.inputs.staging import clear_staging_pool, staging_pool_size
-from nbjit.host.staging import host_staging_size
 
 __all__ = [
     "SINGLE_DEVICE_PLAN_MIN_BYTES", "ShardingPlan", "addressable_index_domains", "clear_plans",
-    "clear_staging_pool", "device_put", "host_staging_size", "plan_cache_size", "plan_for",
+    "clear_staging_pool", "device_put", "plan_cache_size", "plan_for",
     "staging_pool_size", "warm_kernels",
 ]

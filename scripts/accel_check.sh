@@ -54,7 +54,7 @@ PARTS=(
   "accel|tests/test_jit.py tests/test_jit_surface.py tests/test_jit_keys.py tests/test_bad_input.py tests/test_footguns.py tests/test_tracebacks.py tests/test_refs.py tests/test_eval_shape.py tests/test_object_surface.py tests/test_clear_caches.py tests/test_cache_obj_config.py tests/test_compile_failures.py tests/test_threads.py tests/test_transfer_guard.py tests/test_patch.py"
   "accel|tests/test_explain.py tests/test_explain_structure.py tests/test_miss_diagnostics.py tests/test_stats.py tests/test_profile.py tests/test_spans.py tests/test_fuzz.py"
   "accel|tests/test_memory.py tests/test_pytree_keys.py tests/test_filter_jit.py tests/test_filter_keyed.py tests/test_filter_jit_routing.py"
-  "accel|tests/test_host_inputs.py tests/test_sharding.py tests/test_packed.py tests/test_resident.py tests/test_resident_big.py tests/test_host_policy.py"
+  "accel|tests/test_host_inputs.py tests/test_sharding.py tests/test_fresh_host_values.py tests/test_staged_inputs.py tests/test_resident.py tests/test_resident_big.py tests/test_host_policy.py"
   "compare|"
 )
 

@@ -12,7 +12,7 @@ import nbjit
 from nbjit.host import policy as _policy
 from nbjit.host import slots as _slots
 
-CALLS = 3 * _policy.PACK_AFTER  # enough fresh calls to go resident, then run resident
+CALLS = 3 * _policy.ARM_AFTER  # enough fresh calls to go resident, then run resident
 
 
 def node_of(f, *args, **kwargs):

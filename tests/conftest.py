@@ -15,10 +15,9 @@ request_host_devices(HOST_DEVICES)
 
 # Why `cpu_host_memory` tests cannot run on an accelerator's device.
 HOST_MEMORY_ELSEWHERE = (
-    "an accelerator's memory is not host memory, so no device array aliases a slot, and its "
-    "host inputs are staged (tests/test_staged_inputs.py); packing is off there unless "
-    "NBJIT_PACK_ACCELERATOR=1, its program other HLO than jax.jit's (on a TPU one reduction "
-    "of a packed leaf came out one ulp away), so these exact comparisons would not hold")
+    "an accelerator's memory is not host memory, so no device array aliases a slot; its "
+    "host inputs go to jaxlib's own put (launch records: tests/test_staged_inputs.py, and "
+    "tests/test_fresh_host_values.py's launch mode)")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -86,8 +85,8 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "cpu_host_memory: tests the CPU's host-memory strategy for fresh host values (resident "
-        "slots that device arrays alias through zero-copy puts; packing where puts copy, run "
-        "on the CPU by making them copy); skipped with the reason on other backends "
+        "slots that device arrays alias through zero-copy puts); skipped with the reason on "
+        "other backends "
         f"({HOST_MEMORY_ELSEWHERE})")
     # scripts/accel_check.sh names the accelerator its parts run on: a part that
     # found JAX on another backend (a plugin that did not load) stops at once.
@@ -147,7 +146,7 @@ def pytest_collection_modifyitems(config, items):
     if host_memory and jax.default_backend() != "cpu":
         skip = pytest.mark.skip(
             reason="tests the CPU's host-memory strategy (resident slots alias host memory "
-                   "through zero-copy puts; packing where puts copy); JAX's default backend "
+                   "through zero-copy puts); JAX's default backend "
                    f"here is {jax.default_backend()}: {HOST_MEMORY_ELSEWHERE}")
         for item in host_memory:
             item.add_marker(skip)

@@ -5,12 +5,12 @@ project's rules. Its line length does not matter: nothing lays it out
 (`nbjit.core.binders` writes each expression on one line).
 
 Every function nbjit compiles from a template (binders in each flavour, the
-hit path, keyers, input preparers, packed and resident preparers, fences)
+hit path, keyers, input preparers, resident preparers, fences)
 goes through `nbjit.core.codegen.run_source`. This test makes calls of many
 shapes (positional, keywords, statics, pytrees, host leaves, mixed leaf
 kinds, many arguments), under a profile (the timed flavour), in a profiler
 trace (the traced flavour) and keyed only (`_entry_for`), with fresh host
-values until their inputs are packed and resident; it records each source
+values until their inputs are resident; it records each source
 that runs and the names its scope supplies, then checks the names of each
 source (`_name_faults`) and runs ruff over each one preceded by those names
 (so an undefined name still fails there too).
@@ -31,7 +31,6 @@ import pytest
 import nbjit
 from nbjit.core import codegen
 from nbjit.core.keys import UNROLL_MAX
-from nbjit.host import packing as _packed
 from nbjit.host import policy as _policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,17 +88,11 @@ def _calls():
 
 
 def _fresh_host_calls():
-    """Fresh host values each call, past the point where they are packed or resident."""
-    for resident in (True, False):
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(_policy, "RESIDENT", resident)
-            f = nbjit.jit(lambda a, b: a + b)  # a new function: a node of its own
-            for i in range(3 * _policy.PACK_AFTER):
-                f(np.full(8, i, np.float32), np.full(8, 1, np.float32))
-                if i == _policy.PACK_AFTER + 2:
-                    assert _packed.wait(120)
-            assert _packed.wait(120)
-            assert f(np.ones(8, np.float32), np.ones(8, np.float32)).tolist() == [2.0] * 8
+    """Fresh host values each call, past the point where they are resident."""
+    f = nbjit.jit(lambda a, b: a + b)  # a new function: a node of its own
+    for i in range(3 * _policy.ARM_AFTER):
+        f(np.full(8, i, np.float32), np.full(8, 1, np.float32))
+    assert f(np.ones(8, np.float32), np.ones(8, np.float32)).tolist() == [2.0] * 8
 
 
 _SOURCES: dict[str, str] = {}  # filename -> text, recorded as the fixture ran it
@@ -143,7 +136,7 @@ def generated(tmp_path_factory):
     names = [filename.rsplit("<", 1)[1] for filename in seen]
     kinds = ("binder", "timed", "key_only", "traced", "hit ", "hit timed", "reader", "prepare ")
     if host_memory:
-        kinds += ("packed prepare", "resident prepare", "resident fence")
+        kinds += ("resident prepare", "resident fence")
     for kind in kinds:
         assert any(name.startswith(kind) or f" {kind}" in name for name in names), (kind, names)
     # Compiled at import, before a test can record their scopes (the keyers of

@@ -56,7 +56,7 @@ def test_memo_rests_while_values_change_and_wakes_when_they_repeat(monkeypatch):
     copying bytes out for MEMO_REST calls; repeated values wake it again
     (resident inputs, which would take over the new values, are off)."""
 
-    monkeypatch.setattr(_policy, "RESIDENT", False)
+    monkeypatch.setattr(_policy, "_enabled", False)
     f, g = nbjit.jit(lambda x: x * 2), jax.jit(lambda x: x * 2)
     for i in range(40):
         v = np.full(4, i, np.float32)
@@ -262,13 +262,14 @@ def test_jax_path_gets_copies_of_what_it_may_read_after_the_call(reads_during_ca
 
 
 @pytest.fixture
-def no_packing(monkeypatch):
-    """The per-leaf records themselves (the policy would replace them: test_packed.py)."""
+def per_leaf(monkeypatch):
+    """The per-leaf records themselves (the policy would replace them:
+    test_fresh_host_values.py)."""
     monkeypatch.setattr(_policy, "_enabled", False)
 
 
 @pytest.mark.parametrize("extra", [2, _record.PREPARE_UNROLL_MAX + 2])
-def test_generated_and_looped_preparers_give_jax_outputs(extra, no_packing):
+def test_generated_and_looped_preparers_give_jax_outputs(extra, per_leaf):
     """A record with up to PREPARE_UNROLL_MAX inputs prepares them with
     generated code (host arrays transferred inline while the memo rests),
     a bigger one with the loop over its steps. Both: a closed-over constant,
@@ -333,8 +334,7 @@ def test_a_record_says_where_each_leaf_goes():
     """A `FastPath` answers in leaves, whatever its consts and pruning: the
     executable input a leaf is (None: pruned), the step that moves it, its
     host leaves (a closed-over constant's step is no leaf's); `replaced`
-    keeps every other field and runs the new prepare; `with_inputs_of`
-    keeps the outputs and takes the other record's program and inputs."""
+    keeps every other field and runs the new prepare."""
     target = jax.sharding.make_single_device_sharding(jax.devices()[0])
     consts = (np.arange(3, dtype=np.float32),)
     leaves = [jnp.ones(4), np.full(2, 5, np.int32), 2.5, np.ones(3, np.float32)]
@@ -361,9 +361,3 @@ def test_a_record_says_where_each_leaf_goes():
     assert copy.prepare is prepare and copy.fence is print and not copy.leaves_are_inputs
     assert all(getattr(copy, name) is getattr(record, name) for name in everything
                if name not in ("prepare", "fence", "leaves_are_inputs"))
-    other = dataclasses.replace(record, executable=object(), consts=(), kept=None, steps=(),
-                                out_handlers=[len], leaves_are_inputs=True)
-    both = record.with_inputs_of(other, prepare)
-    assert both.executable is other.executable and both.kept is None and both.consts == ()
-    assert both.out_handlers is record.out_handlers and both.prepare is prepare
-    assert not both.leaves_are_inputs and both.input_of(1) == 1

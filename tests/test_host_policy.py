@@ -43,8 +43,8 @@ def test_the_swap_is_a_compare_and_swap_along_the_table():
     assert not policy._swap(policy.builder, Stage.GIVEN_UP, policy.per_leaf)
     assert node.record is resident and policy.stage is Stage.RESIDENT
     # A move the table does not have: refused.
-    assert (Stage.RESIDENT, Stage.PACKED) not in TRANSITIONS
-    assert not policy._swap(resident, Stage.PACKED, policy.per_leaf)
+    assert (Stage.RESIDENT, Stage.ARMING) not in TRANSITIONS
+    assert not policy._swap(resident, Stage.ARMING, policy.per_leaf)
     assert node.record is resident and policy.stage is Stage.RESIDENT
     # Its own move: made.
     assert policy._swap(resident, Stage.GIVEN_UP, policy.per_leaf)

@@ -18,7 +18,7 @@ from nbjit import _jax, host
 from nbjit.core.inputs import platforms
 from nbjit.host import policy as _policy
 
-FRESH_CALLS = 3 * _policy.PACK_AFTER  # enough new values for the CPU's policy to arm
+FRESH_CALLS = 3 * _policy.ARM_AFTER  # enough new values for the CPU's policy to arm
 
 
 @pytest.fixture(autouse=True)
@@ -73,8 +73,9 @@ def _fresh_args(k):
 
 def test_the_cpu_takes_the_host_memory_strategy_and_accelerators_staging():
     assert platforms.strategy_for("cpu") is host.HOST_MEMORY
-    for platform in ("tpu", "gpu"):  # packing (NBJIT_PACK_ACCELERATOR=0 leaves it out)
-        assert platforms.strategy_for(platform) is host.HOST_STAGED
+    for platform in ("tpu", "gpu"):  # the core's own: launch records
+        assert platforms.strategy_for(platform) is platforms.STAGED
+        assert platforms.strategy_for(platform).launches
     assert platforms.strategy_for("a_platform_yet_to_come") is platforms.STAGED
     with plugged("cpu", None):
         assert platforms.strategy_for("cpu") is platforms.DEFAULT

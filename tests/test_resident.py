@@ -10,7 +10,7 @@ ran (its generated preparer, `stats().resident`), with no second compile.
 Big arrays (compared, run before their compare, rotated, the worker woken)
 are in tests/test_resident_big.py, the policy in tests/test_host_policy.py;
 the differential tests over dtypes, layouts and scalar conversions run
-resident and packed in tests/test_packed.py (its `mode` fixture).
+resident and launched in tests/test_fresh_host_values.py (its `mode` fixture).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from _threads import run_threads
 
 import nbjit
 from nbjit import _jax
-from nbjit.host import packing as _packing
 from nbjit.host import policy as _policy
 from nbjit.host import slots as _slots
 from nbjit.host.policy import Stage
@@ -34,8 +33,8 @@ pytestmark = pytest.mark.cpu_host_memory  # tests/conftest.py
 
 
 def test_one_host_leaf_and_a_static_config():
-    """One host leaf gains nothing from packing, but goes resident: the
-    static-config training step (a params dict, a new batch, statics)."""
+    """One host leaf goes resident: the static-config training step (a params
+    dict, a new batch, statics)."""
     params = {"w": jnp.ones((4, 2)) * 0.5, "b": jnp.zeros(2)}
 
     def step(params, batch, scale, *, act):
@@ -46,7 +45,7 @@ def test_one_host_leaf_and_a_static_config():
     f, args = run_fresh(lambda p, x, s: step(p, x, s, act=True),
                          lambda i: (params, rng.standard_normal((8, 4)).astype(np.float32), 2.0),
                          static_argnums=(2,))
-    assert is_resident(f, *args) and f.stats().packed_compiles == 0
+    assert is_resident(f, *args) and f.stats().misses == 1
     g, h = nbjit.jit(step, static_argnums=(2,), static_argnames=("act",)), jax.jit(
         step, static_argnums=(2,), static_argnames=("act",))
     for i in range(CALLS):
@@ -56,7 +55,7 @@ def test_one_host_leaf_and_a_static_config():
 
 
 def test_no_second_compile_and_no_compile_log(caplog):
-    """Unlike packing, resident inputs run the signature's own executable."""
+    """Resident inputs run the signature's own executable: nothing compiles again."""
     def add_pair(a, b):
         return a + b
 
@@ -70,7 +69,7 @@ def test_no_second_compile_and_no_compile_log(caplog):
     finally:
         jax.config.update("jax_log_compiles", False)
     assert is_resident(f, *fresh_pair(0))
-    assert f.stats().packed_compiles == 0 and f.stats().misses == 1
+    assert f.stats().misses == 1
     compiled = [r for r in caplog.records if "add_pair" in r.getMessage()
                 and "Compiling" in r.getMessage()]
     assert len(compiled) == 1, [r.getMessage() for r in compiled]
@@ -183,21 +182,19 @@ def test_outputs_never_alias_slot_memory():
             assert not any(lo <= p < hi for lo, hi in ranges)
 
 
-def test_a_device_whose_puts_copy_gets_packing_instead(monkeypatch):
-    """Where a zero-copy put does not alias host memory (a GPU), no slot is
-    made: two or more leaves are packed (a second compile), one stays per-leaf."""
+def test_a_device_whose_puts_copy_keeps_its_puts(monkeypatch):
+    """Where a zero-copy put does not alias host memory, no slot is made: the
+    signature keeps a put per leaf (jax.jit's executable, nothing compiled)."""
     monkeypatch.setattr(_jax, "ZERO_COPY", _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
-    f, args = run_fresh(lambda a, b: a * b, fresh_pair)
-    assert _packing.wait(120)
-    assert_same_outputs(f(*args), jax.jit(lambda a, b: a * b)(*args))
-    assert not is_resident(f, *args) and f.stats().resident == 0
-    assert f.stats().packed_compiles == 1 and node_of(f, *args).host_policy.stage is Stage.PACKED
-    f, args = run_fresh(lambda a: a + 1, lambda i: (np.full(3, i, np.float32),))
-    assert f.stats().resident == 0 and f.stats().packed_compiles == 0
-    assert node_of(f, *args).host_policy.stage is Stage.GIVEN_UP  # one leaf, no slots
+    for fn, make in ((lambda a, b: a * b, fresh_pair),
+                     (lambda a: a + 1, lambda i: (np.full(3, i, np.float32),))):
+        f, args = run_fresh(fn, make)
+        assert_same_outputs(f(*args), jax.jit(fn)(*args))
+        assert not is_resident(f, *args) and f.stats().resident == 0
+        assert node_of(f, *args).host_policy.stage is Stage.GIVEN_UP and f.stats().misses == 1
 
 
-def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatch):
+def test_stats_and_the_run_report_name_resident_signatures():
     from nbjit.observe import report as _report
 
     f, args = run_fresh(lambda a, b: a - b, fresh_pair)
@@ -206,17 +203,11 @@ def test_stats_and_the_run_report_name_resident_and_packed_signatures(monkeypatc
                 "written when they change)")
     assert f"host inputs of {f.stats().name}: {resident}" in text
     assert resident in f.stats()._repr_html_()
-    monkeypatch.setattr(_policy, "RESIDENT", False)
-    g, args = run_fresh(lambda a, b: a * b - 1, fresh_pair)
-    assert _packing.wait(120)
-    assert "1 signature packs new values into one transfer per call (" in str(g.stats())
-    assert "(resident: " not in str(g.stats())
     report = _report.build(None)
     rows = {r["name"]: r for r in report["functions"]}
-    assert rows[f.stats().name]["resident"] == 1 and rows[g.stats().name]["packed_compiles"] == 1
+    assert rows[f.stats().name]["resident"] == 1
     out = _report.format_text(report)
     assert f"host inputs of {f.stats().name}: {resident}" in out
-    assert f"host inputs of {g.stats().name}: 1 signature packs" in out
     h = nbjit.jit(lambda a: a + 1)
     h(jnp.ones(2))
     assert "host inputs of" not in str(h.stats())
@@ -359,12 +350,10 @@ def test_slot_memory_is_bounded(monkeypatch):
 
 def test_a_device_whose_puts_copy_keeps_puts_for_big_leaves(monkeypatch):
     """Where a zero-copy put does not alias host memory (a GPU), a big leaf
-    keeps its own put (a copy to the device in any case): no slots, nothing
-    packed, the same results."""
+    keeps its own put (a copy to the device in any case): no slots, the same
+    results."""
     monkeypatch.setattr(_jax, "ZERO_COPY", _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
     n = 1 << 16
     f, args = run_fresh(lambda a, b: a * b[0], lambda i: (
         np.full(n, i, np.float32), np.full(4, -i, np.float32)))
-    assert _packing.wait(120)
     assert not is_resident(f, *args) and f.stats().resident == 0
-    assert f.stats().packed_compiles == 0

@@ -1,13 +1,13 @@
-"""Host arrays on a device with memory of its own (an accelerator): staged.
+"""Host inputs on a device with memory of its own (an accelerator): launch records.
 
-There a numpy input is copied into a private staging buffer and put zero
-copy (`nbjit.core.inputs.platforms.Staged`: each `HostInput` its own
-`StagingRing`), unless no one can write it (`staging.immutable`: then it is
-put in place), and JAX's own path copies every numpy array. A signature's
-changing host leaves are packed into one staged put (`nbjit.host.HostStaged`
-and `nbjit.host.packing`, uint32 words; ``NBJIT_PACK_ACCELERATOR=0`` leaves
-them staged leaf by leaf). The tests run on the default backend: the
-accelerator's own strategies there, plugged in for "cpu" on the CPU. Every
+There a record whose host leaves go to its executable's one device hands
+them to jaxlib's own put (`nbjit.core.inputs.launch`): a numpy input as a
+private copy in its step's `StagingRing` (put zero copy), unless no one can
+write it (`staging.immutable`: then the array itself, decided per call); a
+scalar as a private 0-d copy; a big array read during the call. The program
+that runs is jax.jit's own executable for the signature, always. JAX's own
+path copies every numpy array. The tests run on the default backend: the
+accelerator's own strategy there, plugged in for "cpu" on the CPU. Every
 output is compared with jax.jit's, bit for bit.
 """
 
@@ -19,32 +19,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _diff import assert_same_outputs, steps_of
+from _diff import assert_same_call, assert_same_outputs, steps_of
 
 import nbjit
-from nbjit import _jax, host
+from nbjit import _jax
 from nbjit.core.inputs import platforms as _platforms
 from nbjit.core.inputs import staging as _staging
 from nbjit.core.inputs import values as _values
-from nbjit.host import packing as _packing
-from nbjit.host import policy as _policy
 
 
 @pytest.fixture
 def staged(monkeypatch):
-    """The accelerator's transfer, leaf by leaf (no packing): its own where
-    JAX's default backend is one, plugged in for the CPU otherwise."""
+    """The accelerator's strategy (launch records): its own where JAX's
+    default backend is one, plugged in for the CPU otherwise."""
     monkeypatch.setitem(_platforms._plugged, jax.devices()[0].platform, _platforms.STAGED)
 
 
-@pytest.fixture
-def packed(monkeypatch):
-    """The accelerator's packing strategy: its own where JAX's default backend
-    is one (the default there), plugged in for the CPU otherwise."""
-    platform = jax.devices()[0].platform
-    if platform == "cpu":
-        monkeypatch.setitem(_platforms._plugged, "cpu", host.HOST_STAGED)
-    assert _platforms.strategy_for(platform) is host.HOST_STAGED
+def _record(f, *args):
+    node, _ = f._entry_for(args, {})
+    assert node is not None and node.record is not None
+    return node.record
 
 
 def _rings(f, *args):
@@ -63,6 +57,31 @@ def test_host_inputs_are_staged_and_give_jax_jits_outputs(staged):
     assert len(rings) == 3 and all(isinstance(r, _staging.StagingRing) for r in rings)
     assert rings[0].made >= 1 and rings[0].dtype == np.float32
     assert rings[1].dtype == np.float32  # (x64 off: the canonical dtype)
+    record = _record(f, a, b, 1.5)
+    # the same 1.5 each call: a copy once, then the memo's device array (another
+    # form of that leaf for jaxlib: a second entry of the launcher's)
+    assert record.launch is not None and record.launch._cache_size() == 2
+    a, b = a + 1, b + 1  # new values: private copies, converted; the scalar a 0-d copy
+    staged = record.stage([a, b, 2.5])
+    assert [type(x) for x in staged] == [np.ndarray] * 3 and staged[0] is not a
+    assert staged[1].dtype == np.float32 and staged[2].shape == () and staged[2] == 2.5
+
+
+def test_the_program_is_jax_jits_own_executable(staged):
+    """A launch record runs the executable jax.jit compiled for the signature
+    (one object: nothing compiles twice), and its launcher keeps one entry
+    over a long run of new values."""
+    fn = lambda x, w: (jnp.tanh(x @ w), jnp.sum(x), jnp.std(x))  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    rng = np.random.default_rng(4)
+    w = jnp.asarray(rng.standard_normal((16, 8)).astype(np.float32))
+    for _ in range(40):
+        x = rng.standard_normal((32, 16)).astype(np.float32)
+        assert_same_outputs(f(x, w), g(x, w))
+    record = _record(f, x, w)
+    compiled = jax.jit(fn).lower(x, w).compile()
+    assert record.executable is compiled._executable.xla_executable
+    assert record.launch._cache_size() == 1 and f.stats().misses == 1
 
 
 def test_a_write_right_after_the_call_changes_no_result(staged):
@@ -105,34 +124,6 @@ def test_ring_stays_bounded_in_a_loop(staged):
         assert float(out[0, 0]) == float(i)
 
 
-def test_new_values_every_call_are_packed_in_words(packed):
-    """Two changing host leaves, one big (past the CPU's packing limit): one
-    put per call once packed; bool, int8 and float16 leaves come back bit
-    for bit from uint32 words, and a complex one keeps its own put (a TPU
-    cannot constrain a complex leaf's layout in the packed program)."""
-    def fn(x, m, c, h, k):
-        return x * 2, jnp.where(m, c, 0), h.astype(jnp.float32) + k
-
-    f, g = nbjit.jit(fn), jax.jit(fn)
-    rng = np.random.default_rng(1)
-
-    def args(i):
-        return (rng.standard_normal((300, 700)).astype(np.float32),  # past 64 KiB
-                rng.integers(0, 2, 13).astype(bool),
-                (rng.standard_normal(13) + 1j * rng.standard_normal(13)).astype(np.complex64),
-                rng.standard_normal(5).astype(np.float16), rng.integers(-9, 9, 5).astype(np.int8))
-
-    for i in range(3 * _policy.PACK_AFTER):
-        if i == 2 * _policy.PACK_AFTER:
-            assert _packing.wait(120)
-        a = args(i)
-        assert_same_outputs(f(*a), g(*a))
-    node, _ = f._entry_for(a, {})
-    assert node.host_policy.stage is _policy.Stage.PACKED
-    assert sorted(s.leaf for s in node.host_policy.watched.layouts) == [0, 1, 3, 4]
-    assert f.stats().packed_compiles == 1 and f.stats().resident == 0
-
-
 def test_jax_path_copies_every_numpy_array_on_an_accelerator(monkeypatch):
     # (where JAX's path is not known to have read a host array when the call returns)
     monkeypatch.setattr(_jax, "jax_path_reads_host_arrays_during_call", lambda: False)
@@ -140,34 +131,6 @@ def test_jax_path_copies_every_numpy_array_on_an_accelerator(monkeypatch):
     assert x.__array_interface__["data"][0] % 64
     (copy,), _ = _values.private_host_copies((x,), {}, (), ())
     assert copy is not x and np.shares_memory(copy, x) is False
-
-
-def test_packed_results_equal_jax_jits_bit_for_bit(packed):
-    """The packed program is other HLO than the original (its inputs are
-    slices of one buffer): where XLA could reorder a reduction, a dot or a
-    fused chain, its results must still equal jax.jit's bit for bit. (On a
-    TPU, without each leaf constrained to its original parameter's layout,
-    `jnp.sum` and `jnp.std` of a packed leaf came out one ulp away.)"""
-    def fn(x, w, b, y):
-        h = jnp.tanh(x @ w + b)
-        logits = jax.nn.log_softmax(h)
-        return (jnp.sum(x), jnp.mean(x, axis=0), jnp.cumsum(w, axis=1), jnp.dot(x, w),
-                jnp.einsum("ij,jk->ik", h.T, x), jnp.prod(b), jnp.var(y), jnp.std(x),
-                logits, jnp.max(x * w[:, :1].T), (x * 1.1 + 0.3) * x - jnp.exp(-x),
-                jnp.linalg.norm(y))
-
-    f, g = nbjit.jit(fn), jax.jit(fn)
-    rng = np.random.default_rng(4)
-    for i in range(8 * _policy.PACK_AFTER):  # 40 draws once packed
-        if i == 2 * _policy.PACK_AFTER:
-            assert _packing.wait(120)
-        args = (rng.standard_normal((32, 16)).astype(np.float32),
-                rng.standard_normal((16, 8)).astype(np.float32),
-                rng.standard_normal(8).astype(np.float32),
-                rng.standard_normal(1000).astype(np.float32))
-        assert_same_outputs(f(*args), g(*args))
-    node, _ = f._entry_for(args, {})
-    assert node.host_policy.stage is _policy.Stage.PACKED
 
 
 def _read_only(x):
@@ -213,18 +176,95 @@ def test_an_array_no_one_can_write_is_put_in_place(staged):
     assert_same_outputs(f(wide), g(wide))
 
 
-def test_a_read_only_leaf_is_never_packed(packed):
-    fn = lambda a, b, c: (a * 2 + jnp.sum(b), c - 1)  # noqa: E731
+@pytest.mark.parametrize("first", ["writeable", "read-only"])
+def test_read_only_batches_go_in_place_per_call_whatever_came_first(staged, first):
+    """Whether a batch is copied is decided per call and per leaf: a read-only
+    batch goes to jaxlib's put as it is (zero copy) after writeable ones and
+    before them, a writeable one is copied; the results are jax.jit's."""
+    fn = lambda x, y: (jnp.sum(x * 2.0, axis=0), jnp.mean(y))  # noqa: E731
     f, g = nbjit.jit(fn), jax.jit(fn)
-    frozen = _read_only(np.linspace(0, 1, 1024, dtype=np.float32))
-    for i in range(3 * _policy.PACK_AFTER):
-        if i == 2 * _policy.PACK_AFTER:
-            assert _packing.wait(120)
-        args = (frozen, np.full(16, i, np.float32), np.full(4, i, np.int32))
+    rng = np.random.default_rng(8)
+
+    def batch(read_only):
+        x = rng.standard_normal((64, 16)).astype(np.float32)
+        y = rng.integers(0, 9, 64).astype(np.int32)
+        return (_read_only(x), y) if read_only else (x, y)
+
+    order = [first == "read-only"] * 10 + [first != "read-only"] * 10
+    for read_only in order:
+        x, y = batch(read_only)
+        record = _record(f, x, y) if f._cache_size() else None
+        if record is not None:
+            staged_x, staged_y = record.stage([x, y])
+            assert (staged_x is x) == read_only and staged_y is not y  # y stays writeable
+        assert_same_outputs(f(x, y), g(x, y))
+    assert f.stats().misses == 1 and f._cache_size() == 1
+
+
+def test_new_scalars_go_as_private_copies_with_jax_jits_types(staged):
+    """Python scalars with new values: private 0-d copies for jaxlib's put
+    (its own scalar put waits for the transfer), outputs with jax.jit's weak
+    types; an int beyond int32 takes JAX's own path, which raises as jax.jit."""
+    fn = lambda a, b, c: (a * 2, b + 1, jnp.where(c, a, b))  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    for i in range(20):
+        args = (0.5 + i, 1000 + i, bool(i % 2))
         assert_same_outputs(f(*args), g(*args))
-    node, _ = f._entry_for(args, {})
-    assert node.host_policy.stage is _policy.Stage.PACKED
-    assert sorted(s.leaf for s in node.host_policy.watched.layouts) == [1, 2]
+    # (new objects: the same objects again would be the memo's, put once and kept)
+    staged_args = _record(f, *args).stage([float(i) + 0.25, 2000 + i, not args[2]])
+    assert all(type(x) is np.ndarray and x.shape == () for x in staged_args)
+    assert [o.weak_type for o in f(*args)] == [o.weak_type for o in g(*args)]
+    assert_same_call(f, g, 1.0, 2**40, True)
+    assert f.stats().slow_reasons == {"input_refused": 1}
+    assert_same_outputs(f(1e39, 2, True), g(1e39, 2, True))  # float32's inf, as jaxlib's cast
+
+
+def test_donated_params_and_a_new_batch(staged):
+    """A training step donating its params and taking a numpy batch: jax.jit's
+    outputs and donation; a donated array used again raises as jax.jit."""
+    def step(p, x):
+        return jax.tree.map(lambda w: w - 0.1 * jnp.sum(x), p), jnp.sum(x @ p["w"])
+
+    f, g = nbjit.jit(step, donate_argnums=0), jax.jit(step, donate_argnums=0)
+    p = {"w": jnp.ones((4, 2)), "b": jnp.zeros(2)}
+    q = jax.tree.map(jnp.copy, p)
+    for i in range(6):
+        x = np.full((3, 4), i, np.float32)
+        old = p
+        p, loss = f(p, x)
+        q, want = g(q, x)
+        assert_same_outputs((p, loss), (q, want))
+        assert old["w"].is_deleted()
+    assert _record(f, p, x).launch is not None
+    assert_same_call(f, g, old, x)
+
+
+def test_big_copies_stream_once_the_kernel_is_ready(staged, monkeypatch):
+    """From `STREAM_MIN_BYTES` a same-dtype contiguous leaf is copied with
+    non-temporal stores (`nbjit._kernels.stream_copy`, loaded and compiled on
+    a thread first; numpy's copy until then); the bits are the same."""
+    streamed = []
+    _staging.streaming_copy()
+    for _ in range(600):
+        if _staging.streaming_copy() is not None:
+            break
+        __import__("time").sleep(0.1)
+    kernel = _staging.streaming_copy()
+    assert kernel is not None
+    monkeypatch.setattr(_staging, "_streaming",
+                        lambda dst, src: (streamed.append(src.nbytes), kernel(dst, src)))
+    n = _staging.STREAM_MIN_BYTES // 4 + 5
+    fn = lambda a: (a[::7] * 3.0, jnp.sum(a))  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    for i in range(4):
+        x = np.random.default_rng(i).standard_normal(n).astype(np.float32)
+        assert_same_outputs(f(x), g(x))
+    assert streamed and all(b == 4 * n for b in streamed)
+    small = np.ones(64, np.float32)
+    before = len(streamed)
+    f2 = nbjit.jit(lambda a: a + 1)
+    assert_same_outputs(f2(small), jax.jit(lambda a: a + 1)(small))
+    assert len(streamed) == before  # below the threshold: numpy's copy
 
 
 def test_a_big_leaf_is_read_during_the_call_not_copied(staged):

@@ -164,18 +164,14 @@ def _floor_contender(target: Any, floor_call: Callable[..., Callable[[], Any]], 
     return lambda: blk(floor())
 
 
-SETTLE_CALLS = 32  # > 2 * nbjit.host.policy.PACK_AFTER: enough fresh values to pack host inputs
+SETTLE_CALLS = 32  # > 2 * nbjit.host.policy.ARM_AFTER: enough fresh values to arm host inputs
 
 
 def _settle(call: Callable[[], Any]) -> None:
     """Brings a contender to the steady state a long loop sees: enough calls for
-    nbjit to decide to pack fresh host inputs, then its background compiles
-    finished (their cost is `stats().packed_seconds`, not a dispatch cost)."""
-    from nbjit.host import packing as _packed
-
+    nbjit to make fresh host inputs resident (the CPU)."""
     for _ in range(SETTLE_CALLS):
         jax.block_until_ready(call())
-    _packed.wait(120)
 
 
 def run_scenario(

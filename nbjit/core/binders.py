@@ -49,6 +49,7 @@ from nbjit import _jax
 from nbjit.core import flavours as _flavours
 from nbjit.core.codegen import Source, run_source
 from nbjit.core.flavours import Flavour
+from nbjit.core.inputs.launch import LaunchRefused
 from nbjit.core.keys import (
     LEAF_TYPES,
     LEAVES,
@@ -119,6 +120,9 @@ def _hit(src: Source, flavour: Flavour) -> None:
                 "args, kwargs, leaves, (key, shardings, context), node")
     src.line("node.shardings = shardings  # equal; keeping the newest makes identity checks hit")
     _stamp(src, stamp_lookup)
+    with src.block("if (launch := record.launch) is not None:"
+                   "  # host leaves put by jaxlib's own put (an accelerator)"):
+        _launch(src, flavour)
     with src.block("try:"):
         src.line("mark_recent(node)  # KeyError if another thread evicted it meanwhile")
         src.line("inputs = leaves if record.leaves_are_inputs else record.prepare(leaves)")
@@ -140,6 +144,27 @@ def _hit(src: Source, flavour: Flavour) -> None:
         src.line(f"return {result}")
     else:
         src.lines([f"out = {result}", flavour.finish, "return out"])
+
+
+def _launch(src: Source, flavour: Flavour) -> None:
+    """A launch record's hit (`nbjit.core.inputs.launch`): the host leaves
+    staged, then jaxlib's launcher puts them, runs and makes the outputs."""
+    _, _, stamp_inputs, stamp_execute = flavour.stamps
+    with src.block("try:"):
+        src.line("mark_recent(node)  # KeyError if another thread evicted it meanwhile")
+        src.line("staged = record.stage(leaves)")
+    with src.block("except Exception:"):
+        _return(src, flavour, "self._slow", 'args, kwargs, "input_refused"')
+    _stamp(src, stamp_inputs)
+    with src.block("try:"):
+        src.line("launched = launch(*staged)")
+    with src.block("except LaunchRefused as refused:"):
+        _return(src, flavour, "self._execute_failed",
+                "refused.error, args, kwargs, refused.inputs")
+    _stamp(src, stamp_execute)
+    src.line("node.hits += 1")
+    _stamp(src, flavour.finish)
+    src.line("return launched")
 
 
 class _Names:
@@ -477,6 +502,7 @@ class BinderTable(dict):
             "mark_recent": namespace.cache.mark_recent,
             "trace_context": _jax.trace_context, "post_hook": _jax.post_hook_state,
             "consume": _jax.ExecuteResults.consume_with_handlers,
+            "LaunchRefused": LaunchRefused,
             "other_keywords": _other_keywords,
         }
         self.spanned: dict[Any, Callable[[Any, tuple, dict], Any]] = {}  # the traced flavour's

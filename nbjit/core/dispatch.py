@@ -42,10 +42,12 @@ import sys
 import threading
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nbjit import _jax
+from nbjit._common import warn_past
 from nbjit.core import flavours as _flavours
 from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
@@ -85,7 +87,7 @@ class PjitFunction:
                  extension: _hooks.JitExtension | None = None) -> None:
         """`extension`: what a library composing this jit changes off the hit
         path (`nbjit.core.hooks.JitExtension`; `nbjit.filter` gives one)."""
-        jitted = _jax.jax_jit(fun, **options)  # JAX validates the options, as upstream
+        jitted = _jit_as_caller(fun, options)  # JAX validates the options, as upstream
         functools.update_wrapper(self, fun)
         info = _jax.jit_info(jitted)
         global_key = _jax.jit_global_cache_key(info)
@@ -255,7 +257,8 @@ class PjitFunction:
             self._compile_failed(signature, description, failed, time.perf_counter() - start)
             raise
         seconds = time.perf_counter() - start
-        record, reason = _record_for(fastpath, leaves, self._donates)
+        record, reason = _record_for(fastpath, leaves, self._donates,
+                                     str(getattr(self, "__name__", "function")))
         if fastpath is None:  # effects, or something else JAX keeps on its own path
             reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
         node = None
@@ -424,11 +427,29 @@ class PjitFunction:
         self._jax_jitted.clear_cache()
 
 
-def _record_for(fastpath: Any, leaves: Sequence, donates: bool
+def _jit_as_caller(fun: Callable, options: dict[str, Any]) -> Any:
+    """JAX's own jit of `fun`, its warnings (a deprecated option, say) issued
+    again from the caller's frame, as jax.jit's are: a filter on the caller's
+    module (``error::DeprecationWarning:mymodule``) sees them as jax.jit's."""
+    error: Exception | None = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            jitted = _jax.jax_jit(fun, **options)
+        except Exception as raised:  # (after its warnings, as jax.jit raises it)
+            error = raised
+    for warning in caught:
+        warn_past((_jax.NBJIT_DIR + "/",), str(warning.message), warning.category)
+    if error is not None:
+        raise error
+    return jitted
+
+
+def _record_for(fastpath: Any, leaves: Sequence, donates: bool, name: str
                 ) -> tuple[FastPath | None, str | None]:
     """(the node's record, or None and why its signature takes JAX's path)."""
     try:
-        return build_record(fastpath, leaves, donates), None
+        return build_record(fastpath, leaves, donates, name=name), None
     except Unsupported as why:
         return None, why.args[0]
     except Exception:  # something nbjit cannot hold: JAX's path for good

@@ -18,6 +18,8 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit.core.codegen import Source, run_source
+from nbjit.core.inputs.launch import launch_for
+from nbjit.core.inputs.platforms import platform_of, strategy_for
 from nbjit.core.inputs.steps import FreshCallback, HostInput, input_steps
 
 __all__ = ["FastPath", "Unsupported", "build_record"]
@@ -40,9 +42,9 @@ class FastPath:
 
     A node's record is replaced whole (by the host-input policy's swap,
     `nbjit.host.policy`), never edited. What does change inside, per call:
-    the `HostInput` steps' memos (the last value's device copy), and a
-    resident or packed record's pool of staging buffers; nothing a key or
-    an executable depends on.
+    the `HostInput` steps' memos (the last value's device copy), a resident
+    record's slots, a launch record's staging rings and its launcher's
+    jaxlib entries; nothing a key or an executable depends on.
 
     `kept` is None when every leaf is an input, in order; `steps` are the
     input steps' bound `apply` methods; `leaves_are_inputs` says the leaves
@@ -63,6 +65,10 @@ class FastPath:
     # ``fence(inputs, outs)`` after a hit's outputs are made, or None: resident
     # host inputs (`nbjit.host.resident`) learn from it when a slot may be reused.
     fence: Callable[[Sequence[Any], list], None] | None = None
+    # A launch record's (`nbjit.core.inputs.launch`): a hit is
+    # ``launch(*stage(leaves))``, jaxlib's own puts into this executable.
+    launch: Callable[..., Any] | None = None
+    stage: Callable[[Sequence[Any]], list] | None = None
 
     def inputs(self, leaves: Sequence[Any]) -> Sequence[Any]:
         """The executable's input list: consts, kept leaves, each step applied."""
@@ -121,15 +127,6 @@ class FastPath:
         if execute is not None:
             changes["execute"] = execute
         return dataclasses.replace(self, **changes)
-
-    def with_inputs_of(self, other: FastPath, prepare: Callable[[Sequence[Any]], list]
-                       ) -> FastPath:
-        """This record's outputs (handlers, tree, fence) with `other`'s
-        executable and inputs (consts, kept leaves, steps), prepared by
-        `prepare`: another program over the same outputs (packed host inputs)."""
-        return dataclasses.replace(
-            self, executable=other.executable, execute=other.execute, consts=other.consts,
-            kept=other.kept, steps=other.steps, leaves_are_inputs=False, prepare=prepare)
 
 
 # ---------------------------------------------------------------------------
@@ -216,13 +213,17 @@ def _checking_deleted(execute: Callable[[Sequence[Any]], Any]) -> Callable[[Sequ
 
 
 def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
-                 on_fresh: Mapping[int, FreshCallback] | None = None) -> FastPath:
+                 on_fresh: Mapping[int, FreshCallback] | None = None,
+                 name: str = "jit") -> FastPath:
     """Turns JAX's fast-path data into a `FastPath`; raises `Unsupported` when it cannot.
 
     `leaves`: the call's dynamic leaves, as the miss saw them (their types
     choose the steps). `donated`: the function donates some argument (host
     inputs then keep no memo). `on_fresh`: leaf -> the callback its
     `HostInput` step is built with (the host-input policy watching it).
+    Where the platform's strategy launches (`InputStrategy.launches`) and
+    host leaves go to the executable's one device, the record is a launch
+    record (`nbjit.core.inputs.launch`; `name` names its launcher).
     """
     if fastpath is None:
         raise Unsupported("no_fastpath")
@@ -244,24 +245,47 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
     steps, batched = input_steps(inputs, in_shardings, donated, on_fresh)
     out_tree = fastpath.out_pytree_def
     all_kept = len(kept) == len(leaves)
+    execute = (_checking_deleted(fastpath.xla_executable.execute_sharded)
+               if donated and not _jax.RUNTIME_REJECTS_DONATED_INPUTS
+               else fastpath.xla_executable.execute_sharded)
+    out_handlers = [
+        _jax.result_handler(aval, sharding, committed)
+        for aval, sharding, committed in zip(
+            fastpath.out_avals, fastpath.out_shardings, fastpath.out_committed, strict=True)
+    ]
+    single_output = out_tree.num_nodes == 1 and out_tree.num_leaves == 1
+    stage = launch = None
+    if batched is None and _launches(fastpath, steps, len(consts)):
+        stage, launch = launch_for(name, fastpath, consts, None if all_kept else kept,
+                                   len(leaves), steps, execute, out_handlers, single_output)
     return FastPath(
         executable=fastpath.xla_executable,
-        execute=(_checking_deleted(fastpath.xla_executable.execute_sharded)
-                 if donated and not _jax.RUNTIME_REJECTS_DONATED_INPUTS
-                 else fastpath.xla_executable.execute_sharded),
-        out_handlers=[
-            _jax.result_handler(aval, sharding, committed)
-            for aval, sharding, committed in zip(
-                fastpath.out_avals, fastpath.out_shardings, fastpath.out_committed, strict=True)
-        ],
+        execute=execute,
+        out_handlers=out_handlers,
         out_tree=out_tree,
-        single_output=out_tree.num_nodes == 1 and out_tree.num_leaves == 1,
+        single_output=single_output,
         consts=consts,
         kept=None if all_kept else kept,
         steps=tuple(step.apply for _, step in sorted(steps.items()))
         + ((batched.apply,) if batched else ()),
         leaves_are_inputs=not consts and not steps and not batched and all_kept,
         prepare=_make_preparer(consts, None if all_kept else kept, len(leaves), steps, batched),
+        launch=launch,
+        stage=stage,
     )
+
+
+def _launches(fastpath: Any, steps: dict[int, Any], n_consts: int) -> bool:
+    """Whether a record hands its host leaves to jaxlib's put (a launch record):
+    some leaf is put from the host, every input and output lives on one and the
+    same device (jaxlib puts host leaves itself only there), and that device's
+    strategy launches."""
+    if not any(i >= n_consts and getattr(step, "puts_host_values", False)
+               for i, step in steps.items()):
+        return False
+    shardings = [*fastpath.in_shardings, *fastpath.out_shardings]
+    devices = {d for s in shardings for d in s.device_set}
+    return (len(devices) == 1 and all(len(s.device_set) == 1 for s in shardings)
+            and strategy_for(platform_of(shardings[0])).launches)
 
 

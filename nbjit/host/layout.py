@@ -1,12 +1,12 @@
-"""How a signature's small host leaves lie in one staging buffer.
+"""How a signature's host leaves lie in one staging buffer.
 
-Resident slots (`nbjit.host.resident`) and packing (`nbjit.host.packing`)
-both write a signature's small host leaves into one 64-byte-aligned buffer,
-each leaf at an aligned offset in its canonical dtype: one `LeafLayout`
-per leaf. This module holds what both share: the layouts, what may be laid
-out (`PACKABLE`), and the generated statements that write a leaf into its
-view (numpy converts, as jaxlib's conversion of a host value; a value it
-would not convert as jaxlib does raises `Refused`: JAX's own path).
+Resident slots (`nbjit.host.resident`) write a signature's host leaves into
+one 64-byte-aligned buffer, each leaf at an aligned offset in its canonical
+dtype: one `LeafLayout` per leaf. This module holds the layouts, what may be
+laid out (`PACKABLE`), what the policy knows of a watched signature
+(`Watched`) and the generated statements that write a leaf into its view
+(numpy converts, as jaxlib's conversion of a host value; a value it would
+not convert as jaxlib does raises `Refused`: JAX's own path).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["FLOAT32_MAX", "HostCounters", "LeafLayout", "PACKABLE", "Refused",
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # numpy dtypes whose bytes XLA reads with the same bit layout (int4 & co. are
-# packed two per byte by XLA, not by numpy: never laid out).
+# two per byte in XLA, not in numpy: never laid out).
 PACKABLE = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
     np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128))
@@ -63,26 +63,17 @@ class LeafLayout:
 @dataclasses.dataclass(frozen=True)
 class Watched:
     """What the host-input policy knows of one signature when it arms it
-    (fixed from then on): JAX's fast-path data, the traced jaxpr (None with
-    fewer than two leaves to pack), the packed and the resident leaves'
-    layouts, the one device's sharding, and the options, name and counters
-    of the jitted function."""
+    (fixed from then on): JAX's fast-path data, the layouts of the small
+    leaves whose bytes are counted (`layouts`) and of every resident leaf,
+    the one device's sharding, and the jitted function's host counters."""
 
     fastpath: Any
-    jaxpr: Any
-    layouts: tuple[LeafLayout, ...]  # what packing packs (small leaves)
+    layouts: tuple[LeafLayout, ...]  # small leaves, compared call to call while counting
     n_leaves: int
     sharding: Any
-    options: dict
-    name: str
     counters: HostCounters
-    # What resident slots hold (any host leaf up to `RESIDENT_MAX_BYTES` in all;
-    # empty where the device's puts copy): packing's leaves and bigger ones.
+    # What resident slots hold: any host leaf, up to `RESIDENT_MAX_BYTES` in all.
     resident_layouts: tuple[LeafLayout, ...] = ()
-    # Where arrays are staged (an accelerator): the layout the original
-    # executable's parameter of each packed leaf was compiled to, in `layouts`'
-    # order (the packed program constrains each unpacked leaf to it).
-    input_layouts: tuple[Any, ...] = ()
 
 
 def lay_out(layouts: Sequence[LeafLayout]) -> list[LeafLayout]:
@@ -137,23 +128,19 @@ def guard_and_pop(src: Source, item: str, busy: str) -> Iterator[Source]:
 
 class HostCounters:
     """The host room's counters for one cache namespace (`Counters.extension("host")`),
-    reported by `nbjit.stats()`: packed executables compiled (`packing`) and
-    their compile time, signatures given resident host inputs (`policy`)."""
+    reported by `nbjit.stats()`: signatures given resident host inputs (`policy`)."""
 
-    __slots__ = ("packed_compiles", "packed_seconds", "resident")
+    __slots__ = ("resident",)
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.packed_compiles = 0
-        self.packed_seconds = 0.0
         self.resident = 0
 
     def fields(self) -> dict[str, Any]:
         """The `nbjit.DispatchStats` fields they give."""
-        return {"packed_compiles": self.packed_compiles, "packed_seconds": self.packed_seconds,
-                "resident": self.resident}
+        return {"resident": self.resident}
 
 
 def host_counters(counters: Any) -> HostCounters:

@@ -2,11 +2,11 @@
 
 Every host leaf (a numpy array or scalar, a Python scalar) bound for one
 device normally becomes its own device buffer, one put each
-(`nbjit.core.inputs.steps.HostInput`). When a cached signature keeps bringing new
-host values, its small host leaves take one of two ways instead, tried in
-this order: resident slots (`nbjit.host.resident`: no compile, no transfer;
-where a zero-copy put aliases host memory, i.e. the CPU), else packing
-(`nbjit.host.packing`: one put and a second executable).
+(`nbjit.core.inputs.steps.HostInput`). When a cached signature keeps bringing
+new host values on a device whose zero-copy put aliases host memory (the
+CPU), its host leaves become resident instead (`nbjit.host.resident`: no
+compile, no transfer; the signature's own executable reads slots of host
+memory the call wrote).
 
 After a miss, `nbjit.host.watch.on_miss` arms a `HostPolicy` for a
 signature whose host leaves qualify, and the node holds it (`node.host_policy`).
@@ -18,33 +18,25 @@ is replaced only if it is still the one the policy expects), and only along
 `TRANSITIONS`:
 
   * PER_LEAF: a put per host leaf; the watching record's memos (built with
-    `on_fresh` = this policy) report new values. After `PACK_AFTER` new
-    values within ``2 * PACK_AFTER`` calls (leaves too big for a memo:
-    `PACK_AFTER` calls whose bytes differ from the last call's, counted by
-    the counting record, which gives up after ``2 * PACK_AFTER`` calls) -> ARMING.
+    `on_fresh` = this policy) report new values. After `ARM_AFTER` new
+    values within ``2 * ARM_AFTER`` calls (leaves too big for a memo:
+    `ARM_AFTER` calls whose bytes differ from the last call's, counted by
+    the counting record, which gives up after ``2 * ARM_AFTER`` calls) -> ARMING.
   * ARMING: the next call makes the slots (a few puts, once) -> RESIDENT;
-    where slots cannot be, with one leaf -> GIVEN_UP; else it starts the
-    packed executable's compile -> COMPILING.
-  * COMPILING: on a thread of its own (XLA compiles without the GIL), in
-    the caller's exact trace context (`packing.run_in_trace_context`);
-    calls go on per leaf meanwhile. Where the thread cannot enter that
-    context -> ARMING again, and the next call compiles on the calling
-    thread (as a miss would; `BACKGROUND = False` does that always).
-    Compiled -> PACKED; failed, or other outputs -> GIVEN_UP; interrupted
-    (KeyboardInterrupt) -> PER_LEAF, armed again.
+    where slots cannot be -> GIVEN_UP (armed at once for a big leaf: back
+    to PER_LEAF, counting new values as above).
   * RESIDENT: slots given up (deleted fences, an output aliasing a slot)
     -> GIVEN_UP.
 
-A value the staging write would not convert as jaxlib does (a Python float
+A value the slot write would not convert as jaxlib does (a Python float
 beyond float32's range, an int that overflows), and any active
 host-to-device transfer guard, send the call to JAX's own path, which
 converts, logs or raises as jax.jit does.
 
 Switch: ``NBJIT_PACK_HOST_INPUTS=0`` in the environment (read at import),
 or `set_enabled(False)` at run time (no new policies are armed and none
-moves on from PER_LEAF; records already resident or packed stay so until
-their entries are cleared); `RESIDENT = False` skips slots (packing only,
-as on a device without them).
+moves on from PER_LEAF; records already resident stay so until their
+entries are cleared).
 """
 
 from __future__ import annotations
@@ -60,31 +52,25 @@ import numpy as np
 
 from nbjit.core.inputs.steps import HostInput
 from nbjit.core.record import FastPath, build_record
-from nbjit.host import packing as _packing
 from nbjit.host import resident as _resident
 from nbjit.host.layout import Watched
 from nbjit.host.slots import ResidentSlots
 
-__all__ = ["BACKGROUND", "PACK_AFTER", "RESIDENT", "TRANSITIONS", "HostPolicy", "Stage",
-           "enabled", "set_enabled"]
+__all__ = ["ARM_AFTER", "TRANSITIONS", "HostPolicy", "Stage", "enabled", "set_enabled"]
 
-PACK_AFTER = 8  # new host values seen (within 2 * PACK_AFTER calls) before arming
-# Compile the packed executable on a thread of its own (False: on the calling
-# thread, at the call that finds packing due).
-BACKGROUND = True
-RESIDENT = True  # resident slots are tried before packing (False: packing only)
+ARM_AFTER = 8  # new host values seen (within 2 * ARM_AFTER calls) before arming
 
 _enabled = os.environ.get("NBJIT_PACK_HOST_INPUTS", "1").strip().lower() not in (
     "0", "false", "no", "off")
 
 
 def enabled() -> bool:
-    """Whether new signatures may get resident or packed host inputs."""
+    """Whether new signatures may get resident host inputs."""
     return _enabled
 
 
 def set_enabled(on: bool) -> None:
-    """Turns resident/packed host inputs on or off for signatures from now on."""
+    """Turns resident host inputs on or off for signatures from now on."""
     global _enabled
     _enabled = bool(on)
 
@@ -93,10 +79,8 @@ class Stage(enum.Enum):
     """Where a watched signature's host inputs are; the record each installs."""
 
     PER_LEAF = "per-leaf"  # the watching record (or the counting one): a put per leaf
-    ARMING = "arming"  # the building record: the next call makes slots or starts a compile
-    COMPILING = "compiling"  # the packed executable compiles; calls run per leaf meanwhile
+    ARMING = "arming"  # the building record: the next call makes slots
     RESIDENT = "resident"  # the resident record: values written into slots, no transfer
-    PACKED = "packed"  # the packed record: one put, a second executable
     GIVEN_UP = "given up"  # the watching record, for good
 
 
@@ -105,18 +89,13 @@ S = Stage
 TRANSITIONS: dict[tuple[Stage, Stage], str] = {
     (S.PER_LEAF, S.PER_LEAF): "armed: the watching (or counting) record replaces the miss's;"
                               " or counting done: switched off, or the same values came back",
-    (S.PER_LEAF, S.ARMING): "PACK_AFTER new values seen (by the memos, or by the counting"
+    (S.PER_LEAF, S.ARMING): "ARM_AFTER new values seen (by the memos, or by the counting"
                             " record's byte compare); or at once where slots may hold a"
                             " leaf too big for a memo (its put always costs more than"
                             " a copy into a slot)",
     (S.ARMING, S.PER_LEAF): "armed at once, but no slots: new values are counted as before",
     (S.ARMING, S.RESIDENT): "slots made",
-    (S.ARMING, S.GIVEN_UP): "no slots, and one leaf: nothing to pack",
-    (S.ARMING, S.COMPILING): "the packed executable's compile starts",
-    (S.COMPILING, S.ARMING): "the compile thread cannot enter the caller's trace context",
-    (S.COMPILING, S.PACKED): "compiled, with the original's outputs",
-    (S.COMPILING, S.GIVEN_UP): "the compile failed, or gives other outputs",
-    (S.COMPILING, S.PER_LEAF): "the compile was interrupted: armed again",
+    (S.ARMING, S.GIVEN_UP): "no slots",
     (S.RESIDENT, S.GIVEN_UP): "slots given up (deleted fences, an aliased output)",
 }
 del S
@@ -129,13 +108,12 @@ class HostPolicy:
 
     `per_leaf` is the watching per-leaf record (its memos call `fresh`);
     `counter` and `builder` are that record with another `prepare` (count
-    calls; make slots or start the compile) and hold the policy weakly, so
-    the node holds the policy (`node.host_policy`) and nothing holds it back.
+    calls; make slots) and hold the policy weakly, so the node holds the
+    policy (`node.host_policy`) and nothing holds it back.
     """
 
     __slots__ = ("node_ref", "watched", "per_leaf", "counter", "builder", "stage", "count",
-                 "window_start", "lock", "sync", "resident", "seen", "calls", "eager",
-                 "__weakref__")
+                 "window_start", "lock", "resident", "seen", "calls", "eager", "__weakref__")
 
     def __init__(self, node: Any, watched: Watched, leaves: list,
                  fresh_leaves: list[int], eager: bool = False) -> None:
@@ -144,8 +122,7 @@ class HostPolicy:
         self.stage = Stage.PER_LEAF
         self.count = 0
         self.window_start = 0
-        self.lock = threading.Lock()  # one call at a time makes slots or starts a compile
-        self.sync = False  # compile on the calling thread (see `_start_background`)
+        self.lock = threading.Lock()  # one call at a time makes slots
         self.resident: ResidentSlots | None = None
         self.seen: list[bytes] | None = None  # the last counted call's bytes (`counter`)
         self.calls = 0  # calls counted by `counter`
@@ -155,11 +132,13 @@ class HostPolicy:
         fresh = weakref.WeakMethod(self.fresh)
         self.per_leaf = build_record(watched.fastpath, leaves, False,
                                      on_fresh=dict.fromkeys(fresh_leaves, fresh))
-        self.builder = self.per_leaf.replaced(prepare=_weak_prepare(self, "_build_then_prepare"))
+        self.builder = self.per_leaf.replaced(
+            prepare=_weak_prepare(self, HostPolicy._build_then_prepare))
         # For leaves without a memo (bigger than its limit) no memo miss says a
         # value is new: this record compares each call's bytes with the last
         # call's instead, until arming is due or given up.
-        self.counter = self.per_leaf.replaced(prepare=_weak_prepare(self, "_count_then_prepare"))
+        self.counter = self.per_leaf.replaced(
+            prepare=_weak_prepare(self, HostPolicy._count_then_prepare))
 
     def _swap(self, expected: FastPath, stage: Stage, record: FastPath) -> bool:
         """The one place the policy replaces its node's record.
@@ -205,34 +184,34 @@ class HostPolicy:
         if node is None:
             return
         hits = node.hits
-        if not 0 <= hits - self.window_start <= 2 * PACK_AFTER:
+        if not 0 <= hits - self.window_start <= 2 * ARM_AFTER:
             self.window_start = hits
             self.count = 0
         self.count += 1
-        if self.count >= PACK_AFTER:
+        if self.count >= ARM_AFTER:
             self._swap(self.per_leaf, Stage.ARMING, self.builder)  # the next call builds
 
     def _count_then_prepare(self, leaves: list) -> list:
         """Counts the calls whose watched values differ from the last call's
         bytes: the same arrays every call are not fresh values and get no slots.
-        Arming is due after `PACK_AFTER` new values; with fewer within
-        ``2 * PACK_AFTER`` calls the node goes back to its watching record for
+        Arming is due after `ARM_AFTER` new values; with fewer within
+        ``2 * ARM_AFTER`` calls the node goes back to its watching record for
         good, so comparing (a copy of up to `nbjit.host.watch.TOTAL_MAX_BYTES`)
         costs only the first calls of a signature."""
         seen = [np.asarray(leaves[layout.leaf]).tobytes() for layout in self.watched.layouts]
-        if not seen:  # nothing to pack (the leaves are too big): no new values to count
+        if not seen:  # the leaves are too big to count: no new values to count
             self._swap(self.counter, Stage.PER_LEAF, self.per_leaf)
             return self.per_leaf.prepare(leaves)
         if seen != self.seen:
             self.count += 1
         self.seen, self.calls = seen, self.calls + 1
-        if self.count >= PACK_AFTER:
+        if self.count >= ARM_AFTER:
             self.seen = None
             if _enabled:
                 self._swap(self.counter, Stage.ARMING, self.builder)
             else:
                 self._swap(self.counter, Stage.PER_LEAF, self.per_leaf)
-        elif self.calls >= 2 * PACK_AFTER:  # the same values come back
+        elif self.calls >= 2 * ARM_AFTER:  # the same values come back
             self.seen = None
             self._swap(self.counter, Stage.PER_LEAF, self.per_leaf)
         return self.per_leaf.prepare(leaves)
@@ -246,28 +225,22 @@ class HostPolicy:
         return self.per_leaf.prepare(leaves)
 
     def _arm(self, leaves: list) -> None:
-        """ARMING: slots where they can be, else packing (or nothing to pack)."""
-        if self.stage is not Stage.ARMING:
-            return
-        if RESIDENT and not self.sync and self._try_resident(leaves):
+        """ARMING: slots where they can be, else the per-leaf path."""
+        if self.stage is not Stage.ARMING or self._try_resident(leaves):
             return
         if self.eager:  # armed for slots, not for new values: count them as before
             self.eager = False
             self._swap(self.builder, Stage.PER_LEAF, self._watching())
-            return
-        if self.watched.jaxpr is None:  # no two leaves to pack
+        else:
             self._swap(self.builder, Stage.GIVEN_UP, self.per_leaf)
-        elif BACKGROUND and not self.sync:
-            self._start_background(leaves)
-        elif self._swap(self.builder, Stage.COMPILING, self.builder):
-            self._build(leaves, self.builder)
 
     def _try_resident(self, leaves: list) -> bool:
         """Makes the node's record resident (no compile) where this device allows it."""
         try:
-            made = _resident.resident_record(self.watched, self.per_leaf, leaves,
-                                             _weak_call(self, "_slots_broken"))
-        except Exception:  # never breaks a call: packing (or the per-leaf path) goes on
+            made = _resident.resident_record(
+                self.watched, self.per_leaf, leaves,
+                _weak_call(self, HostPolicy._slots_broken))
+        except Exception:  # never breaks a call: the per-leaf path goes on
             made = None
         if made is None:
             return False
@@ -284,64 +257,29 @@ class HostPolicy:
         if current is not None and pool is not None and current.fence is pool.fence:
             self._swap(current, Stage.GIVEN_UP, self.per_leaf)
 
-    def _start_background(self, leaves: list) -> None:
-        """Compiles on a thread of its own while calls take the per-leaf path."""
-        node = self.node_ref()
-        if node is None or not self._swap(self.builder, Stage.COMPILING, self.per_leaf):
-            return
-        example = [x.copy() if type(x) is np.ndarray else x for x in leaves]  # (values unused)
-        context = node.context
-        _packing.start_thread(lambda: self._background(example, context))
 
-    def _background(self, leaves: list, context: tuple) -> None:
-        try:
-            ran = _packing.run_in_trace_context(context, lambda: self._build(leaves, self.per_leaf))
-            if not ran:
-                self.sync = True  # the next call compiles itself
-                self._swap(self.per_leaf, Stage.ARMING, self.builder)
-        except BaseException:  # never lets a thread's error escape; the per-leaf path goes on
-            self._swap(self.per_leaf, Stage.GIVEN_UP, self.per_leaf)
-
-    def _build(self, leaves: list, current: FastPath) -> None:
-        """COMPILING: compiles the packed record; `current` is what the node holds now."""
-        try:
-            packed = _packing.compile_packed(self.watched, self.per_leaf, leaves)
-        except Exception:
-            packed = None
-        except BaseException:  # interrupted: the per-leaf path, armed again
-            self.count, self.calls = 0, 0
-            self._swap(current, Stage.PER_LEAF, self._watching())
-            if current is self.builder:  # (on the calling thread: the caller sees it)
-                raise
-            return
-        if packed is None:
-            self._swap(current, Stage.GIVEN_UP, self.per_leaf)
-        else:
-            self._swap(current, Stage.PACKED, packed)
-
-
-def _weak_prepare(policy: HostPolicy, method: str) -> Callable[[Sequence[Any]], list]:
-    """``prepare(leaves)`` calling `policy`'s `method`, holding the policy weakly:
-    a policy's records refer back to it without a cycle (the node holds the
-    policy; its executables, and JAX's caches keyed on its jaxpr, die with
-    the node)."""
+def _weak_prepare(policy: HostPolicy, method: Callable[[HostPolicy, Any], list]
+                  ) -> Callable[[Sequence[Any]], list]:
+    """``prepare(leaves)`` calling `method` of `policy`, holding the policy
+    weakly: a policy's records refer back to it without a cycle (the node
+    holds the policy; its executables die with the node)."""
     ref = weakref.ref(policy)
     fallback = policy.per_leaf.prepare
 
     def prepare(leaves: Sequence[Any]) -> list:
         live = ref()
-        return fallback(leaves) if live is None else getattr(live, method)(leaves)
+        return fallback(leaves) if live is None else method(live, leaves)
 
     return prepare
 
 
-def _weak_call(policy: HostPolicy, method: str) -> Callable[[], None]:
-    """``call()`` calling `policy`'s `method` if the policy is still alive."""
+def _weak_call(policy: HostPolicy, method: Callable[[HostPolicy], None]) -> Callable[[], None]:
+    """``call()`` calling `method` of `policy` if the policy is still alive."""
     ref = weakref.ref(policy)
 
     def call() -> None:
         live = ref()
         if live is not None:
-            getattr(live, method)()
+            method(live)
 
     return call

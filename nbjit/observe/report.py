@@ -6,8 +6,7 @@ misses, slow calls with their reasons (`nbjit.stats()`), and, when the run
 was profiled (the default), where the time of its calls went: in nbjit's
 dispatch (keying, lookup, inputs, outputs of hits), in `execute_sharded`,
 and in misses and slow calls, timed whole (`nbjit.profile()`); signatures
-whose host inputs became resident or packed (with the packed compiles'
-time); then the misses ranked by the time they took
+whose host inputs became resident; then the misses ranked by the time they took
 (`nbjit.ranked_misses()`).
 Every row is one function, named as `nbjit.stats()` names it. A call with
 tracers inside another trace is not a slow call: it is counted as traced
@@ -63,8 +62,7 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
                "slow": s.slow - traced, "traced": traced, "slow_reasons": slow_reasons,
                "library": name in libraries,
                "evictions": s.evictions, "miss_seconds": s.miss_seconds,
-               "resident": s.resident, "packed_compiles": s.packed_compiles,
-               "packed_seconds": s.packed_seconds}
+               "resident": s.resident}
         row.update(timing.get(name, {}))
         functions.append(row)
     functions.sort(key=lambda r: -r["calls"])
@@ -123,8 +121,7 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append(f"library functions run only inside your traces (staged into them, as "
                      f"under jax.jit): {names}")
     for r in rows:
-        line = _stats.host_inputs_line(r["name"], r.get("resident", 0),
-                                       r.get("packed_compiles", 0), r.get("packed_seconds", 0.0))
+        line = _stats.host_inputs_line(r["name"], r.get("resident", 0))
         if line:
             lines.append(line)
     if timed:

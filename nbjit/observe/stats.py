@@ -70,7 +70,7 @@ def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> Dispatch
     reasons = dict(counters.slow_reasons)  # one read: other threads may add keys
     slow = sum(reasons.values())
     hits, misses = counters.hits + live_hits, counters.misses
-    extensions: dict[str, Any] = {}  # the extensions' own fields (the host's: resident, packed_*)
+    extensions: dict[str, Any] = {}  # the extensions' own fields (the host's: resident)
     for added in list(getattr(counters, "extension_counters", {}).values()):
         extensions.update(added.fields())
     return DispatchStats(
@@ -99,8 +99,6 @@ class DispatchStats:
     evictions: int = 0
     entries: int = 0
     miss_seconds: float = 0.0
-    packed_compiles: int = 0  # second compiles for packed host inputs (nbjit/host/packing.py)
-    packed_seconds: float = 0.0
     resident: int = 0  # signatures whose host inputs became resident (no compile)
 
     def __str__(self) -> str:
@@ -119,11 +117,11 @@ def _reasons_text(reasons: dict[str, int]) -> str:
     return ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items(), key=lambda r: -r[1]))
 
 
-def host_inputs_line(name: str, resident: int, packed: int, packed_seconds: float) -> str:
+def host_inputs_line(name: str, resident: int) -> str:
     """What function `name`'s signatures with host inputs (numpy arrays,
     scalars) got instead of a transfer per value (nbjit/host/policy.py), in
     words; "" for none. Resident: new values on most calls, or arrays too big
-    for a memo (the same ones every call included); packed: new values."""
+    for a memo (the same ones every call included)."""
     def signatures(n: int, verb: str) -> str:
         return f"{n} signature{'s' if n != 1 else ''} {verb}{'s' if n == 1 else ''}"
 
@@ -131,16 +129,12 @@ def host_inputs_line(name: str, resident: int, packed: int, packed_seconds: floa
     if resident:
         parts.append(f"{signatures(resident, 'keep')} them in reused device buffers "
                      "(resident: no transfer, written when they change)")
-    if packed:
-        parts.append(f"{signatures(packed, 'pack')} new values into one transfer per call "
-                     f"({packed_seconds:.2f} s compiling it)")
     return f"host inputs of {name}: {'; '.join(parts)}" if parts else ""
 
 
 def _host_lines(rows: dict[str, DispatchStats]) -> list[str]:
-    """A line per function whose host inputs became resident or packed."""
-    lines = [host_inputs_line(name, s.resident, s.packed_compiles, s.packed_seconds)
-             for name, s in rows.items()]
+    """A line per function whose host inputs became resident."""
+    lines = [host_inputs_line(name, s.resident) for name, s in rows.items()]
     return [line for line in lines if line]
 
 

@@ -72,6 +72,9 @@ class HostTransfer:
 
     semantics: Any = _jax.COPY_DURING_CALL
     stage: Callable[[np.ndarray], Any] | None = None
+    # A private copy of a host scalar (one that converts exactly), for a
+    # launch record's jaxlib put; None: the scalar goes as it is.
+    stage_scalar: Callable[[Any], Any] | None = None
 
 
 DIRECT = HostTransfer()
@@ -83,6 +86,10 @@ class InputStrategy:
     core's own path. Subclass it and override what the platform does otherwise."""
 
     name = "default"
+    # Whether a record whose host leaves go to its executable's one device
+    # hands them to jaxlib's own put (`nbjit.core.inputs.launch`) instead of
+    # putting each from Python.
+    launches = False
 
     def host_transfer(self, aval: Any, sharding: Any) -> HostTransfer:
         """How a `HostInput` step bound for `sharding` puts a numpy array of `aval`."""
@@ -104,6 +111,7 @@ class Staged(InputStrategy):
     (see the module's docstring)."""
 
     name = "staged"
+    launches = True
     RING_CAP = 8  # buffers per step: calls whose transfers are in flight each hold one
     # From this size a leaf is not copied by us: its put reads the caller's
     # array during the call (`DIRECT`), which there waits for the transfer.
@@ -117,7 +125,8 @@ class Staged(InputStrategy):
         if int(np.prod(aval.shape, dtype=np.int64)) * dtype.itemsize >= self.DIRECT_MIN_BYTES:
             return DIRECT
         ring = StagingRing(tuple(aval.shape), dtype, self.RING_CAP)
-        return HostTransfer(_jax.ZERO_COPY, ring.stage)
+        scalar = ring.stage_scalar if not aval.shape else None
+        return HostTransfer(_jax.ZERO_COPY, ring.stage, scalar)
 
 
 STAGED = Staged()

@@ -28,7 +28,7 @@ __all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "StagingRing",
            "add_staging_pool", "clear_staging_pool", "copy_parts", "immutable",
            "kernels_or_background",
            "load_kernels", "parallel_copy", "split_copy",
-           "staging_buffer", "staging_pool_size"]
+           "staging_buffer", "staging_pool_size", "STREAM_MIN_BYTES", "streaming_copy"]
 
 # Big arrays: from PARALLEL_COPY_MIN_BYTES the copy into staging is split
 # into chunks of about _COPY_CHUNK_BYTES that this thread and up to
@@ -40,6 +40,11 @@ __all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "StagingRing",
 # docs/performance.md#measured-constants-behind-the-code.
 PARALLEL_COPY_MIN_BYTES = 8 << 20
 STAGING_POOL_MIN_BYTES = 8 << 20
+# From this size an accelerator's staged leaf is copied with non-temporal
+# stores: the runtime's transfers of earlier calls read host memory while
+# the copy runs, and a copy that does not read its destination first moves
+# less through the memory bus (measured: docs/host-inputs.md, "Accelerators").
+STREAM_MIN_BYTES = 256 << 10
 _STAGING_POOL_PER_SIZE = 2  # buffers kept per staging size (double buffering)
 _STAGING_POOL_MAX_BYTES = 512 << 20  # all pooled buffers together
 COPY_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -91,10 +96,35 @@ def kernels_or_background() -> Any:
 
 
 def _load_quietly() -> None:
+    global _streaming
     try:
-        load_kernels()
+        kernels = load_kernels()
+        probe = aligned_empty(128)
+        kernels.stream_copy(probe, np.ones(128, np.uint8))  # compiled (or loaded) here
+        if probe.all():
+            _streaming = kernels.stream_copy
     except Exception:  # (numpy's copy goes on; a direct load_kernels raises it)
         pass
+
+
+_streaming: Any = None  # `_kernels.stream_copy` once loaded and compiled off the call path
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """`nbytes` uninitialised bytes starting at a multiple of `ALIGN` (a view
+    of a slightly bigger allocation)."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    address = raw.__array_interface__["data"][0]
+    skip = align_up(address) - address
+    return raw[skip:skip + nbytes]
+
+
+def streaming_copy() -> Any:
+    """`nbjit._kernels.stream_copy` once it is ready, else None after starting
+    its load on a thread (its first call compiles: never on a call's path)."""
+    if _streaming is None:
+        kernels_or_background()
+    return _streaming
 
 
 class _CopyPart:
@@ -366,7 +396,7 @@ class StagingRing:
 
     __slots__ = ("shape", "dtype", "nbytes", "cap", "free", "made", "__weakref__")
 
-    # A free buffer as `getrefcount(candidate)` sees it in `stage`: the
+    # A free buffer as `getrefcount(candidate)` sees it in `_claim`: the
     # deque, the local name and the call's argument.
     FREE_REFCOUNT = 3
 
@@ -381,17 +411,33 @@ class StagingRing:
             _rings.add(self)
 
     def _new(self) -> np.ndarray:
-        raw = np.empty(self.nbytes + ALIGN, np.uint8)
-        address = raw.__array_interface__["data"][0]
-        skip = align_up(address) - address
-        return raw[skip:skip + self.nbytes].view(self.dtype).reshape(self.shape)
+        return aligned_empty(self.nbytes).view(self.dtype).reshape(self.shape)
 
     def stage(self, x: Any) -> np.ndarray:
         """A private buffer holding `x` converted to the ring's dtype (numpy's
         ``astype`` conversion, as jaxlib's own of a host array); `x` itself
-        where nothing can write it (`immutable`) and it needs no conversion."""
+        where nothing can write it (`immutable`) and it needs no conversion.
+        From `STREAM_MIN_BYTES` a same-dtype contiguous `x` is copied with
+        non-temporal stores (`streaming_copy`)."""
         if not x.flags.writeable and x.dtype == self.dtype and immutable(x):
             return x
+        buffer = self._claim()
+        if (self.nbytes >= STREAM_MIN_BYTES and x.dtype == self.dtype and x.flags.c_contiguous
+                and (stream := streaming_copy()) is not None):
+            stream(buffer, x)
+        else:
+            np.copyto(buffer, x, casting="unsafe")
+        return buffer
+
+    def stage_scalar(self, x: Any) -> np.ndarray:
+        """A private 0-d buffer holding scalar `x` (the caller checked that it
+        converts exactly: `values.scalar_converts_exactly`)."""
+        buffer = self._claim()
+        buffer[()] = x
+        return buffer
+
+    def _claim(self) -> np.ndarray:
+        """A buffer only the ring holds (or a new one)."""
         free = self.free
         buffer = None
         for _ in range(len(free)):
@@ -409,7 +455,6 @@ class StagingRing:
             if self.made < self.cap:
                 self.made += 1
                 free.append(buffer)
-        np.copyto(buffer, x, casting="unsafe")
         return buffer
 
     def clear(self) -> None:

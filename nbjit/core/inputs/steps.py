@@ -28,7 +28,12 @@ from nbjit import _jax
 from nbjit.core.codegen import Source
 from nbjit.core.inputs import plans as _plan
 from nbjit.core.inputs.platforms import DIRECT, HostTransfer, platform_of, strategy_for
-from nbjit.core.inputs.values import PYTHON_SCALAR_DTYPES, canonical_dtypes, host_dtype
+from nbjit.core.inputs.values import (
+    PYTHON_SCALAR_DTYPES,
+    canonical_dtypes,
+    host_dtype,
+    scalar_converts_exactly,
+)
 
 __all__ = ["SHARD_ARGS", "FreshCallback", "HostInput", "input_step", "input_steps"]
 
@@ -70,6 +75,7 @@ class HostInput:
     memoised again within ``MEMO_REST + 2`` calls.
     """
 
+    puts_host_values = True  # (a launch record stages what this step would put: `launch`)
     MEMO_MAX_BYTES = 1024  # a bytes compare this size costs far less than a transfer
     MEMO_PATIENCE = 8
     MEMO_REST = 56
@@ -87,7 +93,9 @@ class HostInput:
         self.devices = list(sharding.device_set)
         self.memo = memo
         self.transfer = transfer
-        self.last: tuple | None = None  # (scalar object or None, array bytes or None, device array)
+        # (scalar object or None, array bytes or None, device array or None: a
+        # launch record's value seen once, not yet put by this step)
+        self.last: tuple | None = None
         self.misses = 0  # array memo misses in a row
         self.rest = 0  # calls left before the array memo looks again
         # Told of each memo miss (a new value) when an optimisation watches this
@@ -134,9 +142,10 @@ class HostInput:
         """
         if type(x) is not np.ndarray:  # a scalar: immutable, the object itself is a key
             last = self.last
-            if last is not None and x is last[0] and _host_transfers_unguarded():
+            if (last is not None and x is last[0] and last[2] is not None
+                    and _host_transfers_unguarded()):
                 return last[2]
-            array = _device_put(self.aval, self.sharding, [x], self.devices, False)
+            array = self.value_put(x)
             if self.memo:
                 self.last = (x, None, array)
             if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
@@ -145,19 +154,14 @@ class HostInput:
         if not self.memo or self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
             if self.memo:
                 self.rest -= 1
-            transfer = self.transfer
-            return _device_put(self.aval, self.sharding,
-                               [x if transfer.stage is None else transfer.stage(x)],
-                               self.devices, False, False, transfer.semantics)
+            return self.value_put(x)
         data = np.asarray(x, self.dtype).tobytes()
         last = self.last
-        if last is not None and data == last[1] and _host_transfers_unguarded():
+        if (last is not None and data == last[1] and last[2] is not None
+                and _host_transfers_unguarded()):
             self.misses = 0
             return last[2]
-        transfer = self.transfer
-        array = _device_put(self.aval, self.sharding,
-                            [x if transfer.stage is None else transfer.stage(x)],
-                            self.devices, False, False, transfer.semantics)
+        array = self.value_put(x)
         self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
         if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
             fresh()
@@ -168,14 +172,77 @@ class HostInput:
         return array
 
 
+    def launch_value(self, x: Any) -> Any:
+        """What a launch record hands jaxlib's own put for host value `x`
+        (`nbjit.core.inputs.launch`): a private copy (the transfer's `stage`;
+        `x` itself where no one can write it), or a device array of this
+        step's own: the memo's, for a value seen again, or a put read during
+        the call where the transfer stages nothing (a big array). A scalar
+        that would not convert exactly (`scalar_converts_exactly`) goes as
+        it is: jaxlib converts it, or raises, as it does for jax.jit.
+
+        The memo works as in `value`, but a new value is not put here (that
+        would be a put from Python, which costs more than jaxlib's): the
+        memo remembers its bytes (or the scalar object), and only a value
+        seen twice in a row is put and kept.
+        """
+        transfer = self.transfer
+        stage = transfer.stage
+        if stage is None:
+            return self.value(x)
+        is_array = type(x) is np.ndarray
+        if is_array and (not self.memo or self.rest > 0):
+            if self.memo:
+                self.rest -= 1
+            return stage(x)
+        if self.memo:
+            data = np.asarray(x, self.dtype).tobytes() if is_array else None
+            last = self.last
+            if (last is not None and (data == last[1] if is_array else x is last[0])
+                    and _host_transfers_unguarded()):
+                self.misses = 0
+                if last[2] is not None:
+                    return last[2]
+                array = self.value_put(x)
+                self.last = (last[0], data, array)
+                return array
+            self.last = (None, data, None) if is_array else (x, None, None)
+            if is_array:
+                self.misses += 1
+                if self.misses >= self.MEMO_PATIENCE:
+                    self.misses = 0
+                    self.rest = self.MEMO_REST
+            if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
+                fresh()
+        if is_array:
+            return stage(x)
+        if transfer.stage_scalar is not None and scalar_converts_exactly(x, self.dtype):
+            return transfer.stage_scalar(x)
+        if type(x) is int:  # beyond the dtype's range: JAX's own path raises as jax.jit
+            raise OverflowError(f"{x} does not fit {self.dtype}")
+        return x
+
+    def value_put(self, x: Any) -> Any:
+        """`x`'s device array, put by this step (staged as its transfer says)."""
+        transfer = self.transfer
+        if type(x) is not np.ndarray:
+            return _device_put(self.aval, self.sharding, [x], self.devices, False)
+        return _device_put(self.aval, self.sharding,
+                           [x if transfer.stage is None else transfer.stage(x)],
+                           self.devices, False, False, transfer.semantics)
+
+
 class _Copy:
     """A one-device jax.Array on another device: copied in C++, as jaxlib does.
+
+    A launch record hands the array to jaxlib as it is: jaxlib copies it.
 
     As jaxlib's IFRT CopyArrays, the copy is below the layer that applies
     device-to-device transfer guards: a hit copies under "disallow" too.
     """
 
     __slots__ = ("index", "device_list", "sharding")
+    puts_host_values = False
 
     def __init__(self, index: int, sharding: Any) -> None:
         self.index = index
@@ -193,6 +260,7 @@ class _Planned:
     """A host value sliced/copied on the host by its `ShardingPlan`."""
 
     __slots__ = ("index", "dtype", "plan")
+    puts_host_values = True
 
     def __init__(self, index: int, dtype: np.dtype, plan: Any) -> None:
         self.index = index
@@ -204,6 +272,8 @@ class _Planned:
 
     def value(self, x: Any) -> Any:
         return self.plan.put(np.asarray(x, self.dtype))
+
+    launch_value = value  # (a launch record hands jaxlib the plan's device array)
 
 
 class _ShardArgs:

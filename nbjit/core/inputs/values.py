@@ -9,6 +9,7 @@ slow call) copies no caller can write into.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from nbjit import _jax
 from nbjit._common import ALIGN, PYTHON_SCALARS
 
 __all__ = ["PRIVATE_COPY_ALWAYS_BYTES", "PYTHON_SCALAR_DTYPES", "canonical_dtypes", "host_dtype",
-           "private_host_copies"]
+           "private_host_copies", "scalar_converts_exactly"]
 
 ArrayImpl = _jax.ArrayImpl
 
@@ -78,6 +79,30 @@ def host_dtype(x: Any, canonical: dict) -> np.dtype | None:
     if canonical_dtype is not None:
         return canonical_dtype
     return canonical.resolve(dtype)  # type: ignore[attr-defined]  # a _CanonicalDtypes
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def scalar_converts_exactly(x: Any, dtype: np.dtype) -> bool:
+    """Whether host scalar `x` (a Python or numpy scalar) converts to `dtype`
+    by numpy as jaxlib converts it, with no warning: a bool to bool, an int
+    within the integer dtype's range (jaxlib raises for one beyond), a float
+    within float32's range or any to float64 (jaxlib's cast of a bigger one
+    is numpy's with an overflow warning), a numpy scalar already of `dtype`.
+    Anything else (complex, a numpy scalar to convert) is left to jaxlib."""
+    t = type(x)
+    if t is bool:
+        return dtype.kind == "b"
+    if t is int:
+        if dtype.kind not in "iu":
+            return False
+        info = np.iinfo(dtype)
+        return info.min <= x <= info.max
+    if t is float:
+        return dtype == np.float64 or (dtype == np.float32
+                                       and (abs(x) <= _FLOAT32_MAX or not math.isfinite(x)))
+    return isinstance(x, np.generic) and x.dtype == dtype
 
 
 # ---------------------------------------------------------------------------

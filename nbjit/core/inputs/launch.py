@@ -1,0 +1,102 @@
+"""Launch records: host inputs put by jaxlib's own C++ path, into jax.jit's own executable.
+
+On a device with memory of its own (an accelerator) every host leaf is a
+transfer, and a put made from Python (`batched_device_put`) costs the
+calling thread more than jaxlib's C++ put of the same buffer, the one
+jax.jit's fast path makes for each numpy argument (docs/host-inputs.md,
+"Accelerators"). So there a record whose host leaves are bound for its
+executable's one device gets a *launcher*: a jaxlib `PjitFunction` over the
+call's flat leaves (`_jax.jaxlib_launcher`, what JAX's own
+`_pjit_call_impl` makes), whose miss hands back the fast-path data JAX's
+miss gave this record. Its hits are jaxlib's C++: key the leaves, put each
+host leaf (zero copy), run that same executable, build the outputs. The
+program is jax.jit's for the signature, always; what nbjit changes is what
+each host leaf's put reads (`HostInput.launch_value`):
+
+  * a writeable array: a private copy in its step's `StagingRing`, so a
+    write right after the call never reaches the transfer;
+  * an array no one can write (`staging.immutable`): itself, zero copy;
+  * a scalar: a private 0-d copy (jaxlib's own scalar put waits for its
+    transfer), or itself where numpy would not convert it as jaxlib does;
+  * a value the step's memo saw before, or a big array (read during the
+    call: `Staged.DIRECT_MIN_BYTES`): a device array of nbjit's own.
+
+A multi-device sharding plan's leaf is put by its plan (`_Planned`); an
+array on another device goes to jaxlib as it is (it copies it, as for
+jax.jit). The launcher's own miss (its first call, or a leaf given in
+another form: a memo's device array where a copy went before) runs the
+record's per-leaf steps once and returns the same fast-path data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nbjit import _jax
+
+__all__ = ["LaunchRefused", "launch_for"]
+
+
+class LaunchRefused(Exception):
+    """The executable refused inputs the launcher's own miss gave it (a
+    deleted array, say): `error` and `inputs` are what the hit path's
+    `_execute_failed` takes, so the call goes where a refused hit goes."""
+
+    def __init__(self, error: Exception, inputs: list) -> None:
+        super().__init__(error)
+        self.error = error
+        self.inputs = inputs
+
+ArrayImpl = _jax.ArrayImpl
+_consume = _jax.ExecuteResults.consume_with_handlers
+
+# One jaxlib cache for every launcher's entries (each launcher is keyed by
+# its own function object there, and its entries go when it is collected).
+_CACHE = _jax.jaxlib_launcher_cache(4096)
+
+
+def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | None,
+               n_leaves: int, steps: dict[int, Any], execute: Callable[[Sequence[Any]], Any],
+               out_handlers: list, single_output: bool
+               ) -> tuple[Callable[[Sequence[Any]], list], Callable[..., Any]]:
+    """``(stage, launch)`` for a record: ``launch(*stage(leaves))`` is a hit.
+
+    `steps`: input index -> step, as the record's (consts first, then the
+    kept leaves); `execute`, `out_handlers`: the record's, for the
+    launcher's own miss.
+    """
+    n_consts = len(consts)
+    leaf_of = range(n_leaves) if kept is None else kept
+    # leaf -> what makes the launcher's argument for it: host leaves only
+    stagers = tuple((leaf_of[i - n_consts], step.launch_value)
+                    for i, step in sorted(steps.items())
+                    if i >= n_consts and getattr(step, "puts_host_values", False))
+
+    def stage(leaves: Sequence[Any]) -> list:
+        staged = list(leaves)
+        for leaf, launch_value in stagers:
+            staged[leaf] = launch_value(staged[leaf])
+        return staged
+
+    out_tree = fastpath.out_pytree_def
+    applied = sorted(steps.items())
+
+    def run(*staged: Any) -> Any:
+        """The call on the record's own per-leaf path (the launcher's miss)."""
+        inputs = [*consts, *(staged if kept is None else [staged[j] for j in kept])]
+        for i, step in applied:
+            x = inputs[i]
+            if type(x) is not ArrayImpl or not getattr(step, "puts_host_values", False):
+                inputs[i] = step.value(x)
+        try:
+            results = execute(inputs)
+        except Exception as error:
+            raise LaunchRefused(error, inputs) from error
+        outs = _consume(results, out_handlers)
+        return outs[0] if single_output else out_tree.unflatten(outs)
+
+    def cache_miss(*staged: Any) -> tuple:
+        return run(*staged), fastpath, False
+
+    return stage, _jax.jaxlib_launcher(name, run, cache_miss, _CACHE)
