@@ -37,7 +37,6 @@ import numpy as np
 
 import nbjit
 from nbjit.bench.runner import git_commit
-from nbjit.host import packing
 
 
 def init(key, sizes):
@@ -81,9 +80,8 @@ def loop(batch: int, rounds: int, steps: int, width: int = 512) -> dict:
         jax.block_until_ready((p, losses))
         return (time.perf_counter() - t0) / n, calls / n, [float(v) for v in losses]
 
-    for f in fs.values():  # compile, and let nbjit's policy settle (a background compile)
+    for f in fs.values():  # compile, and let nbjit's host inputs settle
         run(f, 40)
-    packing.wait(120)
     same = run(fs["jax.jit"], steps)[2] == run(fs["nbjit"], steps)[2]
     per: dict = {k: [] for k in fs}
     ret: dict = {k: [] for k in fs}

@@ -5,16 +5,16 @@
 # under /opt/pypi). Run from the checkout there, with $OUT set by the device
 # tool and the commit named (the checkout that travels has no .git):
 #
-#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh suite   # parts 1-4 (a CPU part beside each accelerator part)
-#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh rest    # parts 5-6, compare (part 7), the training loop
-#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh probes  # benchmarks/probes: copies and input paths
+#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh suite   # the accelerator parts 3-6
+#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh rest    # the CPU parts 1-2 and compare (part 7)
+#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh probes  # input paths, whole runs, the training loop
 #
 # Each call first installs numba, llvmlite, pytest-timeout and optax from the
 # machine's index into /tmp/site (--no-deps: the machine's jax stays first on
 # PYTHONPATH; chex and toolz are not in that index, and naming them stops the
 # whole install). What comes back: one tarball per accel_check run (its
-# logs, JUnit XML, summary, versions, compare-tpu.json), and for `rest` the
-# loop's JSON and log; for `probes`, each probe's output. scripts/doc_tables.py turns them into the docs' tables
+# logs, JUnit XML, summary, versions, compare-tpu.json); for `probes`, each
+# probe's JSON and log (the training loop's among them). scripts/doc_tables.py turns them into the docs' tables
 # (docs/testing.md says where each lands).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,21 +45,24 @@ check() {  # check NAME PART...: one accel_check run, its output folder tarred i
   tar -C "$work" -czf "$out/$name.tgz" "$name" "$name.log"
 }
 
+# The probes and benchmarks import nbjit from this checkout (not installed there).
+export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+
 case "$stage" in
   suite)
-    check parts-1-3 1 3
-    check parts-2-4 2 4
+    check parts-3-4 3 4
+    check parts-5-6 5 6
     ;;
   rest)
-    check parts-5-6-7 5 6 7
+    check parts-1-2-7 1 2 7
+    ;;
+  probes)  # the accelerator's input paths, the loops and whole runs docs/host-inputs.md quotes
+    python3 benchmarks/probes/accel_carrier.py loop safety --json "$out/accel-carrier.json" \
+      2>&1 | grep -v '^loop {' | tee "$out/accel-carrier.log" || true
+    python3 benchmarks/probes/accel_runs.py --steps 2000 --repeats 2 --json "$out/accel-runs.json" \
+      2>&1 | tee "$out/accel-runs.log" || true
     python3 benchmarks/training_loop.py --widths 512 4096 --rounds 5 --json "$out/training-loop-tpu.json" \
       2>&1 | tee "$out/training-loop-tpu.log" || true
-    ;;
-  probes)
-    python3 benchmarks/probes/copy_kinds.py 2>&1 | tee "$out/copy-kinds.log" || true
-    python3 benchmarks/probes/accel_inputs.py floors loop \
-      --only zc_caller,staged_zc,streamed_zc,nbjit,device_floor \
-      --json "$out/accel-inputs.json" 2>&1 | tee "$out/accel-inputs.log" || true
     ;;
   *)
     echo "tpu_session: unknown stage: $stage (suite, rest or probes)" >&2
