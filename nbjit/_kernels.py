@@ -21,9 +21,6 @@ beside it:
 - strided gather: one pass that copies every distinct shard of a
   (possibly non-contiguous, negative-stride) array into one contiguous
   staging buffer.
-- streamed copy: a contiguous copy into a staging buffer with non-temporal
-  stores (`stream_copy`; its twin is `np.copyto`), for host inputs an
-  accelerator's runtime reads while later copies are made.
 
 Every kernel is `cache=True`: the first call in a fresh environment compiles
 (cold), later processes load the machine code from `__pycache__` (warm).
@@ -35,9 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from nbjit import _domains
 
@@ -456,66 +451,3 @@ def gather_strided(src: np.ndarray, starts: np.ndarray, stops: np.ndarray,
     else:
         src4 = src.view(view).reshape((1,) * pad + src.shape)
         _gather_shards(src4, starts, stops, offsets, out.view(view))
-
-
-# ---------------------------------------------------------------------------
-# Streamed copy
-# ---------------------------------------------------------------------------
-
-_VECTOR_32_BYTES = ir.VectorType(ir.IntType(64), 4)
-
-
-@intrinsic
-def _stream_64_bytes(typingctx, dst, src, block):
-    """Copies bytes [64 * block, 64 * block + 64) of `src` to `dst` with
-    non-temporal stores (LLVM's !nontemporal: movnt on x86, stnp on arm64):
-    the destination's lines are not read for ownership and not kept in the
-    caches, which a buffer that only a device transfer reads next never needs."""
-    def codegen(context, builder, sig, args):
-        d = context.make_array(sig.args[0])(context, builder, value=args[0])
-        s = context.make_array(sig.args[1])(context, builder, value=args[1])
-        byte = ir.IntType(8).as_pointer()
-        dp, sp = builder.bitcast(d.data, byte), builder.bitcast(s.data, byte)
-        offset = builder.mul(args[2], ir.Constant(ir.IntType(64), 64))
-        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        for k in (0, 32):
-            at = builder.add(offset, ir.Constant(ir.IntType(64), k))
-            value = builder.load(builder.bitcast(builder.gep(sp, [at]),
-                                                 _VECTOR_32_BYTES.as_pointer()), align=1)
-            store = builder.store(value, builder.bitcast(builder.gep(dp, [at]),
-                                                         _VECTOR_32_BYTES.as_pointer()), align=32)
-            store.set_metadata("nontemporal", nontemporal)
-    return types.void(dst, src, block), codegen
-
-
-@intrinsic
-def _store_fence(typingctx):
-    """Orders the streamed stores before any later store (the put that hands
-    the buffer to the runtime): non-temporal stores are weakly ordered."""
-    def codegen(context, builder, sig, args):
-        builder.fence("seq_cst")
-    return types.void(), codegen
-
-
-@njit(cache=True, nogil=True)
-def _stream_blocks(dst, src, blocks):
-    for block in range(blocks):
-        _stream_64_bytes(dst, src, block)  # type: ignore[call-arg]  # (typed by numba)
-    _store_fence()  # type: ignore[call-arg]
-
-
-def stream_copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``np.copyto(dst, src)`` with non-temporal stores, for both C-contiguous
-    with one dtype and shape (the caller checks; `src` may have any
-    alignment). A `dst` not 64-byte aligned is copied by numpy (a
-    non-temporal store to an unaligned address faults); so are the last
-    partial 64 bytes."""
-    d = dst.reshape(-1).view(np.uint8)
-    s = src.reshape(-1).view(np.uint8)
-    if d.ctypes.data % 64:
-        np.copyto(d, s)
-        return
-    blocks = s.shape[0] // 64
-    _stream_blocks(d, s, blocks)
-    if blocks * 64 < s.shape[0]:
-        d[blocks * 64:] = s[blocks * 64:]

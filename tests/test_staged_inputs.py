@@ -239,34 +239,6 @@ def test_donated_params_and_a_new_batch(staged):
     assert_same_call(f, g, old, x)
 
 
-def test_big_copies_stream_once_the_kernel_is_ready(staged, monkeypatch):
-    """From `STREAM_MIN_BYTES` a same-dtype contiguous leaf is copied with
-    non-temporal stores (`nbjit._kernels.stream_copy`, loaded and compiled on
-    a thread first; numpy's copy until then); the bits are the same."""
-    streamed = []
-    _staging.streaming_copy()
-    for _ in range(600):
-        if _staging.streaming_copy() is not None:
-            break
-        __import__("time").sleep(0.1)
-    kernel = _staging.streaming_copy()
-    assert kernel is not None
-    monkeypatch.setattr(_staging, "_streaming",
-                        lambda dst, src: (streamed.append(src.nbytes), kernel(dst, src)))
-    n = _staging.STREAM_MIN_BYTES // 4 + 5
-    fn = lambda a: (a[::7] * 3.0, jnp.sum(a))  # noqa: E731
-    f, g = nbjit.jit(fn), jax.jit(fn)
-    for i in range(4):
-        x = np.random.default_rng(i).standard_normal(n).astype(np.float32)
-        assert_same_outputs(f(x), g(x))
-    assert streamed and all(b == 4 * n for b in streamed)
-    small = np.ones(64, np.float32)
-    before = len(streamed)
-    f2 = nbjit.jit(lambda a: a + 1)
-    assert_same_outputs(f2(small), jax.jit(lambda a: a + 1)(small))
-    assert len(streamed) == before  # below the threshold: numpy's copy
-
-
 def test_a_big_leaf_is_read_during_the_call_not_copied(staged):
     """From `Staged.DIRECT_MIN_BYTES` a leaf's put reads the caller's array
     during the call (no private copy, no ring of that size); a write right

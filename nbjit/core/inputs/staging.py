@@ -28,7 +28,7 @@ __all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "StagingRing",
            "add_staging_pool", "clear_staging_pool", "copy_parts", "immutable",
            "kernels_or_background",
            "load_kernels", "parallel_copy", "split_copy",
-           "staging_buffer", "staging_pool_size", "STREAM_MIN_BYTES", "streaming_copy"]
+           "staging_buffer", "staging_pool_size", "aligned_empty"]
 
 # Big arrays: from PARALLEL_COPY_MIN_BYTES the copy into staging is split
 # into chunks of about _COPY_CHUNK_BYTES that this thread and up to
@@ -40,11 +40,6 @@ __all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "StagingRing",
 # docs/performance.md#measured-constants-behind-the-code.
 PARALLEL_COPY_MIN_BYTES = 8 << 20
 STAGING_POOL_MIN_BYTES = 8 << 20
-# From this size an accelerator's staged leaf is copied with non-temporal
-# stores: the runtime's transfers of earlier calls read host memory while
-# the copy runs, and a copy that does not read its destination first moves
-# less through the memory bus (measured: docs/host-inputs.md, "Accelerators").
-STREAM_MIN_BYTES = 256 << 10
 _STAGING_POOL_PER_SIZE = 2  # buffers kept per staging size (double buffering)
 _STAGING_POOL_MAX_BYTES = 512 << 20  # all pooled buffers together
 COPY_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -96,18 +91,10 @@ def kernels_or_background() -> Any:
 
 
 def _load_quietly() -> None:
-    global _streaming
     try:
-        kernels = load_kernels()
-        probe = aligned_empty(128)
-        kernels.stream_copy(probe, np.ones(128, np.uint8))  # compiled (or loaded) here
-        if probe.all():
-            _streaming = kernels.stream_copy
+        load_kernels()
     except Exception:  # (numpy's copy goes on; a direct load_kernels raises it)
         pass
-
-
-_streaming: Any = None  # `_kernels.stream_copy` once loaded and compiled off the call path
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
@@ -117,14 +104,6 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     address = raw.__array_interface__["data"][0]
     skip = align_up(address) - address
     return raw[skip:skip + nbytes]
-
-
-def streaming_copy() -> Any:
-    """`nbjit._kernels.stream_copy` once it is ready, else None after starting
-    its load on a thread (its first call compiles: never on a call's path)."""
-    if _streaming is None:
-        kernels_or_background()
-    return _streaming
 
 
 class _CopyPart:
@@ -416,17 +395,11 @@ class StagingRing:
     def stage(self, x: Any) -> np.ndarray:
         """A private buffer holding `x` converted to the ring's dtype (numpy's
         ``astype`` conversion, as jaxlib's own of a host array); `x` itself
-        where nothing can write it (`immutable`) and it needs no conversion.
-        From `STREAM_MIN_BYTES` a same-dtype contiguous `x` is copied with
-        non-temporal stores (`streaming_copy`)."""
+        where nothing can write it (`immutable`) and it needs no conversion."""
         if not x.flags.writeable and x.dtype == self.dtype and immutable(x):
             return x
         buffer = self._claim()
-        if (self.nbytes >= STREAM_MIN_BYTES and x.dtype == self.dtype and x.flags.c_contiguous
-                and (stream := streaming_copy()) is not None):
-            stream(buffer, x)
-        else:
-            np.copyto(buffer, x, casting="unsafe")
+        np.copyto(buffer, x, casting="unsafe")
         return buffer
 
     def stage_scalar(self, x: Any) -> np.ndarray:
