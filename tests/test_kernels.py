@@ -310,3 +310,27 @@ def test_gather_strided_equals_numpy_slicing(case, offset):
     assert np.array_equal(bits(out[offset:offset + n0]), bits(region).ravel())
     assert np.array_equal(bits(out[offset + n0:]), bits(x).ravel())
     assert np.array_equal(bits(x), bits(before))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=5000), st.integers(min_value=0, max_value=63),
+       st.integers(min_value=0, max_value=63),
+       st.sampled_from([np.uint8, np.int16, np.float32, np.float64, np.complex64]))
+def test_stream_copy_equals_numpys_copy(n, src_offset, dst_offset, dtype):
+    """The non-temporal copy (nbjit.core.inputs.stream: LLVM IR, compiled by
+    llvmlite) against its twin, np.copyto: any length (a partial last 64
+    bytes), any source alignment; a destination not 64-byte aligned is copied
+    by numpy (a streamed store there would fault)."""
+    from nbjit.core.inputs.stream import stream_copy
+
+    copy = stream_copy()
+    assert copy is not None  # llvmlite comes with numba, a dependency
+    dtype = np.dtype(dtype)
+    raw = np.random.default_rng(n).integers(0, 256, n * dtype.itemsize + 64, dtype=np.uint8)
+    src = raw[src_offset:src_offset + n * dtype.itemsize].view(dtype)
+    dst_raw = np.zeros(n * dtype.itemsize + 128, np.uint8)
+    start = (-dst_raw.ctypes.data + dst_offset) % 64
+    dst = dst_raw[start:start + n * dtype.itemsize].view(dtype)
+    copy(dst, src)
+    assert dst.tobytes() == src.tobytes()
+    assert not dst_raw[:start].any() and not dst_raw[start + dst.nbytes:].any()

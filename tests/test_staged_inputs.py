@@ -239,6 +239,34 @@ def test_donated_params_and_a_new_batch(staged):
     assert_same_call(f, g, old, x)
 
 
+def test_big_copies_stream(staged, monkeypatch):
+    """From `STREAM_MIN_BYTES` a same-dtype contiguous leaf is copied with
+    non-temporal stores (`nbjit.core.inputs.stream`), a converted or strided
+    one by numpy; the bits are jax.jit's either way."""
+    from nbjit.core.inputs import stream as _stream
+
+    copy = _stream.stream_copy()
+    streamed = []
+    monkeypatch.setattr(_stream, "_compiled",
+                        [lambda dst, src: (streamed.append(src.nbytes), copy(dst, src))])
+    n = _stream.STREAM_MIN_BYTES // 4 + 5
+    fn = lambda a: (a[::7] * 3.0, jnp.sum(a))  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    for i in range(4):
+        x = np.random.default_rng(i).standard_normal(n).astype(np.float32)
+        assert_same_outputs(f(x), g(x))
+    # the miss's call takes JAX's own path; the launcher's first call, its own
+    # miss, runs the record's steps on the staged copy (one copy more)
+    assert streamed == [4 * n] * 4
+    wide = np.random.default_rng(9).standard_normal(n)  # float64, x64 off: converted
+    assert_same_outputs(f(wide), g(wide))
+    assert len(streamed) == 4
+    small = nbjit.jit(lambda a: a + 1)
+    for _ in range(3):
+        assert_same_outputs(small(np.ones(64, np.float32)), jax.jit(lambda a: a + 1)(np.ones(64)))
+    assert len(streamed) == 4  # below the threshold: numpy's copy
+
+
 def test_a_big_leaf_is_read_during_the_call_not_copied(staged):
     """From `Staged.DIRECT_MIN_BYTES` a leaf's put reads the caller's array
     during the call (no private copy, no ring of that size); a write right

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from nbjit._common import ALIGN, align_up
+from nbjit.core.inputs.stream import STREAM_MIN_BYTES, stream_copy
 
 __all__ = ["PARALLEL_COPY_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "StagingRing",
            "add_staging_pool", "clear_staging_pool", "copy_parts", "immutable",
@@ -373,7 +374,7 @@ class StagingRing:
     runtime holds its own.
     """
 
-    __slots__ = ("shape", "dtype", "nbytes", "cap", "free", "made", "__weakref__")
+    __slots__ = ("shape", "dtype", "nbytes", "cap", "free", "made", "stream", "__weakref__")
 
     # A free buffer as `getrefcount(candidate)` sees it in `_claim`: the
     # deque, the local name and the call's argument.
@@ -386,6 +387,9 @@ class StagingRing:
         self.cap = max(1, cap)
         self.free: collections.deque = collections.deque()
         self.made = 0
+        # From STREAM_MIN_BYTES a same-dtype contiguous leaf is copied with
+        # non-temporal stores (compiled here, at the miss that made the ring).
+        self.stream = stream_copy() if self.nbytes >= STREAM_MIN_BYTES else None
         with _pool_lock:
             _rings.add(self)
 
@@ -395,11 +399,15 @@ class StagingRing:
     def stage(self, x: Any) -> np.ndarray:
         """A private buffer holding `x` converted to the ring's dtype (numpy's
         ``astype`` conversion, as jaxlib's own of a host array); `x` itself
-        where nothing can write it (`immutable`) and it needs no conversion."""
+        where nothing can write it (`immutable`) and it needs no conversion;
+        copied with non-temporal stores where the ring has them (`stream`)."""
         if not x.flags.writeable and x.dtype == self.dtype and immutable(x):
             return x
         buffer = self._claim()
-        np.copyto(buffer, x, casting="unsafe")
+        if (stream := self.stream) is not None and x.dtype == self.dtype and x.flags.c_contiguous:
+            stream(buffer, x)
+        else:
+            np.copyto(buffer, x, casting="unsafe")
         return buffer
 
     def stage_scalar(self, x: Any) -> np.ndarray:
