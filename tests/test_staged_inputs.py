@@ -124,6 +124,28 @@ def test_ring_stays_bounded_in_a_loop(staged):
         assert float(out[0, 0]) == float(i)
 
 
+def test_a_ring_keeps_a_buffer_per_call_in_flight_up_to_its_bytes():
+    """Calls still in flight each hold a buffer; the ring keeps new ones (a
+    new buffer's first writes fault its pages in) up to RING_CAP, RING_BYTES
+    in all, at least RING_MIN, and reuses them once they are let go."""
+    staged = _platforms.STAGED
+    sharding = jax.sharding.make_single_device_sharding(jax.devices()[0])
+
+    def ring(shape):
+        return staged.host_transfer(_jax.ShapedArray(shape, np.float32), sharding).stage.__self__
+
+    small, big = ring((16,)), ring((1024, 784))  # 64 B; 3 MiB
+    assert small.cap == staged.RING_CAP
+    assert big.cap == staged.RING_BYTES // (1024 * 784 * 4) and big.cap >= staged.RING_MIN
+    x = np.ones(16, np.float32)
+    held = [small.stage(x) for _ in range(small.cap + 5)]  # in flight: none let go
+    assert small.made == small.cap and len({id(b) for b in held}) == small.cap + 5
+    kept = {id(b) for b in small.free}
+    del held
+    again = [small.stage(x) for _ in range(small.cap)]  # let go: the same buffers again
+    assert {id(b) for b in again} == kept and small.made == small.cap
+
+
 def test_jax_path_copies_every_numpy_array_on_an_accelerator(monkeypatch):
     # (where JAX's path is not known to have read a host array when the call returns)
     monkeypatch.setattr(_jax, "jax_path_reads_host_arrays_during_call", lambda: False)

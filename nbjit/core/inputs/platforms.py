@@ -112,7 +112,14 @@ class Staged(InputStrategy):
 
     name = "staged"
     launches = True
-    RING_CAP = 8  # buffers per step: calls whose transfers are in flight each hold one
+    # Buffers a step's ring keeps: every call still in flight holds one (the
+    # runtime lets go of it when its computation is done), and a loop that does
+    # not block runs many calls ahead. With none free a call allocates a new
+    # buffer, whose first writes fault its pages in; so a ring keeps up to
+    # RING_CAP of them, RING_BYTES in all, at least RING_MIN.
+    RING_MIN = 8
+    RING_CAP = 64
+    RING_BYTES = 128 << 20
     # From this size a leaf is not copied by us: its put reads the caller's
     # array during the call (`DIRECT`), which there waits for the transfer.
     # For such a leaf that wait costs less than a private copy and the
@@ -122,9 +129,11 @@ class Staged(InputStrategy):
 
     def host_transfer(self, aval: Any, sharding: Any) -> HostTransfer:
         dtype = np.dtype(aval.dtype)
-        if int(np.prod(aval.shape, dtype=np.int64)) * dtype.itemsize >= self.DIRECT_MIN_BYTES:
+        nbytes = int(np.prod(aval.shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes >= self.DIRECT_MIN_BYTES:
             return DIRECT
-        ring = StagingRing(tuple(aval.shape), dtype, self.RING_CAP)
+        cap = max(self.RING_MIN, min(self.RING_CAP, self.RING_BYTES // max(nbytes, 1)))
+        ring = StagingRing(tuple(aval.shape), dtype, cap)
         scalar = ring.stage_scalar if not aval.shape else None
         return HostTransfer(_jax.ZERO_COPY, ring.stage, scalar)
 
