@@ -280,7 +280,7 @@ def _launches(fastpath: Any, steps: dict[int, Any], n_consts: int) -> bool:
     some leaf is put from the host, every input and output lives on one and the
     same device (jaxlib puts host leaves itself only there), and that device's
     strategy launches."""
-    if not any(i >= n_consts and getattr(step, "puts_host_values", False)
+    if not any(i >= n_consts and step.puts_host_values
                for i, step in steps.items()):
         return False
     shardings = [*fastpath.in_shardings, *fastpath.out_shardings]

@@ -71,7 +71,7 @@ def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | 
     # leaf -> what makes the launcher's argument for it: host leaves only
     stagers = tuple((leaf_of[i - n_consts], step.launch_value)
                     for i, step in sorted(steps.items())
-                    if i >= n_consts and getattr(step, "puts_host_values", False))
+                    if i >= n_consts and step.puts_host_values)
 
     def stage(leaves: Sequence[Any]) -> list:
         staged = list(leaves)
@@ -87,7 +87,7 @@ def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | 
         inputs = [*consts, *(staged if kept is None else [staged[j] for j in kept])]
         for i, step in applied:
             x = inputs[i]
-            if type(x) is not ArrayImpl or not getattr(step, "puts_host_values", False):
+            if type(x) is not ArrayImpl or not step.puts_host_values:
                 inputs[i] = step.value(x)
         try:
             results = execute(inputs)
