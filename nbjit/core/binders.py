@@ -105,7 +105,7 @@ def _stamp(src: Source, statement: str) -> None:
 def _hit(src: Source, flavour: Flavour) -> None:
     """The hit path, once the call is keyed (`key`, `shardings`, `leaves`):
     lookup -> inputs -> execute -> outputs, with the flavour's statements."""
-    _, stamp_lookup, stamp_inputs, stamp_execute = flavour.stamps
+    stamp_lookup = flavour.stamps[1]
     src.line("context = trace_context()")
     with src.block("try:  # a static argument's __hash__ or __eq__ may raise: JAX reports it"):
         src.line("node = lookup(key)")
@@ -122,18 +122,16 @@ def _hit(src: Source, flavour: Flavour) -> None:
     _stamp(src, stamp_lookup)
     with src.block("if (launch := record.launch) is not None:"
                    "  # host leaves put by jaxlib's own put (an accelerator)"):
-        _launch(src, flavour)
-    with src.block("try:"):
-        src.line("mark_recent(node)  # KeyError if another thread evicted it meanwhile")
-        src.line("inputs = leaves if record.leaves_are_inputs else record.prepare(leaves)")
-    with src.block("except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong"):
-        _return(src, flavour, "self._slow", 'args, kwargs, "input_refused"')
-    _stamp(src, stamp_inputs)
-    with src.block("try:"):
-        src.line("results = record.execute(inputs)")
-    with src.block("except Exception as error:"):
-        _return(src, flavour, "self._execute_failed", "error, args, kwargs, inputs")
-    _stamp(src, stamp_execute)
+        _inputs_then_run(src, flavour, "staged = record.stage(leaves)",
+                         "launched = launch(*staged)", "LaunchRefused as refused",
+                         "refused.error, args, kwargs, refused.inputs")
+        src.line("node.hits += 1")
+        _stamp(src, flavour.finish)
+        src.line("return launched")
+    _inputs_then_run(src, flavour,
+                     "inputs = leaves if record.leaves_are_inputs else record.prepare(leaves)",
+                     "results = record.execute(inputs)", "Exception as error",
+                     "error, args, kwargs, inputs")
     src.line("outs = consume(results, record.out_handlers)")
     with src.block("if record.fence is not None:  # resident host inputs: their slot is free"
                    " once this is ready"):
@@ -146,25 +144,25 @@ def _hit(src: Source, flavour: Flavour) -> None:
         src.lines([f"out = {result}", flavour.finish, "return out"])
 
 
-def _launch(src: Source, flavour: Flavour) -> None:
-    """A launch record's hit (`nbjit.core.inputs.launch`): the host leaves
-    staged, then jaxlib's launcher puts them, runs and makes the outputs."""
+def _inputs_then_run(src: Source, flavour: Flavour, inputs: str, run: str, refused: str,
+                     refused_args: str) -> None:
+    """The node marked recent and the `inputs` statement (JAX's own path
+    where it raises: a transfer guard, say), then the `run` statement (the
+    `refused` exception goes where a refused execution goes), each phase
+    stamped: a record's own inputs and execute, or a launch record's staged
+    leaves and launch (`nbjit.core.inputs.launch`)."""
     _, _, stamp_inputs, stamp_execute = flavour.stamps
     with src.block("try:"):
         src.line("mark_recent(node)  # KeyError if another thread evicted it meanwhile")
-        src.line("staged = record.stage(leaves)")
-    with src.block("except Exception:"):
+        src.line(inputs)
+    with src.block("except Exception:  # e.g. a transfer guard: JAX's own path says what is wrong"):
         _return(src, flavour, "self._slow", 'args, kwargs, "input_refused"')
     _stamp(src, stamp_inputs)
     with src.block("try:"):
-        src.line("launched = launch(*staged)")
-    with src.block("except LaunchRefused as refused:"):
-        _return(src, flavour, "self._execute_failed",
-                "refused.error, args, kwargs, refused.inputs")
+        src.line(run)
+    with src.block(f"except {refused}:"):
+        _return(src, flavour, "self._execute_failed", refused_args)
     _stamp(src, stamp_execute)
-    src.line("node.hits += 1")
-    _stamp(src, flavour.finish)
-    src.line("return launched")
 
 
 class _Names:
