@@ -164,12 +164,13 @@ if MODE in ("nbjit", "filter"):
         table = nbjit.stats()
         total, reasons = collections.Counter(), collections.Counter()
         for s in table.values():
-            total.update(calls=s.calls, hits=s.hits, misses=s.misses, slow=s.slow)
+            total.update(calls=s.calls, hits=s.hits, misses=s.misses, slow=s.slow,
+                         traced=getattr(s, "traced", 0), raised=getattr(s, "raised", 0))
             reasons.update(s.slow_reasons)
         terminalreporter.write_line(
             f"nbjit ({MODE}): {len(table)} live jitted functions; calls {total['calls']}, "
-            f"hits {total['hits']}, misses {total['misses']}, slow {total['slow']} "
-            f"{dict(reasons)}")
+            f"hits {total['hits']}, misses {total['misses']}, traced {total['traced']}, "
+            f"raised {total['raised']}, slow {total['slow']} {dict(reasons)}")
 PY
 
 read -r -a PATHS <<<"${LIBRARY_TEST_PATHS:-${TESTS_IN[*]}}"
