@@ -36,7 +36,7 @@ from typing import Any
 from nbjit import _jax
 from nbjit.core import live as _live
 from nbjit.core.view import JitView, info
-from nbjit.observe.names import defined_in_library, function_name, process_label
+from nbjit.observe.names import defined_in_library, function_name, location_name, process_label
 from nbjit.observe.table import Table
 
 __all__ = ["RAISED", "TRACED", "DispatchStats", "SLOW_REASONS", "StatsTable", "library_names",
@@ -300,6 +300,15 @@ def function_label(jitted: JitView) -> str:
     facts = info(jitted)
     name = function_name(facts.fun)
     options = _keyed_options(facts.global_key)
+    return f"{name} [{options}]" if options else name
+
+
+def function_location(jitted: JitView) -> str:
+    """`function_label` without the ``#N`` of re-definitions: one label for every
+    function object the same code defines (a notebook cell run again)."""
+    facts = info(jitted)
+    options = _keyed_options(facts.global_key)
+    name = location_name(facts.fun)
     return f"{name} [{options}]" if options else name
 
 
