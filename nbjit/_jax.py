@@ -522,6 +522,15 @@ import jax.experimental.layout as _layout  # noqa: E402  (public)
 from jax._src.lax import lax as _lax_internal  # noqa: E402
 
 ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY  # a host buffer used in place
+
+
+def buffer_address(x: Any) -> int:
+    """The address of a one-device array's buffer. `x.unsafe_buffer_pointer()`
+    asks `x._arrays`, which jaxlib then keeps on `x`: a second array over the
+    same buffer, listed by `jax.live_arrays()` for as long as `x` lives. Asked
+    of a throwaway wrapper of the buffer instead, that second array dies with it."""
+    return x._rewrap_with_aval_and_sharding(x.aval, x.sharding).unsafe_buffer_pointer()
+
 # Host memory is read while the transfer call runs, by contract (on an
 # accelerator the call waits for the transfer): the result never aliases the
 # caller's array, and a write after the call cannot change it.
