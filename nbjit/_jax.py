@@ -389,6 +389,20 @@ def filter_dispatch_frames(error: BaseException) -> None:
         error.with_traceback(_traceback_util.filter_traceback(tb))
 
 
+def drop_frames_of(error: BaseException, code: types.CodeType) -> None:
+    """Unlinks the frames running `code` from `error`'s traceback (not its first:
+    the frame that caught it), unless JAX_TRACEBACK_FILTERING is "off", which
+    shows every frame."""
+    if _traceback_util._filtering_mode() == "off" or error.__traceback__ is None:
+        return
+    kept = error.__traceback__
+    while (tb := kept.tb_next) is not None:
+        if tb.tb_frame.f_code is code:
+            kept.tb_next = tb.tb_next
+        else:
+            kept = tb
+
+
 def _without_nbjit_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """`tb` with the frames of nbjit's code (its modules, its binders) left out."""
     kept = []
