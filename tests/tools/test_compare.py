@@ -8,6 +8,7 @@ import io
 import json
 import operator
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from nbjit._jax import jax_jit
 from nbjit.bench import matrix, user
 from nbjit.routing import devices as _devices
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = bench.Settings(rounds=3, min_rounds=2, target_batch_s=0.0005, max_seconds=0.2,
                          warmup_calls=1)
 
@@ -185,6 +187,21 @@ def test_plot_writes_png(tmp_path):
     path = tmp_path / "compare.png"
     bench.plot(str(path), rows, meta)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("n_rows", [2, 62])  # a short run, and as many rows as docs/compare.png
+def test_the_plots_title_clears_its_panels_titles(n_rows):
+    pytest.importorskip("matplotlib")
+    from nbjit.bench import report
+
+    rows, meta = bench.read_json(str(ROOT / "docs" / "compare.json"))
+    fig = report.figure(rows[:n_rows], meta)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)
+    for ax in fig.axes:
+        panel = ax.title.get_window_extent(renderer)
+        assert panel.y1 < title.y0, (ax.get_title(), panel, title)  # (pixels from the bottom)
 
 
 def test_cli_self_check_and_list(tmp_path, capsys, monkeypatch):
