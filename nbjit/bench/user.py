@@ -288,17 +288,7 @@ def compare(fun: Callable[..., Any], *args: Any, jit_kwargs: dict[str, Any] | No
     donates = _donates(options)
     make_feed = _feeds(args, args_from)
 
-    def contender(jitted: Callable[..., Any]) -> measure.Fed:
-        feed = make_feed()
-        if donates:  # fresh copies each call: a donated array is deleted by its call
-            if kwargs:
-                return measure.Fed(lambda *a: jitted(*a[:-1], **a[-1]),
-                                   lambda: (*_copies(feed()), _copies(kwargs)))
-            return measure.Fed(jitted, lambda: _copies(feed()))
-        if kwargs:
-            return measure.Fed(lambda *a: jitted(*a, **kwargs), feed)
-        return measure.Fed(jitted, feed)
-
+    contender = _contender_maker(make_feed, donates, kwargs)
     f_a, f_b = nbjit_jit(fun, **options), jax_jit(fun, **options)
     probe = make_feed()()  # one call's arguments, for both (copies of them under donation)
     outs = [f(*(_copies(probe) if donates else probe),
@@ -324,17 +314,41 @@ def compare(fun: Callable[..., Any], *args: Any, jit_kwargs: dict[str, Any] | No
         own = measure.interleave([("a", contender(jax_jit(fun, **options))), ("b", call_b)],
                                  USER_SETTINGS, sync=jax.block_until_ready, sync_each=True)
         check = (_figures(own, False), _figures(own, True))
-    ready, back = _figures(timed, False), _figures(timed, True)
-    jax_us, jax_return_us = timed.median_us("b"), timed.median_us("b", returned=True)
     arguments = ("the same arguments every call" if args_from is None
                  else "new arguments every call (args_from)")
     if donates:
         arguments += ", fresh copies of its jax.Arrays each call (donation)"
+    return _result(name, timed, check, arguments)
+
+
+def _result(name: str, timed: measure.Interleaved, check: tuple[Figures, Figures] | None,
+            arguments: str) -> CompareResult:
+    ready, back = _figures(timed, False), _figures(timed, True)
+    jax_us, jax_return_us = timed.median_us("b"), timed.median_us("b", returned=True)
     return CompareResult(
         name, ready[0], ready[0] * jax_us, jax_us,
         timed.median_us("floor") if "floor" in timed.names else None, ready[1], ready[2],
         timed.per_call_s.shape[0], timed.calls_per_batch, check, back[0], back[1], back[2],
         back[0] * jax_return_us, jax_return_us, arguments)
+
+
+def _contender_maker(make_feed: Callable[[], Callable[[], tuple]], donates: bool,
+                     kwargs: dict[str, Any]) -> Callable[[Callable[..., Any]], measure.Fed]:
+    """``contender(jitted)``: a `measure.Fed` calling `jitted` with its own feed's
+    arguments and `kwargs` (fresh copies of their jax.Arrays each call under donation:
+    a donated array is deleted by its call)."""
+    def contender(jitted: Callable[..., Any]) -> measure.Fed:
+        feed = make_feed()
+        if donates:
+            if kwargs:
+                return measure.Fed(lambda *a: jitted(*a[:-1], **a[-1]),
+                                   lambda: (*_copies(feed()), _copies(kwargs)))
+            return measure.Fed(jitted, lambda: _copies(feed()))
+        if kwargs:
+            return measure.Fed(lambda *a: jitted(*a, **kwargs), feed)
+        return measure.Fed(jitted, feed)
+
+    return contender
 
 
 def _figures(timed: measure.Interleaved, returned: bool) -> Figures:

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -85,7 +86,7 @@ class PjitFunction:
                  extension: _hooks.JitExtension | None = None) -> None:
         """`extension`: what a library composing this jit changes off the hit
         path (`nbjit.core.hooks.JitExtension`; `nbjit.filter` gives one)."""
-        jitted = _jax.jax_jit(fun, **options)  # JAX validates the options, as upstream
+        jitted = _validated(fun, options)  # JAX validates the options, as upstream
         functools.update_wrapper(self, fun)
         info = _jax.jit_info(jitted)
         global_key = _jax.jit_global_cache_key(info)
@@ -446,6 +447,25 @@ class PjitFunction:
         """Clears this function's entries and JAX's traces of it, as upstream."""
         self._clear_cache()
         self._jax_jitted.clear_cache()
+
+
+def _validated(fun: Callable, options: dict[str, Any]) -> Any:
+    """JAX's jit of `fun`; a warning it gives (jax 0.12.1 deprecates `device` and
+    `backend`) names the caller's line, as under jax.jit: filters by module apply alike."""
+    if "device" not in options and "backend" not in options:
+        return _jax.jax_jit(fun, **options)
+    caught: list[warnings.WarningMessage] | None = []
+    frame: types.FrameType | None
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            return _jax.jax_jit(fun, **options)
+    finally:
+        level, frame = 1, sys._getframe()  # (warn's stacklevel 1 is this frame)
+        while frame is not None and frame.f_code.co_filename.startswith(_jax.NBJIT_DIR):
+            level, frame = level + 1, frame.f_back
+        for w in caught or ():
+            warnings.warn(w.message, w.category, stacklevel=level)
 
 
 def _record_for(fastpath: Any, leaves: Sequence, donates: bool

@@ -140,11 +140,12 @@ def test_import_from_the_folder_that_holds_the_clone(tmp_path):
     purelib = subprocess.run([str(python), "-c", "import sysconfig; "
                               "print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    # This process's import path (pip, setuptools, jax, numba) but this checkout,
-    # as plain path entries after the new venv's own (.pth files there are not
-    # read: an nbjit installed in this environment stays out of sight).
+    # This process's import path (pip, setuptools, jax, numba: a .venv inside the
+    # checkout too) but any folder holding an nbjit package, as plain path
+    # entries after the new venv's own (.pth files there are not read: an nbjit
+    # installed in this environment stays out of sight).
     here = [p for p in sys.path if p and os.path.isdir(p)
-            and not pathlib.Path(p).resolve().is_relative_to(ROOT)]
+            and not (pathlib.Path(p) / "nbjit" / "__init__.py").exists()]
     (pathlib.Path(purelib) / "zz_outer.pth").write_text("\n".join(here) + "\n")
     env = {k: v for k, v in child_env().items() if k != "PYTHONPATH"}
     kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
