@@ -122,13 +122,30 @@ def test_live_arrays_list_each_slot_array_once_and_no_dropped_output():
     pool = pool_of(f, *args)
     jax.block_until_ready(f(*args))
     assert any(slot[0] is not None for slot in pool.free)  # fences held while calls may run
-    gc.collect()  # a collection drops the fences found ready
+    _slots.sweep_ready_fences()  # what the sweeper thread does every SWEEP_EVERY_S
     assert all(slot[0] is None for slot in pool.free)
+    gc.collect()
     over = _arrays_over(pool)
     assert len(over) == len({id(a) for a in over}) == pool.made * len(pool.layouts)
     new = [a for a in jax.live_arrays() if id(a) not in before]
     assert sorted(map(id, new)) == sorted(map(id, over))  # nothing else of this function's
     assert_same_outputs(f(*args), jax.jit(lambda a, b: (a * b, (a + b).sum()))(*args))
+
+
+def test_the_sweeper_thread_drops_ready_fences_while_pools_live():
+    """Nothing asks a loop's last fences again until the signature's next call: a
+    daemon thread drops them once ready (and stops when no pool is left)."""
+    import threading
+    import time
+
+    f, args = run_fresh(lambda a, b: (a * b).sum(), fresh_pair)
+    pool = pool_of(f, *args)
+    jax.block_until_ready(f(*args))
+    assert [t for t in threading.enumerate() if t.name == "nbjit-resident-fences"]
+    deadline = time.monotonic() + 30  # a wait for the thread, not a timing claim
+    while any(slot[0] is not None for slot in pool.free) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(slot[0] is None for slot in pool.free)
 
 
 def test_a_collected_function_gives_its_slots_back_at_once():

@@ -5,20 +5,20 @@ device array over each leaf's view of it. A slot is free again once the
 last call that read it is done, which its *fence* tells: that call's
 smallest output, kept while that call may still run, since every output of
 a computation is ready exactly when the computation is. A fence found ready
-is dropped (`None`: the slot is free), when its slot is claimed or at a
-garbage collection (`sweep_ready_fences`), so that once the computations
-are done `jax.live_arrays()` lists each slot's device arrays only, not the
-outputs the caller dropped. A fence that was deleted cannot tell: its slot
-is retired, and after `ResidentSlots.MAX_RETIRED` the pool gives its slots
-up. The bytes slots and fences hold are bounded per signature and per
-process (`HeldBytes`); a pool is freed with its record (no reference cycle
-holds it until a collection).
+is dropped (`None`: the slot is free), when its slot is claimed and by a
+sweeper thread every `SWEEP_EVERY_S` while pools live (`sweep_ready_fences`),
+so that once the computations are done `jax.live_arrays()` lists each
+slot's device arrays only, not the outputs the caller dropped. A fence
+that was deleted cannot tell: its slot is retired, and after
+`ResidentSlots.MAX_RETIRED` the pool gives its slots up. The bytes slots
+and fences hold are bounded per signature and per process (`HeldBytes`);
+a pool is freed with its record (no reference cycle holds it until a
+collection).
 """
 
 from __future__ import annotations
 
 import collections
-import gc
 import threading
 import time
 import weakref
@@ -50,9 +50,8 @@ PROCESS_MAX_BYTES = 512 << 20
 ROTATE_SLOTS = 3
 
 RETIRED = object()  # the fence of a slot that is never used again
-# Automatic collections (frequent in code that allocates) sweep at most this
-# often; `gc.collect()` (the full collection) always does.
-SWEEP_EVERY_S = 0.05
+# How often the sweeper thread drops ready fences while pools live.
+SWEEP_EVERY_S = 0.25
 
 
 class HeldBytes:
@@ -170,6 +169,7 @@ class ResidentSlots:
         self.held = HeldBytes()  # this pool's part of `resident_bytes()`
         weakref.finalize(self, self.held.release)
         _pools.add(self)  # (weakly: `sweep_ready_fences`)
+        _start_sweeper()
         self.free: collections.deque = collections.deque()
         self.by_array: dict[int, list] = {}
         self.made = 0
@@ -331,7 +331,8 @@ class ResidentSlots:
 
 
 _pools: weakref.WeakSet[ResidentSlots] = weakref.WeakSet()  # every live pool
-_last_sweep = [0.0]
+_sweeper: list[threading.Thread] = []  # the running sweeper, if any
+_sweeper_lock = threading.Lock()
 
 
 def sweep_ready_fences() -> None:
@@ -340,21 +341,27 @@ def sweep_ready_fences() -> None:
         pool.drop_ready_fences()
 
 
-def _sweep_at_collection(phase: str, info: dict) -> None:
-    """gc's callback: a collection (at most every `SWEEP_EVERY_S`, a full one
-    always) drops the fences found ready. Where else: a loop that stops leaves
-    its last calls' outputs as fences, which nothing asks about again until
-    the signature's next call; a collection comes soon after in any program."""
-    if phase != "start" or not _pools:
-        return
-    now = time.monotonic()
-    if info.get("generation") != 2 and now - _last_sweep[0] < SWEEP_EVERY_S:
-        return
-    _last_sweep[0] = now
-    try:
-        sweep_ready_fences()
-    except Exception:  # (never fail a collection; the next claim checks the fence anyway)
-        pass
+def _sweep_while_pools_live() -> None:
+    """The sweeper: a loop that stops leaves its last calls' outputs as fences,
+    which nothing asks about again until the signature's next call. Never
+    from a gc callback: jaxlib 0.10.2 crashed when a collection inside its
+    own code ran one that asked an array `is_ready`."""
+    while True:
+        time.sleep(SWEEP_EVERY_S)
+        with _sweeper_lock:
+            if not _pools:  # (a new pool starts another)
+                _sweeper.clear()
+                return
+        try:
+            sweep_ready_fences()
+        except Exception:  # (never dies of it: the next claim checks its fence anyway)
+            pass
 
 
-gc.callbacks.append(_sweep_at_collection)
+def _start_sweeper() -> None:
+    with _sweeper_lock:
+        if not _sweeper:
+            thread = threading.Thread(target=_sweep_while_pools_live, daemon=True,
+                                      name="nbjit-resident-fences")
+            _sweeper.append(thread)
+            thread.start()
