@@ -29,7 +29,13 @@ if not _deferred:
     from nbjit.core.inputs.plans import device_put
     from nbjit.filter import filter_jit
     from nbjit.multiprocess.agreement import AgreementError, AgreementWarning
-    from nbjit.observe.explain import RankedMisses, assert_max_misses, explain_misses, ranked_misses
+    from nbjit.observe.explain import (
+        RankedMisses,
+        assert_max_misses,
+        explain_misses,
+        ranked_misses,
+        reset_ranked_misses,
+    )
     from nbjit.observe.profile import Profile, profile
     from nbjit.observe.stats import DispatchStats, stats
     from nbjit.routing.patch import patch_jax, patched_jax, unpatch_jax
@@ -38,7 +44,7 @@ __all__ = [
     "AgreementError", "AgreementWarning", "CompareResult", "DispatchStats", "PjitFunction",
     "PjitFunctionCache", "Profile", "RankedMisses", "assert_max_misses", "binder_source",
     "compare", "device_put", "explain_misses", "filter_jit", "jit", "patch_jax", "patched_jax",
-    "profile", "ranked_misses", "stats", "unpatch_jax",
+    "profile", "ranked_misses", "reset_ranked_misses", "stats", "unpatch_jax",
 ]
 __version__ = "0.1.0"
 

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jaxlib
+
+from nbjit._common import warn_past
 
 # [lowest, first unsupported). 0.10.2 is what the TPU machines ship (jaxlib's
 # last wheels for Python 3.11); where 0.10.x's internals or its fast path
@@ -59,10 +62,28 @@ from jax._src.lib import _profiler as _jaxlib_profiler
 NBJIT_DIR = __file__.rsplit("/", 1)[0]
 _NBJIT_PREFIX = NBJIT_DIR + "/"  # a frame of nbjit's code: a module's or a generated binder's
 
-# JAX's own jit, taken from where JAX defines it rather than from the public
-# name: `jax.jit` may be rebound to `nbjit.jit` (`nbjit.patch_jax()`), and
-# nbjit must still reach upstream's.
+# JAX's own jit, where JAX defines it: the public `jax.jit` may be rebound to
+# `nbjit.jit` (`nbjit.patch_jax()`), and nbjit must still reach upstream's.
 jax_jit = _api.jit
+
+def jax_jit_from_caller(fun, options: dict):
+    """`jax_jit(fun, **options)`, its warnings (a deprecated option, say)
+    issued again from the first frame outside nbjit, as jax.jit's are: a
+    filter on the caller's module (``error::DeprecationWarning:mymodule``)
+    sees them as it sees jax.jit's."""
+    error: Exception | None = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            jitted = jax_jit(fun, **options)
+        except Exception as raised:  # (after its warnings, as jax.jit raises it)
+            error = raised
+    for warning in caught:
+        warn_past((_NBJIT_PREFIX,), str(warning.message), warning.category)
+    if error is not None:
+        raise error
+    return jitted
+
 
 # Errors that name the caller's source location skip nbjit's frames, as they
 # skip jax's own; so do tracebacks filtered at a JAX api boundary.
@@ -113,10 +134,9 @@ disable_jit = _config.disable_jit
 debug_nans = _config.debug_nans
 dispatch_registry = _tree_util.dispatch_registry  # the registry jit flattens with
 flatten_for_dispatch = dispatch_registry.flatten
-# The types registered as pytree nodes through jax.tree_util (every public
-# register function records its type here as it registers it in the C++
-# registries): a type absent from it is a node only as JAX's built-ins are
-# (a namedtuple). Live: a type registered later is in it from then on.
+# The types registered as pytree nodes through jax.tree_util's public functions
+# (each records its type here too): a type absent from it is a node only as
+# JAX's built-ins are (a namedtuple). Live: later registrations show.
 pytree_registrations: dict = _tree_util._registry
 
 python_scalar_types = frozenset(_dtypes.python_scalar_types)
@@ -173,11 +193,8 @@ def jit_info(jitted):
 
 
 def jit_global_cache_key(info):
-    """The hashable record of jit options that are not part of a call key.
-
-    Mirrors `pjit._cpp_pjit`: two jitted functions over the same Python
-    function with equal options share executables, as upstream.
-    """
+    """The hashable record of jit options that are not part of a call key (as
+    `pjit._cpp_pjit`: two jits of one function with equal options share executables)."""
     return _pxla.JitGlobalCppCacheKeys(
         donate_argnums=info.donate_argnums,
         donate_argnames=info.donate_argnames,
@@ -196,11 +213,8 @@ def jit_global_cache_key(info):
 
 
 def cache_miss_of(jitted):
-    """JAX's own trace/lower/compile for one call.
-
-    Returns a function `(*args, **kwargs) -> (outputs, fastpath_or_None,
-    rebuild_with_fdo)`, exactly what jaxlib's C++ `PjitFunction` receives.
-    """
+    """JAX's own trace/lower/compile for one call: `(*args, **kwargs) -> (outputs,
+    fastpath_or_None, rebuild_with_fdo)`, exactly what jaxlib's C++ `PjitFunction` gets."""
     return jitted._cache_miss
 
 
@@ -330,18 +344,13 @@ def _caught_in(error: BaseException) -> types.FrameType | None:
 def drop_internal_links(error: BaseException, caller: types.FrameType | None) -> None:
     """Unlinks, from `error`'s chain, every exception nbjit caught itself.
 
-    A binder that meets something it cannot handle (an unhashable static
-    argument, a deleted input, a refused transfer) catches the exception and
-    calls JAX's own path from its ``except`` clause, so whatever JAX raises
-    there gets the caught one as ``__context__`` ("During handling of the
-    above exception ..."): an exception jaxlib's C++ clears and jax.jit
-    never shows. Such a link (an exception caught in nbjit's code, in a
-    frame of this call: not on the stack from `caller` up) becomes the
-    context jax.jit's error would have: the first exception down its
-    context chain that the caller's stack is handling (the call was made in
-    an ``except`` block), or none; a cause nbjit made of it
-    (``raise ... from``) goes. Runs only when an exception leaves a jitted
-    call, over its chain once.
+    A binder that meets what it cannot handle (an unhashable static argument,
+    a deleted input) calls JAX's path from its ``except`` clause, so JAX's
+    error gets the caught one as ``__context__``, which jaxlib's C++ never
+    shows. Such a link (caught in nbjit's code, in a frame of this call: not
+    on the stack from `caller` up) becomes the context jax.jit's error would
+    have: the first exception down the chain the caller's stack is handling,
+    or none; a cause nbjit made of it goes. Runs once an exception leaves a call.
     """
     on_stack = set()
     while caller is not None:
@@ -375,15 +384,11 @@ def drop_internal_links(error: BaseException, caller: types.FrameType | None) ->
 def filter_dispatch_frames(error: BaseException) -> None:
     """Removes nbjit's and JAX's frames from `error`'s traceback, as jaxlib shows none.
 
-    Called where an exception leaves a jitted function's `__call__` (never on
-    a hit). Follows JAX's `JAX_TRACEBACK_FILTERING` mode as `api_boundary`
-    does: "off" keeps everything; under an outer api boundary the outer one
-    filters; "tracebackhide" marks JAX's frames for IPython/pytest to hide
-    and drops nbjit's; the remove modes drop both. JAX's own boundary below
-    (the miss path) has already filtered its part and added its note or
-    unfiltered cause, so nothing is added here. In every mode, "off" too,
-    the exceptions nbjit caught on its way to JAX's path leave the chain
-    (`drop_internal_links`).
+    Where an exception leaves a jitted function's `__call__`. Follows
+    `JAX_TRACEBACK_FILTERING` as `api_boundary` does: "off" keeps all; under an
+    outer api boundary that one filters; "tracebackhide" marks JAX's frames and
+    drops nbjit's; the remove modes drop both (JAX's boundary below already
+    added its note). In every mode `drop_internal_links` cleans the chain.
     """
     drop_internal_links(error, sys._getframe(1))  # the frame of the call that failed
     mode = _traceback_util._filtering_mode()
@@ -403,6 +408,18 @@ def filter_dispatch_frames(error: BaseException) -> None:
         error.with_traceback(_without_nbjit_frames(tb))
     else:
         error.with_traceback(_traceback_util.filter_traceback(tb))
+
+
+def drop_frames_of(error: BaseException, code: types.CodeType) -> None:
+    """Unlinks the frames running `code` from `error`'s traceback (but the first, the
+    catcher's), unless JAX_TRACEBACK_FILTERING is "off" (every frame shown)."""
+    kept = error.__traceback__
+    while kept is not None and _traceback_util._filtering_mode() != "off" and (
+            tb := kept.tb_next) is not None:
+        if tb.tb_frame.f_code is code:
+            kept.tb_next = tb.tb_next
+        else:
+            kept = tb
 
 
 def _without_nbjit_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
@@ -535,6 +552,13 @@ def kv_wait(client, key: str, timeout_ms: float) -> str | None:
 
 # --- host buffers: zero-copy puts, reads during the call ---
 ZERO_COPY = _jaxlib_ext.HostBufferSemantics.ZERO_COPY  # a host buffer used in place
+
+
+def buffer_address(x: Any) -> int:
+    """A one-device array's buffer address, asked of a throwaway wrapper: asked of
+    `x`, jaxlib keeps `x._arrays`, a second array `jax.live_arrays()` lists, with `x`."""
+    return x._rewrap_with_aval_and_sharding(x.aval, x.sharding).unsafe_buffer_pointer()
+
 # Host memory is read while the transfer call runs, by contract (on an
 # accelerator the call waits for the transfer): the result never aliases the
 # caller's array, and a write after the call cannot change it.
@@ -543,15 +567,11 @@ _reads_during_call: list[bool] = []  # computed once, at the first question
 
 
 def jax_path_reads_host_arrays_during_call() -> bool:
-    """Whether JAX's own path (jax.jit's miss, `device_put`) has read a numpy
-    array it does not use in place (one not 64-byte aligned) when the call
-    returns, so that a write to it after the call cannot change the result.
-
-    True on the CPU from jaxlib 0.11.2 on. Before, the CPU client may read it
-    after the call returned (a write right after changed results at 256 KiB
-    to 32 MiB); an accelerator's transfer reads it after the call returns.
-    Asked off the hit path; the default backend is read once.
-    """
+    """Whether JAX's own path (jax.jit's miss, `device_put`) has read a numpy array
+    it does not use in place (not 64-byte aligned) when the call returns, so a
+    write after the call cannot change the result: on the CPU from jaxlib
+    0.11.2 on (before, writes right after changed results at 256 KiB to 32
+    MiB); never on an accelerator. The default backend is read once."""
     if not _reads_during_call:
         _reads_during_call.append(JAXLIB_VERSION >= (0, 11, 2)
                                   and jax.default_backend() == "cpu")

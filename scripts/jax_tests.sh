@@ -19,6 +19,8 @@
 #                 version> if that tag exists, else HEAD)
 #   JAX_TESTS_DIR a directory holding the three test files instead of git
 #   FILE_TIMEOUT  seconds per test file and mode (default 2400)
+#   JAX_TESTS_CONFIG  jax (default): JAX's own pytest configuration, its pyproject.toml
+#                 at the same ref (warnings are errors); default: warnings only shown
 #   ONLY          space-separated subset of the files (e.g. "api_test.py")
 set -euo pipefail
 
@@ -79,11 +81,30 @@ if os.environ.get("NBJIT_JAX_TESTS_MODE") == "nbjit":
     import jax
     assert jax.jit is nbjit.jit
 PY
-cat >"$SRC/pytest.ini" <<'INI'
-[pytest]
-filterwarnings =
-    default
-INI
+# JAX's own pytest configuration (its pyproject.toml at the same ref: warnings are
+# errors, but for those it lists), as JAX's CI runs these files: a warning nbjit
+# raised would fail them. JAX_TESTS_CONFIG=default shows warnings instead.
+JAX_PYPROJECT=
+if [[ ${JAX_TESTS_CONFIG:-jax} == jax ]]; then
+  if [[ -n ${JAX_TESTS_DIR:-} ]]; then
+    [[ -f $JAX_TESTS_DIR/../pyproject.toml ]] && JAX_PYPROJECT=$(cat "$JAX_TESTS_DIR/../pyproject.toml")
+  else
+    JAX_PYPROJECT=$(git --git-dir="$GIT" show "$REF:pyproject.toml" 2>/dev/null || true)
+  fi
+fi
+JAX_PYPROJECT=$JAX_PYPROJECT "$PYTHON" - "$SRC/pytest.ini" <<'PY'
+import os, sys, tomllib
+options = tomllib.loads(os.environ["JAX_PYPROJECT"] or "").get("tool", {}).get(
+    "pytest", {}).get("ini_options", {})
+lines = ["[pytest]", "filterwarnings ="]
+lines += [f"    {w}" for w in options.get("filterwarnings", ["default"])]
+if options.get("markers"):
+    lines += ["markers ="] + [f"    {m}" for m in options["markers"]]
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+print("pytest configuration: " + ("JAX's own (pyproject.toml: filterwarnings "
+      + ", ".join(options["filterwarnings"][:1]) + ", ...)" if options.get("filterwarnings")
+      else "warnings shown, not errors"), file=sys.stderr)
+PY
 
 run_mode() {
   local mode=$1

@@ -24,8 +24,9 @@
 #                      installed one (third_party/equinox-<version>/tests)
 #   the package index  `pip download --no-binary :all:` of the sdist, if it carries tests
 #                      (optax's does; equinox's does not)
-# The suite runs in one pytest process per mode (-q, no xdist, the library's own pytest
-# options dropped). Writes OUTDIR/<mode>/<library>.xml (JUnit) and .log, then prints
+# The suite runs in one pytest process per mode (-q, no xdist), under the library's own
+# pytest configuration where the source has it (its pyproject.toml at the tag, or beside the
+# vendored copy: equinox's turns warnings into errors), its addopts dropped. Writes OUTDIR/<mode>/<library>.xml (JUnit) and .log, then prints
 # passed/failed/skipped per mode and every test that passes in the reference (jax) mode and
 # not in the other (scripts/jax_tests_summary.py). With STRICT=1 the exit status is 1 when
 # any does (CI). Environment: PYTHON (default .venv/bin/python of this checkout, else
@@ -93,6 +94,9 @@ from_git() {  # $1: a git directory; unpacks tag v$VERSION's test tree into $SRC
   # a partial mirror may lack blobs outside the tests (git archive complains): check the tree
   { git --git-dir="$1" archive "v$VERSION" "${TESTS_IN[@]}" 2>/dev/null || true; } \
     | tar x -C "$SRC/tree"
+  # Its own pytest configuration (warnings as errors, ...), as its CI runs the suite.
+  git --git-dir="$1" show "v$VERSION:pyproject.toml" >"$SRC/tree/pyproject.toml" 2>/dev/null \
+    || rm -f "$SRC/tree/pyproject.toml"
   find "$SRC/tree/${TESTS_IN[0]}" -name 'test_*.py' | grep -q . || {
     echo "no tests at v$VERSION in $1" >&2; exit 2; }
   TREE=$SRC/tree/
@@ -123,6 +127,8 @@ if [[ -n ${LIBRARY_SRC:-} ]]; then
 elif [[ -d $ROOT/third_party/$LIB-$VERSION/${TESTS_IN[0]} ]]; then
   mkdir -p "$SRC/tree"
   cp -r "$ROOT/third_party/$LIB-$VERSION/${TESTS_IN[0]}" "$SRC/tree/"
+  [[ -f $ROOT/third_party/$LIB-$VERSION/pyproject.toml ]] \
+    && cp "$ROOT/third_party/$LIB-$VERSION/pyproject.toml" "$SRC/tree/"
   TREE=$SRC/tree/
   LIBRARY_SRC=$ROOT/third_party/$LIB-$VERSION
 elif from_sdist; then
@@ -164,12 +170,13 @@ if MODE in ("nbjit", "filter"):
         table = nbjit.stats()
         total, reasons = collections.Counter(), collections.Counter()
         for s in table.values():
-            total.update(calls=s.calls, hits=s.hits, misses=s.misses, slow=s.slow)
+            total.update(calls=s.calls, hits=s.hits, misses=s.misses, slow=s.slow,
+                         traced=getattr(s, "traced", 0), raised=getattr(s, "raised", 0))
             reasons.update(s.slow_reasons)
         terminalreporter.write_line(
             f"nbjit ({MODE}): {len(table)} live jitted functions; calls {total['calls']}, "
-            f"hits {total['hits']}, misses {total['misses']}, slow {total['slow']} "
-            f"{dict(reasons)}")
+            f"hits {total['hits']}, misses {total['misses']}, traced {total['traced']}, "
+            f"raised {total['raised']}, slow {total['slow']} {dict(reasons)}")
 PY
 
 read -r -a PATHS <<<"${LIBRARY_TEST_PATHS:-${TESTS_IN[*]}}"

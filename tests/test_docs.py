@@ -547,3 +547,12 @@ def test_rows_that_move_with_the_machines_memory_say_so_where_quoted():
         assert "(machine-dependent: memory)" in line, line
     assert "Every row is machine-dependent" in tables.host_arrays_table(data)
     assert "- **Host arrays depend on the machine.**" in tables.costs_block(data)
+
+
+def test_readme_says_how_long_its_two_commands_take():
+    readme = (ROOT / "README.md").read_text()
+    for command in ("compare", "test"):
+        assert re.search(rf"^bash scripts/{command}\.sh +# ~[\d.]+ min", readme, re.M), command
+    measured = re.search(r"`test\.sh` (\d+) min \d+ s .*`compare\.sh` (\d+) min \d+ s", readme,
+                         re.S)
+    assert measured and all(int(m) > 0 for m in measured.groups())

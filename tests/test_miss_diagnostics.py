@@ -13,7 +13,7 @@ import pytest
 import nbjit
 from nbjit.core.dispatch import PjitFunction
 from nbjit.observe import explain as _explain
-from nbjit.observe.names import function_name
+from nbjit.observe.names import function_name, location_name
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def fresh_ranking():
 
 
 def _rows_of(fun):
-    return [r for r in nbjit.ranked_misses() if r.function == function_name(fun)]
+    return [r for r in nbjit.ranked_misses() if r.function == location_name(fun)]
 
 
 # -- nbjit.ranked_misses() --------------------------------------------------------
@@ -72,11 +72,11 @@ def test_ranked_misses_text_and_html(fresh_ranking):
     assert repr(ranked) == text
     header = text.splitlines()[0].split()
     assert header[:2] == ["miss", "s"] and "differs" in header
-    assert "x: shape" in text and function_name(f._fun) in text
+    assert "x: shape" in text and location_name(f._fun) in text
     page = ranked._repr_html_()
     assert page.startswith("<table>") and html.escape(function_name(f._fun)) in page
     assert page.count("<tr>") == 1 + len(ranked)
-    _explain.reset_ranked_misses()
+    nbjit.reset_ranked_misses()  # the top-level name
     assert str(nbjit.ranked_misses()) == "no nbjit misses"
 
 
@@ -219,3 +219,44 @@ def test_functions_made_under_a_full_config_cache_keep_their_fast_path():
             np.testing.assert_array_equal(f(x), x - k)
         assert (f.stats().misses, f.stats().hits) == (1, 3)
     assert sum(f.stats().evictions for f in made) == 4
+
+
+CELL = """
+import jax.numpy as jnp
+import nbjit
+
+@nbjit.jit
+def train_step(w, x):
+    return (x @ w).sum()
+
+train_step(jnp.ones((4, 2)), jnp.ones((8, 4)))
+train_step(jnp.ones((4, 2)), jnp.ones((16, 4)))  # a new batch size
+"""
+
+
+def test_re_definitions_of_one_cell_fold_into_its_rows(fresh_ranking):
+    """A notebook cell run 50 times defines 50 function objects from one code
+    location (stats() names them train_step (...)#N): the ranking keeps one row
+    per call site and field, its first-call row counting the re-definitions."""
+    code = compile(CELL, "/tmp/ipykernel_1/1234567.py", "exec")  # one cell, run again and again
+    for _ in range(50):
+        exec(code, {"__name__": "__main__"})
+    rows = [r for r in nbjit.ranked_misses() if r.function.startswith("train_step (")]
+    assert len(rows) <= 5
+    by_fields = {r.fields: r for r in rows}
+    assert by_fields[(_explain.FIRST_CALL,)].count == 50
+    assert by_fields[("x: shape",)].count == 50
+    assert {r.function for r in rows} == {"train_step (1234567.py:5)"}
+    assert "#" not in str(nbjit.ranked_misses())
+
+
+def test_the_ranking_stays_bounded(fresh_ranking, monkeypatch):
+    monkeypatch.setattr(_explain, "MAX_GROUPS", 5)
+    for n in range(12):  # 12 cells, each a function of its own: 12 first-call groups
+        exec(compile(CELL, f"/tmp/ipykernel_1/cell{n}.py", "exec"), {"__name__": "__main__"})
+    ranked = nbjit.ranked_misses()
+    assert len(ranked) == 5
+    assert ranked.dropped[:2] == (19, 19)  # 24 groups: a first call and a new shape each
+    assert "and 19 cheaper misses" in str(ranked) and "at most 5 groups" in str(ranked)
+    nbjit.reset_ranked_misses()
+    assert len(nbjit.ranked_misses()) == 0 and nbjit.ranked_misses().dropped == (0, 0, 0.0)

@@ -31,7 +31,12 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
         assert "miss s  misses  function" in text  # the ranked misses
         assert "x: shape, y: shape" in text
         assert "AssertionError: 2 nbjit cache misses, at most 1 allowed" in text
-        assert "self-check jax.jit/jax.jit" in text
+        assert "self-check (jax.jit against itself)" in text and "verdict: " in text
+        compare_cell = next(c for c in notebook.cells
+                            if c.cell_type == "code" and "nbjit.compare(" in c.source)
+        shown = [o.get("data", {}) for o in compare_cell.outputs]
+        assert any("verdict" in d.get("text/html", "") and "self-check" in d.get("text/html", "")
+                   for d in shown), "the notebook's display of compare's result"
         plot_cell = next(c for c in notebook.cells if "prof.plot()" in c.source)
         assert any("image/png" in o.get("data", {}) for o in plot_cell.outputs), \
             "prof.plot() drew no figure in the notebook's outputs"

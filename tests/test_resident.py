@@ -92,7 +92,7 @@ def test_donation_no_outputs_and_switch_off_stay_per_leaf():
 
 
 def test_the_fence_is_the_smallest_output():
-    """A slot keeps one output alive until it is reused: the smallest one."""
+    """A slot keeps one output alive while its call may run: the smallest one."""
     f, args = run_fresh(lambda a: (jnp.tile(a, 100), a.sum(), a * 2),
                          lambda i: (np.full(4, i, np.float32),))
     pool = pool_of(f, *args)
@@ -100,6 +100,72 @@ def test_the_fence_is_the_smallest_output():
     assert pool.fence_index == 1
     assert all(slot[0] is None or slot[0].shape == () for slot in pool.free)
     assert any(slot[0] is out[1] for slot in pool.free)
+
+
+def _arrays_over(pool: _slots.ResidentSlots) -> list:
+    """The live arrays whose buffers lie in `pool`'s slots."""
+    spans = [(s[-1].ctypes.data, s[-1].ctypes.data + s[-1].nbytes) for s in pool.free]
+    return [a for a in jax.live_arrays()
+            if any(lo <= _jax.buffer_address(a) < hi for lo, hi in spans)]
+
+
+def test_live_arrays_list_each_slot_array_once_and_no_dropped_output():
+    """jax.live_arrays() lists each slot's device arrays once (asking a buffer's
+    address made jaxlib keep a second array over it), and, once the calls are
+    done and a collection ran, none of the outputs the caller dropped."""
+    import gc
+
+    gc.collect()
+    before = {id(a) for a in jax.live_arrays()}
+    f, args = run_fresh(lambda a, b: (a * b, (a + b).sum()), fresh_pair)
+    pool = pool_of(f, *args)
+    jax.block_until_ready(f(*args))
+    assert any(slot[0] is not None for slot in pool.free)  # fences held while calls may run
+    _slots.sweep_ready_fences()  # what the sweeper thread does every SWEEP_EVERY_S
+    assert all(slot[0] is None for slot in pool.free)
+    gc.collect()
+    over = _arrays_over(pool)
+    assert len(over) == len({id(a) for a in over}) == pool.made * len(pool.layouts)
+    new = [a for a in jax.live_arrays() if id(a) not in before]
+    assert sorted(map(id, new)) == sorted(map(id, over))  # nothing else of this function's
+    assert_same_outputs(f(*args), jax.jit(lambda a, b: (a * b, (a + b).sum()))(*args))
+
+
+def test_the_sweeper_thread_drops_ready_fences_while_pools_live():
+    """Nothing asks a loop's last fences again until the signature's next call: a
+    daemon thread drops them once ready (and stops when no pool is left)."""
+    import threading
+    import time
+
+    f, args = run_fresh(lambda a, b: (a * b).sum(), fresh_pair)
+    pool = pool_of(f, *args)
+    jax.block_until_ready(f(*args))
+    assert [t for t in threading.enumerate() if t.name == "nbjit-resident-fences"]
+    deadline = time.monotonic() + 30  # a wait for the thread, not a timing claim
+    while any(slot[0] is not None for slot in pool.free) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(slot[0] is None for slot in pool.free)
+
+
+def test_a_collected_function_gives_its_slots_back_at_once():
+    """A re-defined function (the old one collected): its slots and their arrays
+    go with it, by reference counting, without waiting for a collection."""
+    import gc
+    import weakref
+
+    gc.collect()
+    count, held = len(jax.live_arrays()), _slots.resident_bytes()
+    gc.disable()
+    try:
+        for _ in range(3):  # a notebook cell run three times
+            f, args = run_fresh(lambda a, b: a * b + 1, fresh_pair)
+            pool = weakref.ref(pool_of(f, *args))
+            assert pool() is not None and _slots.resident_bytes() > held
+            del f, args
+            assert pool() is None
+            assert (len(jax.live_arrays()), _slots.resident_bytes()) == (count, held)
+    finally:
+        gc.enable()
 
 
 def test_a_busy_slot_is_never_written_and_the_cap_falls_back(monkeypatch):

@@ -167,8 +167,8 @@ def test_slow_calls_name_their_reason_and_count_as_jax_jit(tmp_path):
     name = "PjitFunction(inner_fn)"
     # four calls of g (8); JAX's grad (4) and vmap (2) open more of that name under both
     assert _counts(nb_events, name)[name] == _counts(jax_events, name)[name] == 14
-    assert _counts(nb_events, "nbjit slow") == {"nbjit slow: tracer": 3,
-                                                "nbjit slow: disable_jit": 1}
+    assert _counts(nb_events, "nbjit slow") == {"nbjit slow: disable_jit": 1}
+    assert _counts(nb_events, "nbjit traced") == {"nbjit traced": 3}  # staged: not slow
 
 
 def test_slow_call_through_jaxlibs_own_path_shows_both_pairs(tmp_path):

@@ -128,12 +128,52 @@ def _slow_reasons(f):
     return f.stats().slow_reasons
 
 
-def test_slow_reason_tracer():
+def test_calls_under_transformations_are_traced_not_slow():
+    """grad, vmap, hessian, scan and an outer jit stage the call into their trace,
+    as they do jax.jit's: counted as traced, never as slow."""
     f = _fresh()
-    jax.jit(lambda x: f(x))(jnp.ones(3))
-    jax.grad(lambda x: f(x).sum())(jnp.ones(3))
-    assert _slow_reasons(f) == {"tracer": 2}
-    assert f.stats().calls == 2
+    x = jnp.ones(3)
+    jax.jit(lambda x: f(x))(x)
+    jax.grad(lambda x: f(x).sum())(x)
+    jax.vmap(f)(jnp.ones((2, 3)))
+    jax.hessian(lambda x: f(x).sum())(x)
+    jax.lax.scan(lambda c, x: (c, f(x)), 0.0, jnp.ones((4, 3)))
+    f(x)  # and a call of its own: a miss
+    s = f.stats()
+    assert (s.calls, s.hits, s.misses, s.traced, s.slow) == (6, 0, 1, 5, 0)
+    assert s.slow_reasons == {} and "tracer" not in _stats.SLOW_REASONS
+    text = str(s)
+    assert "traced" in text.splitlines()[0] and "traced = calls under a JAX transformation" in text
+    plain = str(nbjit.jit(lambda y: y).stats()).splitlines()[0]
+    assert "traced" not in plain.split()  # a column only when counted
+
+
+def test_traced_calls_are_not_slow_for_assert_max_misses():
+    f = _fresh()
+    f(jnp.ones(3))
+    with nbjit.assert_max_misses(0, slow=0):
+        jax.grad(lambda x: f(x).sum())(jnp.ones(3))
+        jax.vmap(f)(jnp.ones((2, 3)))
+    assert f.stats().traced == 2
+
+
+def test_trace_errors_in_the_function_are_raised_calls_not_compile_failures():
+    """A TracerBoolConversionError in the function is its own error, as under
+    jax.jit: counted as raised; the signature's next call traces again."""
+    def branchy(x):
+        if x.sum() > 0:  # a Python branch on a traced value
+            return x
+        return -x
+
+    f, g = nbjit.jit(branchy), jax.jit(branchy)
+    for _ in range(2):
+        with pytest.raises(jax.errors.TracerBoolConversionError):
+            g(jnp.ones(3))
+        with pytest.raises(jax.errors.TracerBoolConversionError):
+            f(jnp.ones(3))
+    s = f.stats()
+    assert (s.calls, s.raised, s.misses, s.slow, s.slow_reasons) == (2, 2, 0, 0, {})
+    assert "raised = calls that raised" in str(s)
 
 
 def test_slow_reason_effects():
@@ -223,7 +263,7 @@ def test_slow_reason_inputs_refused():
     assert _slow_reasons(f) == {"input_refused": 1}
 
 
-def test_slow_reason_compile_failed():
+def test_an_error_in_the_function_is_raised_each_call():
     def g(x):
         raise ValueError("boom")
 
@@ -232,7 +272,24 @@ def test_slow_reason_compile_failed():
         with pytest.raises(ValueError, match="boom"):
             f(jnp.ones(3))
     s = f.stats()
-    assert s.misses == 0 and s.slow_reasons == {"compile_failed": 2}  # each call compiles anew
+    assert (s.misses, s.raised, s.slow) == (0, 2, 0)  # each call traces anew
+
+
+def test_slow_reason_compile_failed():
+    """An interrupted compile (Ctrl-C) is the one failure counted as slow."""
+    calls = []
+
+    def g(x):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return x + 1
+
+    f = nbjit.jit(g)
+    with pytest.raises(KeyboardInterrupt):
+        f(jnp.ones(3))
+    s = f.stats()
+    assert (s.misses, s.raised, s.slow_reasons) == (0, 0, {"compile_failed": 1})
 
 
 def test_slow_reason_layout():
@@ -245,7 +302,7 @@ def test_slow_reason_layout():
     with pytest.raises(_record.Unsupported, match="layout"):
         _record.build_record(FastPath(), [jnp.ones(3)], False)
     assert set(_stats.SLOW_REASONS) >= {
-        "tracer", "effects", "debug_nans", "debug_infs", "unknown_leaf_type",
+        "effects", "debug_nans", "debug_infs", "unknown_leaf_type",
         "deleted_or_donated", "layout", "no_fastpath", "disable_jit", "static_arg_error",
         "execute_refused", "input_refused", "compile_failed"}
 

@@ -386,3 +386,34 @@ def test_ipython_formats_jax_jits_traceback(tmp_path, nbjit_dirs):
         nb, jx = cells[f"nbjit.jit {name}"], cells[f"jax.jit {name}"]
         _assert_clean(nb, nbjit_dirs)
         assert _printed(nb) == _printed(jx)
+
+
+def _own_frames(error, package_dir):
+    """Every frame of a package's code in `error`'s traceback, hidden or not."""
+    return [frame.f_code.co_name for frame, _ in traceback.walk_tb(error.__traceback__)
+            if frame.f_code.co_filename.startswith(package_dir)]
+
+
+def fails_when_long(x):
+    if x.shape[0] > 3:
+        raise ValueError("raised inside the jitted function")
+    return x * 2
+
+
+@pytest.mark.parametrize("called", ["first call", "after hits"])
+def test_filter_jit_carries_no_more_frames_of_its_own_than_equinox(mode, called):
+    """equinox.filter_jit's traceback carries two frames of equinox's own (its
+    `__call__` and `_call`, marked hidden); nbjit.filter_jit's, two of nbjit's
+    (it carried a third, its keyed call's)."""
+    eqx = pytest.importorskip("equinox")
+    dirs = {"nbjit": os.path.dirname(nbjit.__file__) + os.sep,
+            "equinox": os.path.dirname(eqx.__file__) + os.sep}
+    got = {}
+    for name, jit in (("nbjit", nbjit.filter_jit), ("equinox", eqx.filter_jit)):
+        f = jit(fails_when_long)
+        if called == "after hits":
+            f(jnp.arange(3.0)), f(jnp.arange(3.0))
+        error = _catch(f, jnp.arange(5.0))
+        got[name] = _own_frames(error, dirs[name])
+    # (under tracebackhide equinox shows its fun_wrapped too)
+    assert len(got["nbjit"]) == 2 <= len(got["equinox"]), got

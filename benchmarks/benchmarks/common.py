@@ -16,6 +16,7 @@ commit without `nbjit.bench` skips every benchmark that needs it.
 import importlib.util
 import itertools
 import pathlib
+import sys
 
 
 def _request_host_devices():
@@ -31,6 +32,34 @@ _request_host_devices()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+
+
+def pin_mismatches():
+    """The packages whose installed version differs from asv.conf.json's pins
+    (``matrix.req``), as "name installed (pinned X)": asv files a ``--python=same``
+    run under the pins, whatever this environment holds."""
+    import importlib.metadata
+    import json
+    import re
+
+    conf = pathlib.Path(__file__).resolve().parents[1] / "asv.conf.json"
+    text = re.sub(r"^\s*//.*$", "", conf.read_text(), flags=re.M)  # asv allows // comments
+    pins = json.loads(text).get("matrix", {}).get("req", {})
+    found = []
+    for name, versions in pins.items():
+        try:
+            have = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            have = "missing"
+        if versions and have not in versions:
+            found.append(f"{name} {have} (pinned {', '.join(versions)})")
+    return found
+
+
+if _mismatches := pin_mismatches():
+    print("nbjit asv suite: this environment differs from asv.conf.json's pins: "
+          + "; ".join(_mismatches) + ". asv files a --python=same run under the pins: "
+          "its results would be labelled with versions that did not run.", file=sys.stderr)
 
 # The `impl` parameter of every dispatch benchmark.
 IMPLS = ["nbjit", "jax"]

@@ -14,8 +14,9 @@ dispatcher never imports it, and ``import nbjit`` does not either
 What it holds, by module:
 
 - `nbjit.bench.measure`: paired, interleaved timing (`Settings`,
-  `interleave`, `Interleaved`, `Ratio`, `time_batch`, `time_each`): a ratio
-  against a reference timed in the same process, rounds alternating.
+  `interleave`, `Interleaved`, `Ratio`, `time_batch`, `time_each`, `Fed`: a
+  contender whose arguments are made off the clock): a ratio against a
+  reference timed in the same process, rounds alternating.
 - `nbjit.bench.matrix`: the matrix (`Scenario`, `Case`, `scenarios`,
   `select`, `scenario`): api_benchmark's jit cases, argument counts, host
   inputs, workloads with new values on every call.
@@ -34,6 +35,7 @@ What it holds, by module:
 from nbjit.bench.floor import floor_call
 from nbjit.bench.matrix import HOST_OFFSET, POOL, Case, Scenario, scenario, scenarios, select
 from nbjit.bench.measure import (
+    Fed,
     Interleaved,
     Ratio,
     Settings,
@@ -66,7 +68,7 @@ from nbjit.bench.runner import (
 from nbjit.bench.user import CompareResult, OutputsDiffer, compare
 
 __all__ = [
-    "HOST_OFFSET", "POOL", "SELF_CHECK_BAND", "Case", "CompareResult",
+    "HOST_OFFSET", "POOL", "SELF_CHECK_BAND", "Case", "CompareResult", "Fed",
     "Interleaved", "OutputsDiffer", "Ratio", "Row", "Scenario", "Settings", "Summary",
     "compare", "first_difference", "floor_call", "fresh_copy", "format_markdown",
     "format_table", "interleave", "output_difference", "plot", "read_json", "run",

@@ -37,6 +37,23 @@ SYNC_EACH_CALLS = 7
 
 
 @dataclass(frozen=True)
+class Fed:
+    """A contender whose every call takes new arguments: ``call(*feed())``.
+
+    Timed call by call (`time_each`), `feed` runs before the clock starts and
+    its values are waited for (``sync``), so making them is never timed (a
+    loader's next batch, a fresh copy of an argument the call donates).
+    Called with no arguments (warm-up) it is one call with fed arguments.
+    """
+
+    call: Callable[..., Any]
+    feed: Callable[[], tuple]
+
+    def __call__(self) -> Any:
+        return self.call(*self.feed())
+
+
+@dataclass(frozen=True)
 class Settings:
     """How long to measure. ``quick`` trades precision for wall time."""
 
@@ -143,19 +160,28 @@ def time_each(
     ready (``sync(result)`` has returned), over ``k`` calls; and the last result.
 
     Each call starts with nothing queued (the previous result was synced), with
-    the garbage collector off (see `time_batch`). Medians: the rare call that
+    the garbage collector off (see `time_batch`). A `Fed` contender's
+    arguments are made (and synced) before each call's clock starts. Medians: the rare call that
     pays for the machine's memory management (page faults, unmapping a large
     buffer: milliseconds on a VM) does not decide the round.
     """
     out = None
     returned, ready = [], []
+    fed = fn if isinstance(fn, Fed) else None
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in itertools.repeat(None, k):
             out = None  # free the previous result before the clock starts
-            t0 = timer()
-            out = fn()
+            if fed is not None:  # the next arguments, made and ready before the clock starts
+                args = fed.feed()
+                sync(args)
+                t0 = timer()
+                out = fed.call(*args)
+                del args  # (a donated argument is deleted by its call: hold nothing)
+            else:
+                t0 = timer()
+                out = fn()
             t1 = timer()
             sync(out)
             t2 = timer()

@@ -135,6 +135,18 @@ def format_markdown(rows: Sequence[Row], meta: dict[str, Any]) -> str:
 
 def plot(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
     """Two panels: the ratio per scenario, and time against number of arguments."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows, meta)
+    fig.savefig(path, dpi=110, metadata={"Description": run_description(rows, meta)})
+    plt.close(fig)
+
+
+SUPTITLE_INCHES = 0.45  # kept above the panels for the run's title (its line and a margin)
+
+
+def figure(rows: Sequence[Row], meta: dict[str, Any]) -> Any:
+    """The figure `plot` saves (matplotlib's Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,9 +167,10 @@ def plot(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
         f"{meta.get('machine', {}).get('cpus')} CPUs (shared)",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Description": run_description(rows, meta)})
-    plt.close(fig)
+    # The panels' titles stay below the figure's: tight_layout alone lays the
+    # panels out as if it were not there, and they overlapped it.
+    fig.tight_layout(rect=(0, 0, 1, 1 - SUPTITLE_INCHES / fig.get_figheight()))
+    return fig
 
 
 # Dot colours of the ratio panel, by verdict.

@@ -167,7 +167,7 @@ def _floor_contender(target: Any, floor_call: Callable[..., Callable[[], Any]], 
 SETTLE_CALLS = 32  # > 2 * nbjit.host.policy.ARM_AFTER: enough fresh values to arm host inputs
 
 
-def _settle(call: Callable[[], Any]) -> None:
+def settle(call: Callable[[], Any]) -> None:
     """Brings a contender to the steady state a long loop sees: enough calls for
     nbjit to make fresh host inputs resident (the CPU)."""
     for _ in range(SETTLE_CALLS):
@@ -227,7 +227,7 @@ def run_scenario(
             notes.append(f"no floor: {type(exc).__name__}: {exc}"[:120])
     if not case.fresh_function:
         for _, call in contenders[:2]:
-            _settle(call)
+            settle(call)
     result = measure.interleave(contenders, settings, sync=jax.block_until_ready,
                                  sync_each=scenario.sync_each)
     _record_times(row, result)
@@ -286,7 +286,7 @@ def _run_sides(row: Row, case: Case, block: bool, settings: measure.Settings) ->
             if diff:
                 notes.append(f"OUTPUTS DIFFER from {name}: {diff}"[:160])
     for call in calls.values():
-        _settle(call)
+        settle(call)
     result = measure.interleave(list(calls.items()), settings, sync=jax.block_until_ready)
     ratio = result.ratio("a", "b")
     row.a_us, row.b_us = result.median_us("a"), result.median_us("b")

@@ -61,8 +61,8 @@ class Counters:
     race. Counters are statistics, not accounting.
     """
 
-    __slots__ = ("hits", "misses", "slow", "slow_reasons", "evictions", "miss_seconds",
-                 "evicted", "extension_counters")
+    __slots__ = ("hits", "misses", "slow", "slow_reasons", "traced", "raised", "evictions",
+                 "miss_seconds", "evicted", "extension_counters")
 
     EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit.observe.explain)
 
@@ -85,6 +85,8 @@ class Counters:
         self.misses = 0
         self.slow = 0
         self.slow_reasons: collections.Counter[str] = collections.Counter()
+        self.traced = 0  # calls staged into an outer trace (grad, vmap, scan, jit): never cached
+        self.raised = 0  # calls whose trace raised in the function (its own error, as jax.jit's)
         self.evictions = 0
         self.miss_seconds = 0.0
         for counters in list(self.extension_counters.values()):

@@ -42,12 +42,10 @@ import sys
 import threading
 import time
 import types
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nbjit import _jax
-from nbjit._common import warn_past
 from nbjit.core import flavours as _flavours
 from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
@@ -57,7 +55,7 @@ from nbjit.core.inputs.platforms import after_miss
 from nbjit.core.inputs.values import canonical_dtypes, host_dtype, private_host_copies
 from nbjit.core.keys import leaf_signature
 from nbjit.core.live import register_live
-from nbjit.core.profiler import profiler_hooks
+from nbjit.core.profiler import TRACED, profiler_hooks
 from nbjit.core.record import FastPath, Unsupported, build_record
 from nbjit.core.view import JitInfo, JitView, register_info
 
@@ -87,7 +85,7 @@ class PjitFunction:
                  extension: _hooks.JitExtension | None = None) -> None:
         """`extension`: what a library composing this jit changes off the hit
         path (`nbjit.core.hooks.JitExtension`; `nbjit.filter` gives one)."""
-        jitted = _jit_as_caller(fun, options)  # JAX validates the options, as upstream
+        jitted = _jax.jax_jit_from_caller(fun, options)  # JAX validates the options, as upstream
         functools.update_wrapper(self, fun)
         info = _jax.jit_info(jitted)
         global_key = _jax.jit_global_cache_key(info)
@@ -112,6 +110,7 @@ class PjitFunction:
         self._donates = bool(info.donate_argnums or info.donate_argnames)
         self.miss_count = 0  # compiles through this jit object (its twins count their own)
         self.slow_count = 0  # calls of this jit object that took JAX's own path
+        self.traced_count = 0  # calls of this jit object staged into an outer trace
         register_info(self, JitInfo(fun, options, self._donates, global_key, self._namespace,
                                     self._counters, jitted,
                                     str(getattr(self, "__name__", "function")), self._binders,
@@ -139,14 +138,30 @@ class PjitFunction:
 
     def _unkeyable(self, args: tuple, kwargs: dict, leaves: Sequence) -> Any:
         """A call with a leaf no key can hold (a tracer, a jax.Ref, an object): JAX's own path."""
-        return self._slow(args, kwargs,
-                          _unkeyable_reason(leaves, canonical_dtypes[_jax.enable_x64.value]))
+        reason = _unkeyable_reason(leaves, canonical_dtypes[_jax.enable_x64.value])
+        if reason == TRACED:
+            return self._traced(args, kwargs)
+        return self._slow(args, kwargs, reason)
 
     # -- slow paths -------------------------------------------------------------
 
     def _slow(self, args: tuple, kwargs: dict, reason: str) -> Any:
         """JAX's own path, uncached here; JAX raises what it raises."""
         self._count_slow(reason)
+        return self._jax_path(args, kwargs, reason)
+
+    def _traced(self, args: tuple, kwargs: dict) -> Any:
+        """A call staged into an outer trace (under jit, grad, vmap, scan), as
+        jax.jit's calls are there: JAX's own path, never cached. Counted as
+        traced, apart from slow calls: it is what every jit does inside a
+        transformation, not a call nbjit could have served."""
+        self.traced_count += 1
+        self._counters.traced += 1
+        return self._jax_path(args, kwargs, TRACED)
+
+    def _jax_path(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        """JAX's own jitted function runs the call (its `reason` names the span
+        a profiler session shows)."""
         args, kwargs = self._private(_hooks.real_args(args), kwargs)
         with self._extension.jax_path():
             traced = profiler_hooks().slow_call if _tracing() else None
@@ -198,7 +213,7 @@ class PjitFunction:
             with profiler_hooks().slow_span("disable_jit"):
                 return self._fun(*args, **kwargs)
         if not _jax.is_top_level_trace():
-            return self._slow(args, kwargs, "tracer")  # staged into an outer trace: never cached
+            return self._traced(args, kwargs)  # staged into an outer trace: never cached
         return self._miss(args, kwargs, leaves, signature)
 
     def _miss(self, args: tuple, kwargs: dict, leaves: list, signature: tuple) -> Any:
@@ -253,8 +268,9 @@ class PjitFunction:
         try:
             with profiler_hooks().compile_span():
                 outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
-        except BaseException:
-            self._compile_failed(signature, description, failed, time.perf_counter() - start)
+        except BaseException as error:
+            self._compile_failed(signature, description, failed, time.perf_counter() - start,
+                                 error)
             raise
         seconds = time.perf_counter() - start
         record, reason = _record_for(fastpath, leaves, self._donates,
@@ -283,12 +299,18 @@ class PjitFunction:
         self.miss_count += 1
 
     def _compile_failed(self, signature: tuple, description: Any, failed: Node | None,
-                        seconds: float) -> None:
+                        seconds: float, error: BaseException) -> None:
         """The signature keeps a node, as jaxlib's cache does, but not for good
         (jaxlib's `fall_back_to_python`): its next call compiles again and gets
-        the fast path if that succeeds. The call counts as slow."""
+        the fast path if that succeeds. An error (an `Exception`: the function's,
+        as a TracerBoolConversionError, or its arguments') counts as raised, the
+        call's own outcome, as under jax.jit; an interrupt (KeyboardInterrupt)
+        counts as a slow call whose compile failed."""
         self._counters.miss_seconds += seconds
-        self._count_slow("compile_failed")
+        if isinstance(error, Exception):
+            self._counters.raised += 1
+        else:
+            self._count_slow("compile_failed")
         if failed is None:
             key, shardings, context = signature
             node = Node(key, shardings, context, self._namespace, None, "compile_failed")
@@ -427,24 +449,6 @@ class PjitFunction:
         self._jax_jitted.clear_cache()
 
 
-def _jit_as_caller(fun: Callable, options: dict[str, Any]) -> Any:
-    """JAX's own jit of `fun`, its warnings (a deprecated option, say) issued
-    again from the caller's frame, as jax.jit's are: a filter on the caller's
-    module (``error::DeprecationWarning:mymodule``) sees them as jax.jit's."""
-    error: Exception | None = None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            jitted = _jax.jax_jit(fun, **options)
-        except Exception as raised:  # (after its warnings, as jax.jit raises it)
-            error = raised
-    for warning in caught:
-        warn_past((_jax.NBJIT_DIR + "/",), str(warning.message), warning.category)
-    if error is not None:
-        raise error
-    return jitted
-
-
 def _record_for(fastpath: Any, leaves: Sequence, donates: bool, name: str
                 ) -> tuple[FastPath | None, str | None]:
     """(the node's record, or None and why its signature takes JAX's path)."""
@@ -461,7 +465,7 @@ def _unkeyable_reason(leaves: Sequence, canonical: dict) -> str:
     for x in leaves:
         if leaf_signature(x, canonical) is None:
             if isinstance(x, _jax.Tracer):
-                return "tracer"
+                return TRACED
             if isinstance(x, _jax.Ref):
                 return "ref"  # as jax.jit: Refs always take JAX's own path
             if type(x) is ArrayImpl or host_dtype(x, canonical) is not None:

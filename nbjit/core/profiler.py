@@ -16,7 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProfilerHooks", "profiler_hooks", "set_profiler_hooks"]
+__all__ = ["TRACED", "ProfilerHooks", "profiler_hooks", "set_profiler_hooks"]
+
+# The reason `slow_call` is given for a call staged into an outer trace (not a
+# slow call: `PjitFunction._traced`), where its span says so.
+TRACED = "traced"
 
 _NO_SPAN = contextlib.nullcontext()
 
@@ -36,7 +40,8 @@ class ProfilerHooks:
 
     `traced_call(jitted, args, kwargs)`: the whole call (`PjitFunction.__call__`
     hands it over); `slow_call(jitted, reason, args, kwargs)`: a slow call's
-    run of JAX's path (None: JAX's path as outside a session);
+    run of JAX's path, or, with reason `TRACED`, a call's staged into an outer
+    trace (None: JAX's path as outside a session);
     `slow_span(reason)`, `miss_span(description, explaining)` and
     `compile_span()` return context managers (by default, no span).
     """

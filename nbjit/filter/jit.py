@@ -254,6 +254,10 @@ def _call(wrapper: _JitWrapper, args: tuple, kwargs: dict) -> Any:
             marker.block_until_ready()
     except (_jax.JaxRuntimeError, ValueError) as e:
         _reraise_runtime_error(e, __equinox_jit_id__)
+        _jax.drop_frames_of(e, _keyed.__code__)
+        raise
+    except BaseException as e:  # equinox shows two frames of its own (__call__, _call): so here
+        _jax.drop_frames_of(e, _keyed.__code__)
         raise
     finally:
         _callback_logger.removeFilter(hide)

@@ -222,7 +222,11 @@ class HostPolicy:
                 self._arm(leaves)
             finally:
                 self.lock.release()
-        return self.per_leaf.prepare(leaves)
+        inputs = self.per_leaf.prepare(leaves)
+        if self.stage is Stage.RESIDENT:  # the memos' last device copies: not read from now on
+            for step in self.hosts():
+                step.last = None
+        return inputs
 
     def _arm(self, leaves: list) -> None:
         """ARMING: slots where they can be, else the per-leaf path."""

@@ -214,7 +214,8 @@ def _emit_wake(src: Source, pool: ResidentSlots, wake: Callable[[], Any]) -> dic
     sleeping in between. A loop that waits only every few calls finds it
     done once per wait: it is not woken there (see WAKE_AFTER_IDLE)."""
     with src.block("try:"):
-        with src.block(f"if not free or ready(free[-1][{SlotLayout.FENCE}]):"):
+        with src.block(f"if not free or (last := free[-1][{SlotLayout.FENCE}]) is None "
+                       "or ready(last):  # (None: found done and dropped)"):
             src.line("idle[0] += 1")
             with src.block("if idle[0] >= WAKE_AFTER_IDLE:"):
                 src.line("wake()")

@@ -3,17 +3,24 @@
 A slot is a 64-byte-aligned staging buffer with, made once, a zero-copy
 device array over each leaf's view of it. A slot is free again once the
 last call that read it is done, which its *fence* tells: that call's
-smallest output, kept until the slot is reused, since every output of a
-computation is ready exactly when the computation is. A fence that was
-deleted cannot tell: its slot is retired, and after `ResidentSlots.MAX_RETIRED`
-the pool gives its slots up. The bytes slots and fences hold are bounded per
-signature and per process (`HeldBytes`).
+smallest output, kept while that call may still run, since every output of
+a computation is ready exactly when the computation is. A fence found ready
+is dropped (`None`: the slot is free), when its slot is claimed and by a
+sweeper thread every `SWEEP_EVERY_S` while pools live (`sweep_ready_fences`),
+so that once the computations are done `jax.live_arrays()` lists each
+slot's device arrays only, not the outputs the caller dropped. A fence
+that was deleted cannot tell: its slot is retired, and after
+`ResidentSlots.MAX_RETIRED` the pool gives its slots up. The bytes slots
+and fences hold are bounded per signature and per process (`HeldBytes`);
+a pool is freed with its record (no reference cycle holds it until a
+collection).
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +33,8 @@ from nbjit.core.codegen import Source, run_source
 from nbjit.host.layout import LeafLayout, buffer_nbytes
 
 __all__ = ["PROCESS_MAX_BYTES", "RESIDENT_CAP", "RETIRED", "ROTATE_SLOTS", "SIGNATURE_MAX_BYTES",
-           "HeldBytes", "ResidentSlots", "SlotLayout", "resident_bytes"]
+           "SWEEP_EVERY_S", "HeldBytes", "ResidentSlots", "SlotLayout", "resident_bytes",
+           "sweep_ready_fences"]
 
 RESIDENT_CAP = 32  # slots per signature (calls in flight beyond: per-leaf puts)
 # What one signature's slots may hold, their fences (the outputs they keep
@@ -42,6 +50,8 @@ PROCESS_MAX_BYTES = 512 << 20
 ROTATE_SLOTS = 3
 
 RETIRED = object()  # the fence of a slot that is never used again
+# How often the sweeper thread drops ready fences while pools live.
+SWEEP_EVERY_S = 0.25
 
 
 class HeldBytes:
@@ -158,6 +168,8 @@ class ResidentSlots:
         self.cap = max(1, min(RESIDENT_CAP, SIGNATURE_MAX_BYTES // self.slot_bytes))
         self.held = HeldBytes()  # this pool's part of `resident_bytes()`
         weakref.finalize(self, self.held.release)
+        _pools.add(self)  # (weakly: `sweep_ready_fences`)
+        _start_sweeper()
         self.free: collections.deque = collections.deque()
         self.by_array: dict[int, list] = {}
         self.made = 0
@@ -196,7 +208,7 @@ class ResidentSlots:
         for view, aval in zip(views, self.avals, strict=True):
             array = _jax.batched_device_put(aval, self.sharding, [view], self.devices, False,
                                             False, _jax.ZERO_COPY)
-            if array.unsafe_buffer_pointer() != view.ctypes.data:
+            if _jax.buffer_address(array) != view.ctypes.data:
                 return None  # a copy (device memory, or a runtime that copies): no slots
             arrays.append(array)
         slot = self.slot_layout.make(arrays, views, staging)
@@ -258,23 +270,47 @@ class ResidentSlots:
 
         ref = weakref.ref(self)  # (the pool holds the fence: no cycle back)
 
-        def first(slot: list, outs: list) -> None:
+        def first(slot: list, outs: list) -> bool:
+            """Whether the outputs were checked (and the slot is free again)."""
             pool = ref()
             if pool is not None and pool._check_outputs(slot, outs):
-                scope["CHECKED"] = True
                 pool.free.append(slot)
+                return True
+            return False
 
         scope["first"] = first
         src = Source()
         with src.block("def fence(inputs, outs):"):
+            # (CHECKED set through the globals: `first` holding the scope would be a cycle)
+            src.line("global CHECKED")
             src.line(f"slot = get(id(x := inputs[{self.input_index}]))")
             with src.block(f"if slot is not None and slot[{self.slot_layout.array(0)}] is x:"):
                 src.line(f"slot[{SlotLayout.FENCE}] = outs[{self.fence_index}]")
                 with src.block("if CHECKED:"):
                     src.line("append(slot)")
                 with src.block("else:"):
-                    src.line("first(slot, outs)")
-        return run_source(src.text(), "resident fence", scope)["fence"]
+                    src.line("CHECKED = first(slot, outs)")
+        # Out of its own scope: a function in its globals is a cycle, which would
+        # keep the slots (the scope's `get`, `append`) until a collection.
+        return run_source(src.text(), "resident fence", scope).pop("fence")
+
+    def drop_ready_fences(self) -> None:
+        """Drops the fences of free slots whose computations are done (their slots
+        are free: `None`), so that no output the caller dropped stays alive."""
+        ready = _jax.ArrayImpl.is_ready
+        for slot in tuple(self.free):  # (a copy: the deque may change meanwhile)
+            fence = slot[SlotLayout.FENCE]
+            if type(fence) is not _jax.ArrayImpl:  # None, or RETIRED
+                continue
+            try:
+                done = ready(fence)
+            except Exception:  # a deleted fence: its claim retires the slot
+                continue
+            # No eval-breaker check falls between this test and the store, so
+            # under the GIL no thread sets a newer fence in between (one that
+            # claimed the slot after the copy above set its own: then skipped).
+            if done and slot[SlotLayout.FENCE] is fence:
+                slot[SlotLayout.FENCE] = None
 
     def _check_outputs(self, slot: list, outs: list) -> bool:
         """Whether no output aliases the slot's memory (else slots are given up)."""
@@ -282,7 +318,7 @@ class ResidentSlots:
         start = staging.ctypes.data
         stop = start + staging.nbytes
         try:
-            pointers = [o.unsafe_buffer_pointer() for o in outs if o.size]
+            pointers = [_jax.buffer_address(o) for o in outs if o.size]
         except Exception:
             pointers = [start]
         if any(start <= p < stop for p in pointers):
@@ -292,3 +328,40 @@ class ResidentSlots:
             self.give_up()
             return False
         return True
+
+
+_pools: weakref.WeakSet[ResidentSlots] = weakref.WeakSet()  # every live pool
+_sweeper: list[threading.Thread] = []  # the running sweeper, if any
+_sweeper_lock = threading.Lock()
+
+
+def sweep_ready_fences() -> None:
+    """Drops every pool's fences that are ready (`ResidentSlots.drop_ready_fences`)."""
+    for pool in list(_pools):
+        pool.drop_ready_fences()
+
+
+def _sweep_while_pools_live() -> None:
+    """The sweeper: a loop that stops leaves its last calls' outputs as fences,
+    which nothing asks about again until the signature's next call. Never
+    from a gc callback: jaxlib 0.10.2 crashed when a collection inside its
+    own code ran one that asked an array `is_ready`."""
+    while True:
+        time.sleep(SWEEP_EVERY_S)
+        with _sweeper_lock:
+            if not _pools:  # (a new pool starts another)
+                _sweeper.clear()
+                return
+        try:
+            sweep_ready_fences()
+        except Exception:  # (never dies of it: the next claim checks its fence anyway)
+            pass
+
+
+def _start_sweeper() -> None:
+    with _sweeper_lock:
+        if not _sweeper:
+            thread = threading.Thread(target=_sweep_while_pools_live, daemon=True,
+                                      name="nbjit-resident-fences")
+            _sweeper.append(thread)
+            thread.start()

@@ -300,6 +300,8 @@ class MissContext:
     twin_options: Sequence[tuple[Any, Any]] = ()  # (other global key, own) with entries
     capacity: int = 0
     jax_misses: tuple[tuple[int, int], tuple[int, int]] | None = None  # before, after
+    # The function's name without the #N of re-definitions (`ranked_misses` groups by it).
+    location: str = ""
 
 
 FIRST_CALL = "first call"  # the field of a miss with nothing to compare against
@@ -421,7 +423,13 @@ class MissRecord:
 
 RECENT_MISSES = 1024  # records kept for `assert_max_misses`' message
 _recent: collections.deque[MissRecord] = collections.deque(maxlen=RECENT_MISSES)
-_groups: dict[tuple[str, str, tuple[str, ...]], list] = {}  # -> [count, seconds, message]
+# (function location, call site, fields) -> [count, seconds, message]
+_groups: dict[tuple[str, str, tuple[str, ...]], list] = {}
+# Groups `ranked_misses` keeps: past it, the cheapest goes (its misses are
+# counted in `_dropped`), so a process that keeps making new functions (shape
+# churn at many sites) holds a bounded table.
+MAX_GROUPS = 500
+_dropped: list[Any] = [0, 0, 0.0]  # groups, misses, seconds dropped past MAX_GROUPS
 _record_lock = threading.Lock()
 _miss_serials = itertools.count(1)
 _last_serial = 0
@@ -438,18 +446,32 @@ def miss_done(new: CallDescription | None, miss: MissContext, seconds: float) ->
     except Exception as error:  # explaining must never break a call
         fields, why = ("not explained",), f"not explained: {error!r}"
     message = _message(miss.name, site, why, miss)
+    # Re-definitions of one function (a notebook cell run again) are one group:
+    # each new function object's first miss adds to its "first call" row.
+    key = (miss.location or miss.name, site, fields)
     with _record_lock:
         serial = _last_serial = next(_miss_serials)
         _recent.append(MissRecord(serial, miss.name, site, fields, message, seconds))
-        group = _groups.get((miss.name, site, fields))
+        group = _groups.get(key)
         if group is None:
-            _groups[(miss.name, site, fields)] = [1, seconds, message]
+            _groups[key] = [1, seconds, message]
+            if len(_groups) > MAX_GROUPS:
+                _drop_cheapest(key)
         else:
             group[0] += 1
             group[1] += seconds
             group[2] = message  # the latest example
     if enabled() and fields != (FIRST_CALL,):
         logger.warning(message)
+
+
+def _drop_cheapest(kept: tuple) -> None:
+    """Forgets the group whose misses took the least time (not `kept`, just made)."""
+    cheapest = min((k for k in _groups if k != kept), key=lambda k: (_groups[k][1], _groups[k][0]))
+    count, seconds, _ = _groups.pop(cheapest)
+    _dropped[0] += 1
+    _dropped[1] += count
+    _dropped[2] += seconds
 
 
 def misses_since(serial: int) -> list[MissRecord]:
@@ -476,10 +498,13 @@ class RankedMiss:
 
 class RankedMisses(Sequence[RankedMiss]):
     """Misses grouped by function, call site and differing fields, costliest
-    first; prints as a table (text and notebook HTML)."""
+    first; prints as a table (text and notebook HTML). `dropped`: (groups,
+    misses, seconds) forgotten past `MAX_GROUPS`, the cheapest ones."""
 
-    def __init__(self, rows: Sequence[RankedMiss]) -> None:
+    def __init__(self, rows: Sequence[RankedMiss],
+                 dropped: tuple[int, int, float] = (0, 0, 0.0)) -> None:
         self._rows = list(rows)
+        self.dropped = dropped
 
     def __getitem__(self, i: Any) -> Any:
         return self._rows[i]
@@ -500,15 +525,22 @@ class RankedMisses(Sequence[RankedMiss]):
         return Table(header, body, right=frozenset({0, 1}), left=text_columns,
                      code=text_columns)
 
+    def _notes(self) -> list[str]:
+        groups, misses, seconds = self.dropped
+        if not groups:
+            return []
+        return [f"and {misses} cheaper misses ({seconds:.3f} s) in {groups} groups, forgotten: "
+                f"at most {MAX_GROUPS} groups are kept (nbjit.reset_ranked_misses() starts over)"]
+
     def __str__(self) -> str:
         if not self._rows:
             return "no nbjit misses"
-        return self._table().text()
+        return "\n".join([self._table().text(), *self._notes()])
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return self._table().html()
+        return self._table().html(self._notes())
 
 
 def ranked_misses(top: int | None = None) -> RankedMisses:
@@ -519,20 +551,27 @@ def ranked_misses(top: int | None = None) -> RankedMisses:
     the first rows).
 
     Misses of functions that already had entries say which field to fix;
-    ``first call`` rows are each function's unavoidable first miss.
+    ``first call`` rows are each function's unavoidable first miss. A
+    function defined again by the same code (a notebook cell run again) is
+    the same row's function: its name without the ``#N`` that `stats()`
+    gives each function object, so that ``first call`` counts them. At most
+    `MAX_GROUPS` groups are kept (the cheapest go first, and the table says
+    how many); `reset_ranked_misses()` forgets them all.
     """
     with _record_lock:
         rows = [RankedMiss(name, site, fields, count, seconds, message)
                 for (name, site, fields), (count, seconds, message) in _groups.items()]
+        dropped = (int(_dropped[0]), int(_dropped[1]), float(_dropped[2]))
     rows.sort(key=lambda r: (-r.seconds, -r.count))
-    return RankedMisses(rows[:top] if top is not None else rows)
+    return RankedMisses(rows[:top] if top is not None else rows, dropped)
 
 
 def reset_ranked_misses() -> None:
-    """Forgets the misses `ranked_misses` groups (the records for
-    `assert_max_misses` stay)."""
+    """Forgets the misses `ranked_misses` groups (``nbjit.reset_ranked_misses()``;
+    the records for `assert_max_misses` stay)."""
     with _record_lock:
         _groups.clear()
+        _dropped[:] = [0, 0, 0.0]
 
 
 class _MissBudget:

@@ -36,7 +36,8 @@ from jax import tree_util
 from nbjit import _jax
 
 __all__ = ["STATEMENT_MAX", "aval_text", "call_site", "defined_in_library", "definition_site",
-           "fit_statement", "function_name", "name_like", "node_differences", "process_label",
+           "fit_statement", "function_name", "location_name", "name_like", "node_differences",
+           "process_label",
            "qualified_name", "structure_difference", "structure_differences", "value_text"]
 
 
@@ -93,6 +94,9 @@ def _library_dirs() -> tuple[str, ...]:
 
 _ordinals: dict[tuple[str, str | None], int] = {}  # (qualified name, site) -> functions seen
 _assigned: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_located: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # (`name_like`)
+# (qualified name, site) -> distinct code objects defined there (equal code: one key) -> N
+_code_ordinals: dict[tuple[str, str | None], dict[types.CodeType, int]] = {}
 _lock = threading.Lock()
 
 
@@ -125,13 +129,37 @@ def function_name(fun: Any) -> str:
     return name
 
 
+def location_name(fun: Any) -> str:
+    """The name of the code that defines `fun`: `function_name`, but with ``#N``
+    counting distinct code (by equality) rather than function objects, so
+    every function object made by equal code has it (a notebook cell run
+    again, closures made in a loop), while two different lambdas on one line
+    keep apart. `ranked_misses` groups by it."""
+    try:
+        found = _located.get(fun)
+    except TypeError:  # not weak-referenceable or unhashable
+        found = None
+    if found is not None:
+        return found
+    base, site = qualified_name(fun), definition_site(fun)
+    name = base if site is None else f"{base} ({site})"
+    code = _code_of(fun)
+    if code is None:
+        return name
+    with _lock:
+        codes = _code_ordinals.setdefault((base, site), {})
+        n = codes.setdefault(code, len(codes) + 1)
+    return name if n == 1 else f"{name}#{n}"
+
+
 def name_like(fun: Any, like: Any) -> None:
     """Reports name `fun` as they name `like`: for a function made to run
     `like`'s calls (nbjit.filter_jit's inner function)."""
-    name = function_name(like)
+    name, location = function_name(like), location_name(like)
     with _lock:
         try:
             _assigned[fun] = name
+            _located[fun] = location
         except TypeError:
             pass
 

@@ -31,7 +31,7 @@ def describe(jitted: JitView, args: tuple, kwargs: dict, static_positions: Seque
         description = None
     return description, lambda after: _explain.MissContext(
         _stats.function_label(jitted), facts.cached, facts.evicted, facts.twins,
-        facts.capacity, (facts.jax_misses_before, after))
+        facts.capacity, (facts.jax_misses_before, after), _stats.function_location(jitted))
 
 
 def explain_miss(outcome: _hooks.MissOutcome) -> None:

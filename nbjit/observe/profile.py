@@ -85,8 +85,8 @@ def record(jitted: Any, stamps: list[int], t_key: int, t_lookup: int, t_inputs: 
 
 
 def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
-    """One miss (`kind` 'miss'), slow call ('slow') or call staged into an outer
-    trace ('traced': a slow call for a tracer) of `jitted`, timed whole."""
+    """One miss (`kind` 'miss'; one whose trace raised too), slow call ('slow') or
+    call staged into an outer trace ('traced') of `jitted`, timed whole."""
     for prof in _active:
         prof._whole.setdefault(jitted, []).append((kind, nanoseconds))
 
@@ -94,13 +94,13 @@ def record_whole(jitted: Any, kind: str, nanoseconds: int) -> None:
 def timed_call(jitted: JitView, t0: int, fn: Callable, /, *args: Any) -> Any:
     """A slow or miss call under a profile: run it, record it whole."""
     misses = jitted.miss_count
-    reasons = info(jitted).counters.slow_reasons
-    traced = reasons.get("tracer", 0)
+    counters = info(jitted).counters
+    traced, raised = counters.traced, counters.raised
     try:
         return fn(*args)
     finally:
-        kind = ("miss" if jitted.miss_count != misses
-                else "traced" if reasons.get("tracer", 0) != traced else "slow")
+        kind = ("miss" if jitted.miss_count != misses or counters.raised != raised
+                else "traced" if counters.traced != traced else "slow")
         record_whole(jitted, kind, _clock() - t0)
 
 
@@ -257,9 +257,10 @@ class Profile:
             phases = phases_ns / 1e3
             miss_us = [ns / 1e3 for kind, ns in whole if kind == "miss"]
             slow_us = [ns / 1e3 for kind, ns in whole if kind != "miss"]  # traced ones too
+            traced = sum(kind == "traced" for kind, _ in whole)
             row: dict[str, Any] = {
                 "name": name, "calls": len(phases) + len(whole), "hits": len(phases),
-                "misses": len(miss_us), "slow": len(slow_us),
+                "misses": len(miss_us), "slow": len(slow_us) - traced, "traced": traced,
             }
             for i, phase in enumerate(PHASES):
                 column = phases[:, i] if len(phases) else np.zeros(1)
@@ -277,11 +278,14 @@ class Profile:
         return rows
 
     def _table(self) -> Table:
-        header = ["function", "calls", "hits", "misses", "slow"]
+        rows = self.summary()
+        traced = any(r["traced"] for r in rows)  # a column only where some call was staged
+        header = ["function", "calls", "hits", "misses", "slow", *(["traced"] if traced else [])]
         header += [f"{p} us" for p in PHASES] + ["hit us", "miss/slow us", "total ms"]
         body = []
-        for r in self.summary():
+        for r in rows:
             cells = [r["name"], str(r["calls"]), str(r["hits"]), str(r["misses"]), str(r["slow"])]
+            cells += [str(r["traced"])] if traced else []
             cells += [f"{r[f'{p}_median_us']:.2f} ({r[f'{p}_p90_us']:.2f})"
                       for p in (*PHASES, "hit")]
             whole = [v for v in (r["miss_mean_us"], r["slow_mean_us"]) if v]

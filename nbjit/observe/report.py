@@ -56,10 +56,9 @@ def build(profile: _profile.Profile | None) -> dict[str, Any]:
     for name, s in [*_stats.stats().items(), *_stats.retired().items()]:
         if not s.calls:
             continue  # made, never called: nothing ran
-        slow_reasons = dict(s.slow_reasons)
-        traced = slow_reasons.pop("tracer", 0)
         row: dict[str, Any] = {"name": name, "calls": s.calls, "hits": s.hits, "misses": s.misses,
-               "slow": s.slow - traced, "traced": traced, "slow_reasons": slow_reasons,
+               "slow": s.slow, "traced": s.traced, "raised": s.raised,
+               "slow_reasons": dict(s.slow_reasons),
                "library": name in libraries,
                "evictions": s.evictions, "miss_seconds": s.miss_seconds,
                "resident": s.resident}
@@ -91,9 +90,12 @@ def format_text(report: dict[str, Any]) -> str:
     staged = [r for r in all_rows if _inside_traces_only(r)]
     timed = report["profiled"]
     traced_column = any(r.get("traced", 0) for r in rows)
+    raised_column = any(r.get("raised", 0) for r in rows)
     header = ["function", "calls", "hits", "misses", "slow"]
     if traced_column:
         header.append("traced")
+    if raised_column:
+        header.append("raised")
     if timed:
         header += ["dispatch ms", "execute ms", "miss ms", "slow ms"]
     header.append("slow reasons")
@@ -103,6 +105,8 @@ def format_text(report: dict[str, Any]) -> str:
         cells = [name, str(r["calls"]), str(r["hits"]), str(r["misses"]), str(r["slow"])]
         if traced_column:
             cells.append(str(r.get("traced", 0)))
+        if raised_column:
+            cells.append(str(r.get("raised", 0)))
         if timed:
             cells += [f"{r.get(k, 0.0):.2f}" for k in ("dispatch_ms", "execute_ms", "miss_ms",
                                                       "slow_ms")]
@@ -115,6 +119,8 @@ def format_text(report: dict[str, Any]) -> str:
     if traced_column:
         lines.append("traced = calls with tracers inside another trace (jit, grad, vmap, scan): "
                      "staged into that trace, as jax.jit's are; not slow")
+    if raised_column:
+        lines.append(f"raised = {_stats.RAISED}")
     if staged:
         names = "; ".join(f"{r['name']}: {r['calls']} call{'s' if r['calls'] != 1 else ''}"
                           for r in staged)

@@ -37,6 +37,7 @@ from typing import Any
 
 from nbjit import _jax
 from nbjit.core import flavours as _flavours
+from nbjit.core import profiler as _profiler
 from nbjit.core.profiler import ProfilerHooks, set_profiler_hooks
 from nbjit.core.view import info
 from nbjit.observe import explain as _explain
@@ -134,7 +135,8 @@ TRACED = _flavours.add_flavour(_flavours.Flavour(
 
 
 def slow(jitted: Any, reason: str, args: tuple, kwargs: dict) -> Any:
-    """`PjitFunction._slow` in a session: JAX's own path in a span naming the reason.
+    """`PjitFunction._slow` in a session: JAX's own path in a span naming the reason
+    (``nbjit traced`` for a call staged into an outer trace: not a slow call).
 
     A call with a tracer among its leaves goes straight to JAX's Python cache
     miss, which is where jaxlib's PjitFunction sends it at once (its signature
@@ -142,7 +144,7 @@ def slow(jitted: Any, reason: str, args: tuple, kwargs: dict) -> Any:
     shows jaxlib's two under jax.jit, not both pairs nested. Every other slow
     call goes through jaxlib's PjitFunction, whose own pair nests in nbjit's.
     """
-    with TraceMe(f"nbjit slow: {reason}"):
+    with TraceMe("nbjit traced" if reason == _profiler.TRACED else f"nbjit slow: {reason}"):
         if any(isinstance(x, _jax.Tracer) for x in _jax.flatten_for_dispatch((args, kwargs))[0]):
             return _jax.cache_miss_of(info(jitted).jax_jitted)(*args, **kwargs)[0]
         return info(jitted).jax_jitted(*args, **kwargs)

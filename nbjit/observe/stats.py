@@ -36,16 +36,16 @@ from typing import Any
 from nbjit import _jax
 from nbjit.core import live as _live
 from nbjit.core.view import JitView, info
-from nbjit.observe.names import defined_in_library, function_name, process_label
+from nbjit.observe.names import defined_in_library, function_name, location_name, process_label
 from nbjit.observe.table import Table
 
-__all__ = ["DispatchStats", "SLOW_REASONS", "StatsTable", "library_names", "snapshot", "stats"]
+__all__ = ["RAISED", "TRACED", "DispatchStats", "SLOW_REASONS", "StatsTable", "library_names",
+           "snapshot", "stats"]
 
 # Why a call took JAX's own path instead of nbjit's (the keys of
 # `DispatchStats.slow_reasons`). One per place the dispatcher gives up.
 SLOW_REASONS: dict[str, str] = {
     "ref": "a jax.Ref argument (jax.new_ref, flax nnx ref mode): JAX's own path, as jax.jit",
-    "tracer": "called under a JAX transformation (jit, grad, vmap, scan): staged, never cached",
     "effects": "the function has side effects (jax.debug.print, callbacks): no fast path",
     "debug_nans": "jax_debug_nans is on",
     "debug_infs": "jax_debug_infs is on",
@@ -58,8 +58,16 @@ SLOW_REASONS: dict[str, str] = {
     "pytree_node_data": "a pytree node's data raised when compared: JAX's path decides",
     "input_refused": "preparing inputs failed (e.g. a transfer guard): JAX's path reports it",
     "execute_refused": "the executable refused the inputs",
-    "compile_failed": "the signature's compile failed (here or in another thread)",
+    "compile_failed": "the signature's compile was interrupted (Ctrl-C), or another thread's "
+                      "compile of it failed while this call waited",
 }
+
+# What the other columns of `DispatchStats` count, beside hits, misses and slow calls.
+TRACED = ("calls under a JAX transformation (jit, grad, vmap, hessian, scan): staged into "
+          "that trace, never cached, as jax.jit's are there; not slow")
+RAISED = ("calls that raised in JAX's trace, lowering or compile (an error in the function or "
+          "its arguments, as jax.jit raises it: a TracerBoolConversionError, a shape error); "
+          "that signature's next call traces again")
 
 def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> DispatchStats:
     """A `DispatchStats` from a namespace's counters (`nbjit.core.cache.Counters`).
@@ -70,24 +78,31 @@ def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> Dispatch
     reasons = dict(counters.slow_reasons)  # one read: other threads may add keys
     slow = sum(reasons.values())
     hits, misses = counters.hits + live_hits, counters.misses
+    traced, raised = counters.traced, counters.raised
     extensions: dict[str, Any] = {}  # the extensions' own fields (the host's: resident)
     for added in list(getattr(counters, "extension_counters", {}).values()):
         extensions.update(added.fields())
     return DispatchStats(
-        name=name, calls=hits + misses + slow, hits=hits, misses=misses, slow=slow,
-        slow_reasons=reasons, evictions=counters.evictions, entries=entries,
-        miss_seconds=counters.miss_seconds, **extensions)
+        name=name, calls=hits + misses + traced + raised + slow, hits=hits, misses=misses,
+        traced=traced, raised=raised, slow=slow, slow_reasons=reasons,
+        evictions=counters.evictions, entries=entries, miss_seconds=counters.miss_seconds,
+        **extensions)
 
 
 @dataclass(frozen=True)
 class DispatchStats:
     """What one nbjit function (with its twins) did with its calls.
 
-    calls = hits + misses + slow. `misses` counts the calls nbjit had no entry
-    for and created one (JAX traced and compiled them, or found them in its
-    own caches: a miss is not always a compile); `slow` calls took JAX's own
-    path, for the reasons in `slow_reasons`; `entries` is how many signatures
-    the cache holds now; `miss_seconds` the wall time spent in misses.
+    calls = hits + misses + traced + raised + slow. `misses` counts the calls
+    nbjit had no entry for and created one (JAX traced and compiled them, or
+    found them in its own caches: a miss is not always a compile); `traced`
+    the calls made under a JAX transformation (`TRACED`: staged into the
+    outer trace, as jax.jit's are, never cached, not a problem); `raised` the
+    calls whose trace, lowering or compile raised (`RAISED`: the function's
+    own error, as jax.jit raises it); `slow` calls took JAX's own path for
+    one of the reasons in `slow_reasons`; `entries` is how many signatures
+    the cache holds now; `miss_seconds` the wall time spent in misses (those
+    that raised too).
     """
 
     name: str
@@ -100,6 +115,8 @@ class DispatchStats:
     entries: int = 0
     miss_seconds: float = 0.0
     resident: int = 0  # signatures whose host inputs became resident (no compile)
+    traced: int = 0
+    raised: int = 0
 
     def __str__(self) -> str:
         return str(StatsTable({self.name: self}))
@@ -111,6 +128,8 @@ class DispatchStats:
 
 
 _COLUMNS = ("calls", "hits", "misses", "slow", "evictions", "entries", "miss s")
+# Shown where some row counts any (`TRACED`, `RAISED`), each with a line saying what it is.
+_OPTIONAL = ("traced", "raised")
 
 
 def _reasons_text(reasons: dict[str, int]) -> str:
@@ -138,9 +157,19 @@ def _host_lines(rows: dict[str, DispatchStats]) -> list[str]:
     return [line for line in lines if line]
 
 
-def _row(s: DispatchStats) -> tuple[str, ...]:
-    return (str(s.calls), str(s.hits), str(s.misses), str(s.slow), str(s.evictions),
-            str(s.entries), f"{s.miss_seconds:.3f}")
+def _row(s: DispatchStats, optional: tuple[str, ...]) -> tuple[str, ...]:
+    return (str(s.calls), str(s.hits), str(s.misses), *(str(getattr(s, c)) for c in optional),
+            str(s.slow), str(s.evictions), str(s.entries), f"{s.miss_seconds:.3f}")
+
+
+def _optional_columns(rows: dict[str, DispatchStats]) -> tuple[str, ...]:
+    return tuple(c for c in _OPTIONAL if any(getattr(s, c) for s in rows.values()))
+
+
+def _column_notes(optional: tuple[str, ...]) -> list[str]:
+    """What the optional columns count, in words (a user reads "slow" as a problem)."""
+    said = {"traced": TRACED, "raised": RAISED}
+    return [f"{c} = {said[c]}" for c in optional]
 
 
 class StatsTable(Mapping[str, DispatchStats]):
@@ -161,20 +190,26 @@ class StatsTable(Mapping[str, DispatchStats]):
     def __repr__(self) -> str:  # the table, as pandas shows a DataFrame
         return str(self)
 
-    def _table(self) -> Table:
-        header = ("function", *_COLUMNS, "slow reasons")
-        body = [(name, *_row(s), _reasons_text(s.slow_reasons)) for name, s in self._rows.items()]
+    def _table(self, optional: tuple[str, ...]) -> Table:
+        header = ("function", *_COLUMNS[:3], *optional, *_COLUMNS[3:], "slow reasons")
+        body = [(name, *_row(s, optional), _reasons_text(s.slow_reasons))
+                for name, s in self._rows.items()]
         last = len(header) - 1
         return Table(header, body, right=frozenset(range(1, last)), left=frozenset({0, last}),
                      code=frozenset({0}))
 
+    def _notes(self, optional: tuple[str, ...]) -> list[str]:
+        return _column_notes(optional) + _host_lines(self._rows)
+
     def __str__(self) -> str:
-        lines = self._table().lines() + _host_lines(self._rows)
+        optional = _optional_columns(self._rows)
+        lines = self._table(optional).lines() + self._notes(optional)
         label = process_label()  # multi-controller: whose counts
         return "\n".join([f"({label})", *lines] if label else lines)
 
     def _repr_html_(self) -> str:
-        return self._table().html(_host_lines(self._rows))
+        optional = _optional_columns(self._rows)
+        return self._table(optional).html(self._notes(optional))
 
 
 # ---------------------------------------------------------------------------
@@ -259,6 +294,15 @@ def function_label(jitted: JitView) -> str:
     facts = info(jitted)
     name = function_name(facts.fun)
     options = _keyed_options(facts.global_key)
+    return f"{name} [{options}]" if options else name
+
+
+def function_location(jitted: JitView) -> str:
+    """`function_label` without the ``#N`` of re-definitions: one label for every
+    function object the same code defines (a notebook cell run again)."""
+    facts = info(jitted)
+    options = _keyed_options(facts.global_key)
+    name = location_name(facts.fun)
     return f"{name} [{options}]" if options else name
 
 

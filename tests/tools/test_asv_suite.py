@@ -172,3 +172,37 @@ def test_a_missing_scenario_skips_from_the_timed_call(suite):
 
     with pytest.raises(common.SkipNotImplemented, match="no scenario"):
         Missing().time_dispatch("jax")
+
+
+def _asv_conf() -> tuple[str, dict]:
+    import json
+    import re
+
+    text = (ROOT / "benchmarks" / "asv.conf.json").read_text()
+    return text, json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
+
+
+def test_asv_conf_pins_a_supported_jax_and_states_the_readmes_range():
+    """The pins lie in SUPPORTED_JAX, and the comment names that range as the README does."""
+    from nbjit import _jax
+
+    text, conf = _asv_conf()
+    (low, high) = _jax.SUPPORTED_JAX
+    stated = f"jax {'.'.join(map(str, low))} to {high[0]}.{high[1] - 1}.x"
+    assert stated in text and stated.removeprefix("jax ") in (ROOT / "README.md").read_text()
+    req = conf["matrix"]["req"]
+    assert req["jax"] == req["jaxlib"]
+    (pinned,) = req["jax"]
+    assert low <= _jax._version_tuple(pinned) < high
+
+
+def test_the_suite_says_when_this_environment_differs_from_the_pins(suite, monkeypatch):
+    import importlib.metadata
+
+    common = sys.modules["benchmarks.common"]
+    versions = {"jax": "0.11.2"}
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: versions.get(name) or real(name))
+    found = common.pin_mismatches()
+    assert any(m.startswith("jax 0.11.2 (pinned ") for m in found)

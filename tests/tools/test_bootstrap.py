@@ -105,3 +105,68 @@ def test_the_console_script_is_the_whole_command_line():
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["nbjit"] == scripts["nbjit-compare"] == "nbjit.__main__:main"
+
+
+def _setuptools_for_editable_installs() -> bool:
+    """Whether this environment can build nbjit's editable install offline
+    (`pip install --no-build-isolation`): setuptools as new as pyproject.toml's
+    build-system asks (the test extra installs it)."""
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    return int(setuptools.__version__.split(".")[0]) >= 77
+
+
+@pytest.mark.skipif(not _setuptools_for_editable_installs(),
+                    reason="needs setuptools >= 77 here (nbjit's test extra installs it)")
+def test_import_from_the_folder_that_holds_the_clone(tmp_path):
+    """A clone named nbjit, installed editable as bootstrap.sh installs it, then a
+    script run from the clone's parent folder: `import nbjit` is the package,
+    not the clone's folder taken for a namespace package (setuptools' default
+    editable hook comes after Python's path search, which finds that folder
+    first in the working directory)."""
+    parent = tmp_path / "parent"
+    clone = parent / "nbjit"
+    clone.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, clone / name)
+    shutil.copytree(ROOT / "nbjit", clone / "nbjit",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
+                              "print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    # This process's import path (pip, setuptools, jax, numba: a .venv inside the
+    # checkout too) but any folder holding an nbjit package, as plain path
+    # entries after the new venv's own (.pth files there are not read: an nbjit
+    # installed in this environment stays out of sight).
+    here = [p for p in sys.path if p and os.path.isdir(p)
+            and not (pathlib.Path(p) / "nbjit" / "__init__.py").exists()]
+    (pathlib.Path(purelib) / "zz_outer.pth").write_text("\n".join(here) + "\n")
+    env = {k: v for k, v in child_env().items() if k != "PYTHONPATH"}
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and pathlib.Path(p).resolve() != ROOT]
+    if kept:  # (jax's companions on a PYTHONPATH of their own: the TPU machines)
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    # bootstrap.sh's own install line, run offline against the copy.
+    fake, log = _fake_venv(tmp_path / "fake")
+    _bootstrap(fake)
+    (install,) = _installs(log)
+    args = [a for a in shlex.split(install)[1:] if not a.startswith(".[") and a != "-q"]
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                           "--no-build-isolation", *args, str(clone)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    (parent / "script.py").write_text(
+        "import nbjit\n"
+        "print(nbjit.__file__)\n"
+        "print(int(nbjit.jit(lambda x: x + 1)(41)))\n")
+    ran = subprocess.run([str(python), "script.py"], cwd=parent, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert ran.returncode == 0, ran.stderr
+    where, answer = ran.stdout.split()
+    assert pathlib.Path(where) == clone / "nbjit" / "__init__.py" and answer == "42"

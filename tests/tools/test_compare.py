@@ -8,6 +8,7 @@ import io
 import json
 import operator
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from nbjit._jax import jax_jit
 from nbjit.bench import matrix, user
 from nbjit.routing import devices as _devices
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = bench.Settings(rounds=3, min_rounds=2, target_batch_s=0.0005, max_seconds=0.2,
                          warmup_calls=1)
 
@@ -187,6 +189,21 @@ def test_plot_writes_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("n_rows", [2, 62])  # a short run, and as many rows as docs/compare.png
+def test_the_plots_title_clears_its_panels_titles(n_rows):
+    pytest.importorskip("matplotlib")
+    from nbjit.bench import report
+
+    rows, meta = bench.read_json(str(ROOT / "docs" / "compare.json"))
+    fig = report.figure(rows[:n_rows], meta)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)
+    for ax in fig.axes:
+        panel = ax.title.get_window_extent(renderer)
+        assert panel.y1 < title.y0, (ax.get_title(), panel, title)  # (pixels from the bottom)
+
+
 def test_cli_self_check_and_list(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench, "scenarios", _tiny_matrix)
     monkeypatch.setattr(bench.Settings, "quick", classmethod(lambda cls: TINY))
@@ -198,9 +215,29 @@ def test_cli_self_check_and_list(tmp_path, capsys, monkeypatch):
     assert "summary: 1 row, geomean ratio" in printed
     assert "summary: 1 row, geomean ratio" in out_md.read_text()
     assert rc in (0, 1)  # a speed verdict on a noisy machine is not this test's business
+    if rc == 1:
+        assert "too noisy, run again" in printed
     assert json.loads(out_json.read_text())["rows"][0]["name"] == "tiny_dispatch"
     assert cli.main(["compare", "--list"]) == 0
     assert cli.main(["compare", "--only", "nothing-matches"]) == 2
+
+
+def test_a_failed_self_check_says_too_noisy_run_again(capsys, monkeypatch):
+    """jax.jit against itself outside 0.9-1.1 is the machine's noise: said so, with what to do."""
+    monkeypatch.setattr(bench, "scenarios", _tiny_matrix)
+    monkeypatch.setattr(bench.Settings, "quick", classmethod(lambda cls: TINY))
+    real_run = bench.run
+
+    def noisy_run(*args, **kwargs):
+        rows, meta = real_run(*args, **kwargs)
+        return [dataclasses.replace(r, ratio=1.4) for r in rows], meta
+
+    monkeypatch.setattr(bench, "run", noisy_run)
+    rc = cli.main(["compare", "--quick", "--self-check", "--only", "tiny_d*", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert rc == 1
+    assert "self-check: too noisy, run again" in printed and "tiny_dispatch (1.40)" in printed
+    assert "FAILED" not in printed
 
 
 def test_outputs_compared():
@@ -321,6 +358,95 @@ def test_user_compare_plot(tmp_path, monkeypatch):
     path = tmp_path / "c.png"
     result.plot(str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _sgd(w, x):
+    return w - 0.01 * (x.T @ (x @ w)), jnp.sum(x)
+
+
+def test_user_compare_times_until_ready_and_until_return(monkeypatch):
+    import nbjit
+
+    monkeypatch.setattr(user, "USER_SETTINGS", TINY)
+    result = nbjit.compare(_sgd, jnp.ones((8, 8)), np.ones((4, 8), np.float32))
+    assert result.return_ratio is not None and result.return_ratio > 0
+    assert result.return_p10 <= result.return_ratio <= result.return_p90
+    assert result.nbjit_return_us == pytest.approx(result.return_ratio * result.jax_return_us)
+    assert result.calls_per_batch == bench.measure.SYNC_EACH_CALLS  # each call timed alone
+    text = str(result)
+    assert "results ready" in text and "call returned" in text
+
+
+def test_user_compare_with_donation_gives_a_ratio(monkeypatch):
+    """Each call gets fresh copies of its jax.Arrays (a donated one is deleted by
+    the call that takes it); before, the second call raised 'Array has been deleted'."""
+    import nbjit
+
+    monkeypatch.setattr(user, "USER_SETTINGS", TINY)
+    w = jnp.ones((8, 8))
+    result = nbjit.compare(_sgd, w, np.ones((4, 8), np.float32),
+                           jit_kwargs={"donate_argnums": (0,)})
+    assert result.ratio > 0 and result.return_ratio > 0
+    assert "donation" in result.arguments and "donation" in str(result)
+    assert not w.is_deleted()  # the caller's own array is never the one donated
+    by_name = nbjit.compare(lambda w, x: _sgd(w, x), w=w, x=np.ones((4, 8), np.float32),
+                            jit_kwargs={"donate_argnames": "w"})
+    assert by_name.ratio > 0 and not w.is_deleted()
+
+
+def test_user_compare_new_arguments_every_call(monkeypatch):
+    """args_from: a callable gives each call its own arguments, made off the clock."""
+    import nbjit
+
+    monkeypatch.setattr(user, "USER_SETTINGS", TINY)
+    made = []
+
+    def batch():
+        made.append(np.full((4, 8), len(made), np.float32))
+        return jnp.ones((8, 8)), made[-1]
+
+    result = nbjit.compare(_sgd, args_from=batch)
+    timed = 2 * result.rounds * result.calls_per_batch  # nbjit's and jax.jit's timed calls
+    assert len(made) > timed and len({id(x) for x in made}) == len(made)
+    assert "new arguments every call" in str(result)
+    assert result.floor_us is None  # the floor runs prepared inputs: not with new values
+
+
+def test_user_compare_walks_a_list_and_says_when_an_iterator_runs_out(monkeypatch):
+    import nbjit
+
+    monkeypatch.setattr(user, "USER_SETTINGS", TINY)
+    batches = [np.full((4, 8), i, np.float32) for i in range(3)]
+    result = nbjit.compare(lambda x: x * 2, args_from=batches)  # one argument: not a tuple
+    assert result.ratio > 0
+    with pytest.raises(ValueError, match="args_from ran out after 5 calls.*itertools.cycle"):
+        nbjit.compare(lambda x: x * 2, args_from=iter(batches + batches[:2]))
+    with pytest.raises(TypeError, match="either positionally"):
+        nbjit.compare(lambda x: x * 2, batches[0], args_from=batches)
+
+
+def _result(ratio, p10, p90, check=((1.0, 0.97, 1.03), (1.0, 0.97, 1.03))):
+    return user.CompareResult("step", ratio, ratio * 10.0, 10.0, 8.0, p10, p90, 5, 7, check,
+                              ratio, p10, p90, ratio * 5.0, 5.0)
+
+
+def test_user_compare_verdict_and_self_check_wherever_it_is_shown(tmp_path):
+    faster, slower, unclear = _result(0.9, 0.85, 0.95), _result(1.2, 1.1, 1.3), _result(1, .9, 1.1)
+    assert faster.verdict.startswith("nbjit is faster until the results are ready")
+    assert slower.verdict.startswith("nbjit is slower")
+    assert unclear.verdict.startswith("no clear difference") and "spans 1" in unclear.verdict
+    noisy = _result(0.9, 0.85, 0.95, ((1.0, 0.9, 1.1), (1.3, 0.8, 2.0)))
+    assert noisy.noisy and noisy.verdict.startswith("too noisy, run again")
+    for r in (faster, noisy):
+        text = str(r)
+        assert repr(r) == text and "ratio=" not in text  # the report, not the raw dataclass
+        assert f"verdict: {r.verdict}" in text and "self-check (jax.jit against itself)" in text
+        page = r._repr_html_()
+        assert "<table>" in page and "self-check" in page and "verdict" in page
+    assert "no self-check" in _result(0.9, 0.85, 0.95, None).verdict
+    if importlib.util.find_spec("matplotlib") is not None:
+        noisy.plot(str(tmp_path / "n.png"))
+        assert (tmp_path / "n.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def _plus_two(x):
@@ -498,7 +624,7 @@ def test_settle_brings_fresh_host_inputs_to_their_steady_state():
 
     f = nbjit.jit(lambda a, b: a + b)
     rng = np.random.default_rng(0)
-    runner._settle(lambda: f(rng.standard_normal(8).astype(np.float32),
+    runner.settle(lambda: f(rng.standard_normal(8).astype(np.float32),
                              rng.standard_normal(8).astype(np.float32)))
     node, _ = f._entry_for((np.ones(8, np.float32), np.ones(8, np.float32)), {})
     if node.record.launch is None:  # the CPU: resident

@@ -67,10 +67,10 @@ def test_nbjit_mode_routes_jit_before_imports_and_reports(tmp_path: pathlib.Path
     result = _run_pytest(tmp_path, "nbjit")
     assert result.returncode == 0, result.stdout + result.stderr
     # double: a miss then a hit; outer: one miss; inner, called while outer
-    # traces: a tracer argument, JAX's own path (slow, reason "tracer").
+    # traces: a tracer argument, staged into that trace (traced, not slow).
     line = next(ln for ln in result.stdout.splitlines() if ln.startswith("nbjit (nbjit): "))
-    expected = ("nbjit (nbjit): 3 live jitted functions; calls 4, hits 1, misses 2, slow 1 "
-                "{'tracer': 1}")
+    expected = ("nbjit (nbjit): 3 live jitted functions; calls 4, hits 1, misses 2, traced 1, "
+                "raised 0, slow 0 {}")
     assert line == expected, line
 
 

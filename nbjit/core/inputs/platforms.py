@@ -8,37 +8,39 @@ per leaf, the numpy array copied while the call runs, a memo for small
 repeated values), a big or multi-device one a `ShardingPlan`, anything else
 JAX's `shard_args` (`nbjit.core.inputs.steps`). That is `DEFAULT`.
 
-A strategy (`InputStrategy`) changes two things, and nothing else:
+A strategy (`InputStrategy`) changes three things, and nothing else:
 
   * `host_transfer(aval, sharding)`: how a `HostInput` step hands a numpy
-    array to `batched_device_put`, as a `HostTransfer`: jaxlib's host
-    buffer semantics and, optionally, `stage`, which makes the private copy
-    the put reads instead of the caller's array (so that a transfer that
-    reads after the call returns never sees a later write). Asked once per
-    step, when a record is built; the generated preparer inlines it.
+    array to a put, as a `HostTransfer`: jaxlib's host buffer semantics
+    and, optionally, `stage`, which makes the private copy the put reads
+    instead of the caller's array (so that a transfer that reads after the
+    call returns never sees a later write). Asked once per step, when a
+    record is built; the generated preparer inlines it.
+  * `launches`: whether a record whose host leaves go to its executable's
+    one device hands them to jaxlib's own put (a launch record,
+    `nbjit.core.inputs.launch`) instead of putting each from Python.
   * `on_miss(outcome)`: after a miss installed a node with a record, an
     optimisation may arm itself for that node (it must not raise).
 
 `STAGED` is the core's own way for a device with memory of its own (an
 accelerator): there a put that copies while the call runs waits for the
-transfer, and a put of the caller's array (what jax.jit does) reads it
-after the call returns, so a write right after the call can change the
-result. A `Staged` transfer copies the array into a private buffer of the
-step's `StagingRing` and puts that zero copy: the call returns while the
-transfer runs, and nothing the caller writes afterwards is read. An array
-no one can write is put in place (`staging.immutable`), and one of
-`Staged.DIRECT_MIN_BYTES` or more is read during the call (`DIRECT`),
-with no copy of ours.
+transfer, a put of the caller's array (what jax.jit does) reads it after
+the call returns, so a write right after the call can change the result,
+and a put from Python costs more than jaxlib's own. A `Staged` transfer
+copies the array into a private buffer of the step's `StagingRing`, and
+its records launch: jaxlib's own put reads that copy, zero copy, the call
+returning while the transfer runs, and nothing the caller writes
+afterwards is read. An array no one can write is put in place
+(`staging.immutable`), and one of `Staged.DIRECT_MIN_BYTES` or more is
+read during the call by nbjit's own put (`DIRECT`), with no copy of ours.
 
 The table, `strategy_for(platform)`:
 
   * "cpu": the host-memory strategy of `nbjit.host` (the host-input policy:
-    resident slots, packing), plugged in when ``import nbjit`` imports
-    that room (`plug_in`); the CPU's device memory is host memory, which
-    the device can read in place. Without it, `DEFAULT`.
-  * every other platform: `STAGED`; for "tpu" and "gpu" the host room
-    plugs in packing a signature's changing host leaves into one staged put
-    (`nbjit.host.HostStaged`; ``NBJIT_PACK_ACCELERATOR=0`` leaves it out).
+    resident slots), plugged in when ``import nbjit`` imports that room
+    (`plug_in`); the CPU's device memory is host memory, which the device
+    can read in place. Without it, `DEFAULT`.
+  * every other platform: `STAGED`.
 
 A record's host inputs take the strategy of their sharding's platform
 (`platform_of`); a miss's `on_miss` is that of its executable's first input.
