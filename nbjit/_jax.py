@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import jaxlib
 
+from nbjit._common import drop_internal_links
+
 # [lowest, first unsupported). 0.10.2 is what the TPU machines ship (jaxlib's
 # last wheels for Python 3.11); where 0.10.x's internals or its fast path
 # differ from 0.11.2+, the names below say so (JAXLIB_VERSION checks).
@@ -305,57 +307,6 @@ register_cache = _util.register_cache
 api_boundary = _traceback_util.api_boundary
 
 
-def _caught_in(error: BaseException) -> types.FrameType | None:
-    """The frame that caught `error` (its traceback's outermost), or None."""
-    tb = error.__traceback__
-    return None if tb is None else tb.tb_frame
-
-
-def drop_internal_links(error: BaseException, caller: types.FrameType | None) -> None:
-    """Unlinks, from `error`'s chain, every exception nbjit caught itself.
-
-    A binder that meets something it cannot handle (an unhashable static
-    argument, a deleted input, a refused transfer) catches the exception and
-    calls JAX's own path from its ``except`` clause, so whatever JAX raises
-    there gets the caught one as ``__context__`` ("During handling of the
-    above exception ..."): an exception jaxlib's C++ clears and jax.jit
-    never shows. Such a link (an exception caught in nbjit's code, in a
-    frame of this call: not on the stack from `caller` up) becomes the
-    context jax.jit's error would have: the first exception down its
-    context chain that the caller's stack is handling (the call was made in
-    an ``except`` block), or none; a cause nbjit made of it
-    (``raise ... from``) goes. Runs only when an exception leaves a jitted
-    call, over its chain once.
-    """
-    on_stack = set()
-    while caller is not None:
-        on_stack.add(id(caller))
-        caller = caller.f_back
-
-    def internal(e: BaseException) -> bool:
-        frame = _caught_in(e)
-        return (frame is not None and id(frame) not in on_stack
-                and frame.f_code.co_filename.startswith(_NBJIT_PREFIX))
-
-    def callers_own(e: BaseException | None) -> BaseException | None:
-        while e is not None and id(_caught_in(e)) not in on_stack:
-            e = e.__context__
-        return e
-
-    pending, seen = [error], set()
-    while pending:
-        e = pending.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if e.__cause__ is not None and internal(e.__cause__):
-            e.__cause__ = None
-            e.__suppress_context__ = False
-        if e.__context__ is not None and internal(e.__context__):
-            e.__context__ = callers_own(e.__context__)
-        pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
-
-
 def filter_dispatch_frames(error: BaseException) -> None:
     """Removes nbjit's and JAX's frames from `error`'s traceback, as jaxlib shows none.
 
@@ -367,9 +318,10 @@ def filter_dispatch_frames(error: BaseException) -> None:
     (the miss path) has already filtered its part and added its note or
     unfiltered cause, so nothing is added here. In every mode, "off" too,
     the exceptions nbjit caught on its way to JAX's path leave the chain
-    (`drop_internal_links`).
+    (`nbjit._common.drop_internal_links`).
     """
-    drop_internal_links(error, sys._getframe(1))  # the frame of the call that failed
+    # the frame of the call that failed
+    drop_internal_links(error, sys._getframe(1), _NBJIT_PREFIX)
     mode = _traceback_util._filtering_mode()
     tb = error.__traceback__
     if mode == "off" or tb is None:
@@ -648,4 +600,3 @@ def cpu_async_dispatch() -> bool:
     False: every computation runs on the calling thread."""
     flag = getattr(_xla_bridge, "_CPU_ENABLE_ASYNC_DISPATCH", None)
     return True if flag is None else bool(flag.value)
-
