@@ -426,6 +426,9 @@ class _Attempt:
         missing = [q for q in range(self.n) if q not in seen]
         if not missing:
             return None
+        # Another process decided about this attempt since the last poll and may be at its
+        # next call: a decision here would turn on that call, which the others then run alone.
+        self._follow(store.get(self._outcome_key(self.rank, self.seq)))
         # a missing process whose latest attempt is of this signature (an earlier
         # generation's) has not called this time: it is not a difference
         differing = {q: latest[q] for q in missing if q in latest
