@@ -2,8 +2,8 @@
 
 One definition of what several rooms need: the Python scalar types that
 are host values, the 64-byte alignment the CPU client uses host memory in
-place at, and an exception chain without the exceptions nbjit caught on its
-way (`_jax.filter_dispatch_frames` uses it; JAX's frames are `_jax`'s).
+place at, and an exception's chain and traceback without what is nbjit's
+(`_jax.filter_dispatch_frames` uses them; JAX's frames are `_jax`'s).
 Helpers that need JAX (the process label, the call site, function names,
 aval text) live one step up, in `nbjit.observe.names`, below every
 report and below multi-controller agreement.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from types import FrameType
+from types import FrameType, TracebackType
 
 PYTHON_SCALARS = frozenset({bool, int, float, complex})
 """Python scalars that are host values (not JAX's shape-polymorphic dims)."""
@@ -89,3 +89,16 @@ def drop_internal_links(error: BaseException, caller: FrameType | None, prefix: 
         if e.__context__ is not None and internal(e.__context__):
             e.__context__ = callers_own(e.__context__)
         pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+
+
+def traceback_without(tb: TracebackType | None, prefix: str) -> TracebackType | None:
+    """`tb` with the frames of files under `prefix` (nbjit's modules, its binders) left out."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(prefix):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
