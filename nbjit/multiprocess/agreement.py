@@ -145,13 +145,11 @@ def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
 
     Returns None at once for a single process and for process-local functions.
     """
-    if _jax.process_count() == 1 or description is None:
-        return None
-    if not _spans_processes(jitted, leaves):
+    if _jax.process_count() == 1 or not _spans_processes(jitted, leaves):
         return None
     client = _jax.distributed_client()
-    if client is None:
-        return None
+    if client is None or description is None:  # nothing to agree through, or on:
+        return Checked(_program.run, 0.0)  # lowered alike on every process all the same
     info = _function(jitted)
     start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
@@ -168,7 +166,7 @@ def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
                   validate=None if program is None else program.raise_failure,
                   program_text=None if program is None else program.hlo)
     except AgreementError as error:
-        if error.path == "program":  # a trace cached from elsewhere may be why: not again
+        if error.path == "program":  # a trace or lowering cached elsewhere may be why
             _jax.evict_traces(jax_jitted)
         raise
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
