@@ -424,10 +424,10 @@ from jax._src.interpreters import partial_eval as _pe  # noqa: E402
 
 
 def evict_traces(jitted) -> None:
-    """Drops JAX's traces of `jitted`'s function (`jit(f).clear_cache()` but for the
-    executables, which other jit objects of `f` may hold): it is traced afresh."""
+    """Drops JAX's traces of `jitted`'s function, so that it is traced afresh: as
+    `jit(f).clear_cache()`, but neither other functions' traces nor executables."""
     _pe.trace_to_jaxpr.evict_weakref(jitted._fun)
-    _pjit._infer_params_cached.cache_clear()
+    _pjit._infer_params_cached.evict_weakref(jitted._fun)
 
 
 @contextlib.contextmanager
