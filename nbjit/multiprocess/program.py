@@ -3,7 +3,8 @@ callers' frames, and compiled before it runs so that processes can agree on it.
 
 From jaxlib 0.12.1 the collectives of a CPU execution pair by a launch id
 derived from the executable's fingerprint, which covers the program's
-metadata: the source locations of the stack that traced it. A process whose
+metadata: the source locations of the stack that traced and lowered it
+(jaxlib's own launch ids: docs/multi-controller.md). A process whose
 first call came through another frame (a warm-up helper) compiles another
 fingerprint, and every process hangs. `compile_ahead` traces the call from
 `boundary.run`, then lowers and compiles it with each operation located at
