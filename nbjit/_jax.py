@@ -16,16 +16,18 @@ A sharding's device order is read here (`device_assignment`,
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import jaxlib
 
-from nbjit._common import warn_past
+from nbjit._common import drop_internal_links, traceback_without, warn_past
 
 # [lowest, first unsupported). 0.10.2 is what the TPU machines ship (jaxlib's
 # last wheels for Python 3.11); where 0.10.x's internals or its fast path
@@ -335,62 +337,21 @@ register_cache = _util.register_cache
 api_boundary = _traceback_util.api_boundary
 
 
-def _caught_in(error: BaseException) -> types.FrameType | None:
-    """The frame that caught `error` (its traceback's outermost), or None."""
-    tb = error.__traceback__
-    return None if tb is None else tb.tb_frame
-
-
-def drop_internal_links(error: BaseException, caller: types.FrameType | None) -> None:
-    """Unlinks, from `error`'s chain, every exception nbjit caught itself.
-
-    A binder that meets what it cannot handle (an unhashable static argument,
-    a deleted input) calls JAX's path from its ``except`` clause, so JAX's
-    error gets the caught one as ``__context__``, which jaxlib's C++ never
-    shows. Such a link (caught in nbjit's code, in a frame of this call: not
-    on the stack from `caller` up) becomes the context jax.jit's error would
-    have: the first exception down the chain the caller's stack is handling,
-    or none; a cause nbjit made of it goes. Runs once an exception leaves a call.
-    """
-    on_stack = set()
-    while caller is not None:
-        on_stack.add(id(caller))
-        caller = caller.f_back
-
-    def internal(e: BaseException) -> bool:
-        frame = _caught_in(e)
-        return (frame is not None and id(frame) not in on_stack
-                and frame.f_code.co_filename.startswith(_NBJIT_PREFIX))
-
-    def callers_own(e: BaseException | None) -> BaseException | None:
-        while e is not None and id(_caught_in(e)) not in on_stack:
-            e = e.__context__
-        return e
-
-    pending, seen = [error], set()
-    while pending:
-        e = pending.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if e.__cause__ is not None and internal(e.__cause__):
-            e.__cause__ = None
-            e.__suppress_context__ = False
-        if e.__context__ is not None and internal(e.__context__):
-            e.__context__ = callers_own(e.__context__)
-        pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
-
-
 def filter_dispatch_frames(error: BaseException) -> None:
     """Removes nbjit's and JAX's frames from `error`'s traceback, as jaxlib shows none.
 
-    Where an exception leaves a jitted function's `__call__`. Follows
-    `JAX_TRACEBACK_FILTERING` as `api_boundary` does: "off" keeps all; under an
-    outer api boundary that one filters; "tracebackhide" marks JAX's frames and
-    drops nbjit's; the remove modes drop both (JAX's boundary below already
-    added its note). In every mode `drop_internal_links` cleans the chain.
+    Called where an exception leaves a jitted function's `__call__` (never on
+    a hit). Follows JAX's `JAX_TRACEBACK_FILTERING` mode as `api_boundary`
+    does: "off" keeps everything; under an outer api boundary the outer one
+    filters; "tracebackhide" marks JAX's frames for IPython/pytest to hide
+    and drops nbjit's; the remove modes drop both. JAX's own boundary below
+    (the miss path) has already filtered its part and added its note or
+    unfiltered cause, so nothing is added here. In every mode, "off" too,
+    the exceptions nbjit caught on its way to JAX's path leave the chain
+    (`nbjit._common.drop_internal_links`).
     """
-    drop_internal_links(error, sys._getframe(1))  # the frame of the call that failed
+    # the frame of the call that failed
+    drop_internal_links(error, sys._getframe(1), _NBJIT_PREFIX)
     mode = _traceback_util._filtering_mode()
     tb = error.__traceback__
     if mode == "off" or tb is None:
@@ -405,7 +366,7 @@ def filter_dispatch_frames(error: BaseException) -> None:
         # IPython shows the innermost frame even when marked, and with jaxlib's
         # C++ raising (an unhashable static argument) that would be nbjit's.
         _traceback_util._add_tracebackhide_to_hidden_frames(tb)
-        error.with_traceback(_without_nbjit_frames(tb))
+        error.with_traceback(traceback_without(tb, _NBJIT_PREFIX))
     else:
         error.with_traceback(_traceback_util.filter_traceback(tb))
 
@@ -420,19 +381,6 @@ def drop_frames_of(error: BaseException, code: types.CodeType) -> None:
             kept.tb_next = tb.tb_next
         else:
             kept = tb
-
-
-def _without_nbjit_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """`tb` with the frames of nbjit's code (its modules, its binders) left out."""
-    kept = []
-    while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(_NBJIT_PREFIX):
-            kept.append(tb)
-        tb = tb.tb_next
-    out = None
-    for t in reversed(kept):
-        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
-    return out
 
 
 # --- observability: config names, JAX's own cache counters ---
@@ -510,34 +458,93 @@ def kv_increment(client, key: str, amount: int = 1) -> int:
 
 from jax._src import stages as _stages  # noqa: E402
 from jax._src.interpreters import mlir as _mlir  # noqa: E402
+from jax._src.interpreters import partial_eval as _pe  # noqa: E402
+
+# --- multi-controller: one program on every process ---
 
 
-def lower_as_called(jitted, fun, args: tuple, kwargs: dict) -> None:
-    """Traces and lowers a call of `jitted` (jax's jit of `fun`) on this process
-    alone, nothing compiled or run, raising what calling it would raise here.
+def evict_traces(jitted) -> None:
+    """Drops JAX's traces of `jitted`'s function, so that it is traced afresh: as
+    `jit(f).clear_cache()`, but neither other functions' traces nor executables."""
+    _pe.trace_to_jaxpr.evict_weakref(jitted._fun)
+    _pjit._infer_params_cached.evict_weakref(jitted._fun)
 
-    `.lower()` names `fun` by its `__name__` in the incompatible-devices error;
-    the call names it by its `__qualname__` (pjit's `_run_python_pjit`): this
-    raises the call's message.
+
+@contextlib.contextmanager
+def locations_without_callers(stop: types.CodeType) -> Iterator[None]:
+    """A context where JAX lowers an operation's location to its innermost frame of
+    the user's code alone, not the stack that traced it (default: 100 frames; off
+    stays off), `stop`'s file counting as the user's: an operation with no frame
+    of its own below `stop` is located there. Messages JAX words while tracing
+    are left to name the caller: `stop` is the user's only inside."""
+    limit = _config.traceback_in_locations_limit.value
+    with _config.traceback_in_locations_limit(0 if limit == 0 else 1):
+        _set_user_code(_source_info_util._include_paths.append, stop.co_filename)
+        try:
+            yield
+        finally:
+            _set_user_code(_source_info_util._include_paths.remove, stop.co_filename)
+
+
+def _set_user_code(change: Any, path: str) -> None:  # as register_inclusion, undoable
+    change(path)
+    _source_info_util._include_path_regex.cache_clear()
+    _source_info_util.is_user_filename.cache_clear()
+
+
+def compile_as_called(jitted, args: tuple, kwargs: dict, stop: types.CodeType) -> Any:
+    """Traces, lowers and compiles a call of `jitted` (JAX's jit) as the call
+    itself would, running nothing: the call then finds this executable in
+    JAX's caches. None where the call takes another route (an outer trace,
+    PGLE, key-reuse checks, hijax types). Raises what the call raises while
+    tracing or lowering, with the call's message.
+
+    It is lowered under `locations_without_callers(stop)`; a lowering JAX
+    cached from elsewhere (`.lower()`, a jax.jit of the function) holds its
+    caller's frames, so the function is traced and lowered again.
     """
-    traced = jitted.trace(*args, **kwargs)
-    lo = getattr(traced, "lojax", None)
-    if lo is None:  # stages laid out otherwise: jax's own lowering and message
-        traced.lower()
-        return
-    mesh, platforms = lo._params.get("ctx_mesh"), None  # as Traced.lower picks them
-    if isinstance(mesh, _stages.AbstractMesh) and mesh.abstract_device is not None:
-        platforms = (mesh.abstract_device.platform,)
-    try:
-        _pjit._resolve_and_lower(
-            lo._meta_tys_flat, **lo._params, lowering_platforms=platforms,
-            lowering_parameters=_mlir.LoweringParameters(), pgle_profiler=None)
-    except _stages.DeviceAssignmentMismatchError as error:
-        fails, = error.args
-        name = getattr(fun, "__qualname__", getattr(fun, "__name__", str(fun)))
-        raise ValueError(_stages._device_assignment_mismatch_error(
-            name, fails, lo._meta_tys_flat, "jit",
-            lo.jaxpr.debug_info.safe_arg_names(len(lo.jaxpr.in_avals)))) from None
+    if (not _core.trace_state_clean() or _config.debug_key_reuse.value
+            or (_config.enable_pgle.value and _config.pgle_profiling_runs.value > 0)):
+        return None
+    fun, info = jitted._fun, jitted._jit_info
+    for _ in range(2):
+        p, args_flat = _pjit._infer_params(fun, info, args, kwargs)
+        jaxpr = p.params["jaxpr"]
+        if getattr(getattr(jaxpr, "jaxpr", jaxpr), "is_high", False) or any(
+                getattr(a, "is_high", False) for a in (*jaxpr.in_avals, *jaxpr.out_avals)):
+            return None
+        arg_types = [_pjit.convert_to_metaty(_core.full_lower(x)) for x in args_flat]
+        misses = _pjit._pjit_lower.cache_info().misses
+        try:
+            with locations_without_callers(stop):
+                computation = _pjit._resolve_and_lower(
+                    arg_types, **p.params, lowering_platforms=None,
+                    lowering_parameters=_mlir.LoweringParameters(), pgle_profiler=None)
+        except _stages.DeviceAssignmentMismatchError as error:  # as pjit's call words it
+            fails, = error.args
+            name = getattr(fun, "__qualname__", getattr(fun, "__name__", str(fun)))
+            raise ValueError(_stages._device_assignment_mismatch_error(
+                name, fails, arg_types, "jit", p.arg_names)) from None
+        if _pjit._pjit_lower.cache_info().misses > misses:  # lowered just now, here
+            _lowered_without_callers.add(computation)
+        if computation in _lowered_without_callers:
+            break
+        evict_traces(jitted)  # a new trace is lowered afresh
+    return computation.compile()
+
+
+# JAX's lowerings made by `compile_as_called` (JAX's cache holds them weakly too)
+_lowered_without_callers: weakref.WeakSet = weakref.WeakSet()
+
+
+def executable_fingerprint(compiled) -> bytes | None:
+    """What jaxlib (from 0.12.1) derives the launch ids of its executions from, or None."""
+    return compiled.xla_executable.fingerprint
+
+
+def executable_text(compiled) -> str:
+    """The compiled program's HLO, its metadata and source locations included."""
+    return "\n".join(m.to_string() for m in compiled.xla_executable.hlo_modules())
 
 
 def kv_wait(client, key: str, timeout_ms: float) -> str | None:
@@ -637,4 +644,3 @@ def cpu_async_dispatch() -> bool:
     False: every computation runs on the calling thread."""
     flag = getattr(_xla_bridge, "_CPU_ENABLE_ASYNC_DISPATCH", None)
     return True if flag is None else bool(flag.value)
-

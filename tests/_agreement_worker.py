@@ -19,6 +19,13 @@ time (a hit) when the first agreed. Scenarios (`odd` is the last process):
   late, when the others have already decided: it must still raise, at once.
 - ``never``: `odd` never calls; the others raise AgreementError after the
   agreement timeout (the parent sets it short).
+- ``warm``: process 0 makes its first call through a warm-up helper (another
+  frame); each gets the sum (the same program everywhere).
+- ``cleared``: after both calls `odd` clears the function's cache and calls
+  again from another line; each gets the sum three times.
+- ``branch``: the traced function branches on `jax.process_index()`, so
+  `odd` traces another program; each raises AgreementError naming the
+  programs, decided without waiting for the timeout.
 
 Each process prints one line ``OUTCOME {json}`` as soon as it has its outcome
 (with the seconds from its call to it), stays up `LINGER_S` seconds (a real
@@ -40,7 +47,7 @@ from pathlib import Path
 from _env import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ("agree", "differ", "late", "after", "never")
+SCENARIOS = ("agree", "differ", "late", "after", "never", "warm", "cleared", "branch")
 LATE_S = 3.0
 # seconds from a call to its AgreementError when processes differ: a few polls,
 # plus the 3 s of the late cases and a loaded machine; far below the timeout
@@ -65,17 +72,25 @@ def _worker(port: int, rank: int, n: int, scenario: str, skew_s: float, linger_s
     data = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
     x = jax.make_array_from_callback((rows, 4), NamedSharding(mesh, P("x")),
                                      lambda i: data[i])
-    f = nbjit.jit(lambda x: jnp.sum(x))
+    f = nbjit.jit(lambda x: jnp.sum(x) * (2.0 if scenario == "branch"
+                                          and jax.process_index() == odd else 1.0))
+
+    def warm_up() -> float:  # a first call from another frame
+        return float(f(x))
+
     seen: dict = {"rank": rank}
     late = (scenario == "late" and rank == odd) or (scenario == "after" and rank == 1)
     time.sleep(skew_s + (LATE_S if late else 0.0))
     if not (scenario == "never" and rank == odd):
         start = time.perf_counter()
         try:
-            first = float(f(x))
-            second = float(f(x))
-            seen["outcome"] = "ok" if first == second == float(data.sum()) else (
-                f"wrong {first} {second}")
+            first = warm_up() if scenario == "warm" and rank == 0 else float(f(x))
+            sums = [first, float(f(x))]
+            if scenario == "cleared":
+                if rank == odd:
+                    f.clear_cache()
+                sums.append(warm_up() if rank == odd else float(f(x)))
+            seen["outcome"] = "ok" if set(sums) == {float(data.sum())} else f"wrong {sums}"
         except nbjit.AgreementError as error:
             seen["outcome"] = "AgreementError"
             seen["path"], seen["values"] = error.path, error.values
@@ -109,8 +124,16 @@ class Result:
         if seen is None:
             return f"no outcome (exit {self.codes.get(rank)})"
         odd = n - 1
-        if self.scenario == "agree":
+        if self.scenario in ("agree", "warm", "cleared"):
             return None if seen["outcome"] == "ok" else seen["outcome"]
+        if self.scenario == "branch":
+            values, message = seen.get("values", {}), seen.get("message", "")
+            programs = set(values.values()) - {"(not called yet)"}
+            if (seen["outcome"] != "AgreementError" or seen["path"] != "program"
+                    or len(programs) != 2 or "waits on a program of its own"
+                    not in message):  # decided early, not after the timeout
+                return f"{seen['outcome']} {seen.get('path')} {message}"
+            return None
         if self.scenario == "never":
             if rank == odd:
                 return None

@@ -273,6 +273,7 @@ def other_process_device_host_input() -> None:
 
 
 import _multiproc_agreement  # noqa: E402  (its checks run after these)
+import _multiproc_programs  # noqa: E402, F401  (and these after those)
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ from nbjit import _jax
 from nbjit._common import warn_past
 from nbjit.multiprocess import agreement as _agreement
 from nbjit.multiprocess import exchange as _exchange
+from nbjit.multiprocess import program as _program
 from nbjit.multiprocess.signature import MASK64, Memo
 from nbjit.multiprocess.simulate import CountingStore
 
@@ -315,7 +316,7 @@ def test_run_check_agreement_switches_host_values_on(tmp_path):
 
 
 @pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices")
-def test_local_validation_raises_what_the_call_raises():
+def test_compiling_ahead_raises_what_the_call_raises():
     def add(x, y):
         return x + y
 
@@ -324,11 +325,10 @@ def test_local_validation_raises_what_the_call_raises():
     jitted = jax.jit(add)
     with pytest.raises(ValueError, match="Received incompatible devices") as called:
         jitted(x, y)
-    with pytest.raises(ValueError) as lowered:
-        _jax.lower_as_called(jitted, add, (x, y), {})
-    assert str(lowered.value) == str(called.value)
-    assert "test_local_validation_raises_what_the_call_raises.<locals>.add" in str(called.value)
-    _jax.lower_as_called(jitted, add, (x, x), {})  # a valid call: nothing raised, nothing run
+    with pytest.raises(ValueError) as compiled:
+        _jax.compile_as_called(jitted, (x, y), {}, _program.boundary.run.__code__)
+    assert str(compiled.value) == str(called.value)
+    assert "test_compiling_ahead_raises_what_the_call_raises.<locals>.add" in str(called.value)
 
 
 def test_a_mismatch_raises_the_local_error_first(timeout):

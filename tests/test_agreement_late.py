@@ -278,3 +278,56 @@ def test_two_processes_that_give_up_at_once_make_one_decision(timeout):
         processes[2].call(signature("8"))
     again = run_ranks(store, {q: signature("8") for q in range(3)}, 3, processes=processes)
     assert all("error" not in o for o in again.values()), again
+
+
+class SweepingStore(FakeStore):
+    """p1 starts deciding about the first call (it reads `latest/`) before p0 does;
+    p0 decides, raises, and publishes its next call while p1 is held in that read,
+    which returns once p0's entry there shows the next call."""
+
+    def __init__(self, next_sig: str) -> None:
+        super().__init__()
+        self.next_sig, self.deciding = next_sig, threading.Event()
+
+    def key_value_dir_get(self, prefix: str) -> list:
+        if prefix.endswith("/latest/"):
+            if threading.current_thread().name == "p1":
+                self.deciding.set()
+                latest = f"{_exchange.PREFIX}/{INFO.key}/latest/0"
+                deadline = time.monotonic() + 30
+                while self.next_sig not in self._data.get(latest, "") and (
+                        time.monotonic() < deadline):
+                    time.sleep(0.005)
+            else:
+                self.deciding.wait(30)
+        return super().key_value_dir_get(prefix)
+
+
+def test_a_decision_about_one_call_does_not_take_in_the_next(timeout):
+    """p0 and p1 differ at a call and both decide; p0 decides first, raises and
+    makes its next call (one both make alike) while p1 is still deciding. p1
+    follows p0's decision instead of making its own, which would turn on p0's next
+    attempt: p0 would raise there while p1, arriving with the same signature,
+    agrees and runs alone (a hang in its collectives, then every later one)."""
+    timeout(30)
+    sig8, sig16, sig4 = signature("8"), signature("16"), signature("4")
+    store = SweepingStore(f"{sig4.key & MASK64:016x}")
+    p0, p1 = Process(store, 0), Process(store, 1)
+    outcomes: dict[int, list] = {0: [], 1: []}
+
+    def calls(process: Process, sigs: list) -> None:
+        for sig in sigs:
+            try:
+                process.call(sig)
+                outcomes[process.rank].append("agreed")
+            except _agreement.AgreementError as error:
+                outcomes[process.rank].append(error.values[process.rank])
+
+    threads = [threading.Thread(target=calls, args=(p, sigs), name=f"p{p.rank}")
+               for p, sigs in ((p0, [sig8, sig4]), (p1, [sig16, sig4]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    assert outcomes == {0: ["float32[8]", "agreed"], 1: ["float32[16]", "agreed"]}

@@ -4,12 +4,15 @@ Each case starts 4 processes joined by `jax.distributed.initialize` (its own
 coordinator, a free port) that call one process-spanning `nbjit.jit` function
 (`jnp.sum` over a global array: an all-reduce) once, each after a start-up
 skew of its own drawn from the case's seed (tests/_agreement_worker.py).
-Every process must end with the expected outcome: the sum (all agree), or an
-AgreementError naming both shapes (one differs, on time or 3 s late, or
-agrees but calls 3 s after the others decided: then within 5 s of its call),
-or, when one never calls, an AgreementError naming it after the (short)
-timeout. Every process is killed at a bound far below the agreement timeout
-of the differing cases (60 s): a process left waiting for it fails the case.
+Every process must end with the expected outcome: the sum (all agree; or
+process 0's first call comes through another frame; or the last process
+clears its cache and calls again from another line), or an AgreementError
+naming both shapes (one differs, on time or 3 s late, or agrees but calls 3 s
+after the others decided: then within 5 s of its call), or naming the
+programs (the last process traces another program: decided early), or, when
+one never calls, an AgreementError naming it after the (short) timeout.
+Every process is killed at a bound far below the agreement timeout of the
+differing cases (60 s): a process left waiting for it fails the case.
 
 The default run (`-m "not slow"`) makes one pass of each case; the `slow`
 repetitions vary the start-up skew.
@@ -34,7 +37,8 @@ def _check(result: Result) -> None:
         pytest.fail(f"{result.scenario}: {failures}\n{logs}")
 
 
-CASES = [("agree", 60.0), ("differ", 60.0), ("late", 60.0), ("after", 60.0), ("never", 3.0)]
+CASES = [("agree", 60.0), ("differ", 60.0), ("late", 60.0), ("after", 60.0), ("never", 3.0),
+         ("warm", 60.0), ("cleared", 60.0), ("branch", 60.0)]
 
 
 @pytest.mark.parametrize("scenario,timeout_s", CASES)

@@ -27,7 +27,7 @@ from _agreement_worker import worker_env
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_multiproc_worker.py"
 # The files that define checks, in the order the worker registers (and runs) them.
-CHECK_FILES = (WORKER, HERE / "_multiproc_agreement.py")
+CHECK_FILES = (WORKER, HERE / "_multiproc_agreement.py", HERE / "_multiproc_programs.py")
 TIMEOUT_S = 180  # both workers together; a pair normally finishes in ~15-30 s
 PEER_GRACE_S = 20  # how long the other worker may go on once one has failed
 NUM_PROCESSES = 2

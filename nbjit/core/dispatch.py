@@ -17,8 +17,9 @@ handed the stamps).
 
 A miss reads as one story: `_miss` claims the signature (one compile per
 signature across threads, `Namespace.claim`); `_compile` checks that every
-process agrees on it (multi-controller only; before anything is traced, and
-it may raise), lets JAX trace, lower and compile, installs the node, counts
+process agrees on it and on its program (multi-controller only; before
+anything runs, and it may raise), lets JAX trace, lower, compile and run
+(through the check's runner, if it gave one), installs the node, counts
 the miss, and tells one `MissOutcome` to the input strategy of its
 platform (`nbjit.core.inputs.platforms`: on the CPU the host-input policy
 may arm the node), then to each registered miss observer (explain says why
@@ -259,20 +260,29 @@ class PjitFunction:
     def _compile_described(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                            failed: Node | None, description: Any, explaining: Any) -> Any:
         """`_compile` once the call is described (inside the miss's span, in a trace)."""
-        # Before anything is traced: every process must agree on the signature
-        # (multi-controller only); it raises AgreementError when they differ.
-        for check in _hooks.compile_checks:  # registered by nbjit.multiprocess
-            check(self, args, kwargs, leaves, description)
-        start = time.perf_counter()
         private_args, private_kwargs = self._private(args, kwargs)
+        # Before anything runs: every process must agree on the call and its
+        # program (multi-controller only; AgreementError when they differ). The
+        # check compiles a process-spanning program ahead, and JAX's miss then
+        # runs through it (`Checked.run`).
+        checked = None
+        for check in _hooks.compile_checks:  # registered by nbjit.multiprocess
+            checked = check(self, private_args, private_kwargs, leaves, description) or checked
+        ahead = 0.0 if checked is None else checked.seconds
+        start = time.perf_counter()
         try:
             with profiler_hooks().compile_span():
-                outs, fastpath, rebuild = self._jax_cache_miss(*private_args, **private_kwargs)
+                if checked is None:
+                    outs, fastpath, rebuild = self._jax_cache_miss(*private_args,
+                                                                   **private_kwargs)
+                else:
+                    outs, fastpath, rebuild = checked.run(
+                        functools.partial(self._jax_cache_miss, *private_args, **private_kwargs))
         except BaseException as error:
-            self._compile_failed(signature, description, failed, time.perf_counter() - start,
-                                 error)
+            self._compile_failed(signature, description, failed,
+                                 time.perf_counter() - start + ahead, error)
             raise
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start + ahead
         record, reason = _record_for(fastpath, leaves, self._donates,
                                      str(getattr(self, "__name__", "function")))
         if fastpath is None:  # effects, or something else JAX keeps on its own path

@@ -8,8 +8,10 @@ filled, a miss compiles unchecked, undescribed and untold, and only
 are imported (``import nbjit`` imports every room; see each room's
 ``__init__``):
 
-  * `add_compile_check`: called before a miss compiles, in order; may raise
-    (multi-controller agreement, `nbjit.multiprocess`).
+  * `add_compile_check`: called before JAX's miss runs, in order; may raise,
+    or hand back a `Checked`: how JAX's miss must then run (multi-controller
+    agreement, `nbjit.multiprocess`, compiles a process-spanning program
+    ahead, and has it run as it compiled it).
   * `add_miss_observer`: told one `MissOutcome` after each compile whose
     outputs return to the caller, in order; must not raise (explained
     misses, `nbjit.observe`).
@@ -34,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Deferred", "JitExtension", "MissFacts", "MissOutcome", "add_compile_check",
+__all__ = ["Checked", "Deferred", "JitExtension", "MissFacts", "MissOutcome", "add_compile_check",
            "add_miss_observer", "compile_checks", "describe_miss", "miss_observers",
            "set_miss_describer", "set_stats_snapshot", "stats_snapshot"]
 
@@ -83,8 +85,19 @@ class MissFacts:
     jax_misses_before: Any
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What a compile check hands back when JAX's miss must run its way:
+    `run(miss)` returns `miss()` (JAX's trace, compile and run of the call),
+    after `seconds` the check spent compiling the call's program ahead (counted
+    as the miss's compile time)."""
+
+    run: Callable[[Callable[[], Any]], Any]
+    seconds: float
+
+
 MissObserver = Callable[[MissOutcome], None]
-CompileCheck = Callable[[Any, tuple, dict, list, Any], None]
+CompileCheck = Callable[[Any, tuple, dict, list, Any], Checked | None]
 # (jitted, args, kwargs, static positions, static names, trace context, facts)
 #   -> (description or None, explaining)
 MissDescriber = Callable[[Any, tuple, dict, Sequence[int], Sequence[str], tuple, MissFacts],
@@ -94,7 +107,8 @@ miss_observers: list[MissObserver] = []
 """Called in order after every compile whose outputs return to the caller."""
 
 compile_checks: list[CompileCheck] = []
-"""Called in order before a miss traces anything: (jitted, args, kwargs, leaves, description)."""
+"""Called in order before JAX's miss runs: (jitted, args, kwargs, leaves, description),
+the arguments as JAX's miss gets them (private copies of host arrays)."""
 
 
 def add_miss_observer(observer: MissObserver) -> MissObserver:
@@ -106,7 +120,8 @@ def add_miss_observer(observer: MissObserver) -> MissObserver:
 
 
 def add_compile_check(check: CompileCheck) -> CompileCheck:
-    """Registers `check` (once); its exception stops the miss before the trace."""
+    """Registers `check` (once); its exception stops the miss before JAX's miss
+    runs, with nothing cached (the last `Checked` handed back is the one used)."""
     if check not in compile_checks:
         compile_checks.append(check)
     return check

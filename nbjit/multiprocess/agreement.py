@@ -1,18 +1,25 @@
-"""Multi-controller agreement: every process calls a function with one signature.
+"""Multi-controller agreement: every process calls a function with one signature
+and runs one program for it.
 
 In multi-controller JAX every process runs the same program and calls each
 jitted function over global arrays. A process that passes another global
 shape, dtype, sharding, static value or pytree structure than the others gets
-a hang, an abort inside the collectives library, or a silently wrong result.
-On every miss (never on a hit) of a function whose arguments or explicit
-shardings span devices of more than one process, `check` publishes this
-process's signature of the call through `jax.distributed`'s key-value store
-and compares it with what the other processes published, before anything is
-traced, compiled or executed. Process-local functions return at once.
+a hang, an abort inside the collectives library, or a silently wrong result;
+so does one that traces another program for the same call (a branch on
+`jax.process_index()`), and, from jaxlib 0.12.1, one whose program differs
+only in the source locations of the stack that traced it. On every miss
+(never on a hit) of a function whose arguments or explicit shardings span
+devices of more than one process, `check` compiles the call ahead, lowered
+without its callers' frames (`program.py`), publishes this process's
+signature of the call with the compiled program's fingerprint through
+`jax.distributed`'s key-value store, and compares it with what the other
+processes published, before anything runs. JAX's miss then runs that
+program (`Checked.run`). Process-local functions return at once.
 
 Identity. A function is named by `_names.function_name` (qualified name,
 definition site, ordinal), equal in every process running the same program;
-its signature (`signature.py`) is equal in every process making the same call.
+its signature (`signature.py`) is equal in every process making the same call,
+and its program's fingerprint in every process tracing the same program.
 
 Agreement (`exchange.py` has the store protocol). A signature is agreed once
 every process has published it: a re-miss of an agreed signature, say after
@@ -29,8 +36,10 @@ waiting on that call, including those that publish after it is made. A
 process that hits never publishes, so only the missing side can be told. An
 error JAX raises for p's call on its own (say, committed arrays on
 incompatible devices) comes before `AgreementError`: agreement is for calls
-that are valid on each process. `AgreementWarning` means the store itself
-failed: that call's agreement was skipped.
+that are valid on each process. Processes whose programs differ evict JAX's
+traces of the function, so that their next call traces afresh.
+`AgreementWarning` means the store itself failed: that call's agreement was
+skipped.
 
 Configuration: ``NBJIT_AGREEMENT_TIMEOUT`` (seconds, default
 `DEFAULT_TIMEOUT_S`) and ``NBJIT_CHECK_AGREEMENT=1`` (host-value hashes; off
@@ -43,7 +52,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from jax import tree_util
@@ -51,7 +60,9 @@ from jax import tree_util
 from nbjit import _jax
 from nbjit._common import warn_past
 from nbjit.core import view as _view
+from nbjit.core.hooks import Checked
 from nbjit.core.view import JitView
+from nbjit.multiprocess import program as _program
 from nbjit.multiprocess.exchange import (
     NOT_CALLER,
     AgreementError,
@@ -71,6 +82,7 @@ from nbjit.multiprocess.signature import (
     describe_signature,
     encode,
     first_difference,
+    with_program,
 )
 from nbjit.observe import spans as _spans
 from nbjit.observe.names import call_site, function_name, process_label
@@ -121,59 +133,44 @@ def _spans_processes(jitted: JitView, leaves: Sequence) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# The check (the miss path calls it before JAX traces anything)
+# The check (the miss path calls it before JAX's miss runs)
 
 
 def check(jitted: JitView, args: tuple, kwargs: dict, leaves: Sequence,
-          description: Any) -> None:
-    """Returns when every process agrees on this call's signature; raises
-    `AgreementError` when one differs or did not call within the timeout (or
-    the error JAX raises for this process's call on its own).
+          description: Any) -> Checked | None:
+    """Returns how JAX's miss must run once every process agrees on this call's
+    signature and program; raises `AgreementError` when one differs or did not
+    call within the timeout (or the error JAX raises for this process's call on
+    its own).
 
-    Returns at once for a single process and for process-local functions.
+    Returns None at once for a single process and for process-local functions.
     """
-    if _jax.process_count() == 1 or description is None:
-        return
-    if not _spans_processes(jitted, leaves):
-        return
+    if _jax.process_count() == 1 or not _spans_processes(jitted, leaves):
+        return None
     client = _jax.distributed_client()
-    if client is None:
-        return
+    if client is None or description is None:  # nothing to agree through, or on:
+        return Checked(_program.run, 0.0)  # lowered alike on every process all the same
     info = _function(jitted)
     start = time.perf_counter()
     signature = describe_signature(info.name, info.options_text, description, args, kwargs,
                                    settings["check_host_values"])
     add_counts(describe_seconds=time.perf_counter() - start)
+    jax_jitted = _view.info(jitted).jax_jitted
+    program, seconds = _program.compile_ahead(jax_jitted, args, kwargs)
+    if program is not None:
+        signature = with_program(signature, program.text)
     try:
         with _spans.span(_spans.AGREEMENT):  # in a profiler trace
             agree(client, info, signature, call_site(), _jax.process_index(),
-                  _jax.process_count(), validate=_local_validation(jitted, args, kwargs))
+                  _jax.process_count(),
+                  validate=None if program is None else program.raise_failure,
+                  program_text=None if program is None else program.hlo)
+    except AgreementError as error:
+        if error.path == "program":  # a trace or lowering cached elsewhere may be why
+            _jax.evict_traces(jax_jitted)
+        raise
     except _jax.JaxRuntimeError as error:  # the store itself failed: never break the call
         add_counts(warnings=1)
         warn_past(NOT_CALLER, f"nbjit: multi-process agreement of {info.name} skipped: "
                   f"{error}", AgreementWarning)
-
-
-def _local_validation(jitted: JitView, args: tuple, kwargs: dict) -> Callable[[], None]:
-    """Raises what JAX's path raises for this call on this process alone, if anything.
-
-    Run only when the processes disagree (lowering traces the function): JAX
-    lowers locally, with no collective, and checks there what one process can
-    get wrong on its own (incompatible devices, bad types) with JAX's message.
-    Its trace is then evicted from JAX's caches: a later agreed call of this
-    signature must trace afresh, from its own call, as every other process
-    does. A cached trace would carry this call's traceback into the program's
-    metadata, so the program would differ from the other processes' (another
-    fingerprint), and from jaxlib 0.12.1 its collectives then pair with
-    nothing (launch ids derive from the fingerprint).
-    """
-    def validate() -> None:
-        facts = _view.info(jitted)
-        # as the dispatcher makes it (Any: jax's stubs lack its clear_cache)
-        upstream: Any = _jax.jax_jit(facts.fun, **facts.options)
-        try:
-            _jax.lower_as_called(upstream, facts.fun, args, kwargs)
-        finally:
-            upstream.clear_cache()  # JAX's traces of `fun` (public: jit(f).clear_cache())
-
-    return validate
+    return Checked(_program.run if program is None else program.run, seconds)

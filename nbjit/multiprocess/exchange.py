@@ -1,5 +1,7 @@
 """The exchange: processes agree on a call's signature through jax.distributed's store.
 
+A signature ends with its program's fingerprint (`program.py`): one exchange agrees on both.
+
 Its cost grows with the number of processes N, not N squared: when processes
 agree only small markers travel, the described entries are read only on a
 mismatch, and every wait is a single-key blocking get.
@@ -20,7 +22,10 @@ signature key in hex; ``<g>``: its generation, see below):
       by the process that decided while that attempt was waiting;
   ``verdict/<sig>``: the last decision about `<sig>`, written after the
       ``out/`` keys, for the attempts the decider did not see;
-  ``closed/<sig>.<g>``: the decision that closed generation `g`.
+  ``closed/<sig>.<g>``: the decision that closed generation `g`;
+  ``hlo/<sig>``: the HLO of the program compiled for `<sig>` (compressed), set
+      when only programs differ by the first process of each program, which
+      shows where it differs from another's (two texts, whatever N).
 
 A miss of signature S: publish the marker and the latest entry, increment the
 count (the leader also sets ``desc/S``); the process that completes the count
@@ -73,6 +78,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nbjit import _jax
+from nbjit.multiprocess.program import COMPILED, first_differing_line, pack, unpack
 from nbjit.multiprocess.signature import MASK64, Signature, first_difference, published_entries
 
 __all__ = ["NOT_CALLER", "PREFIX", "AgreementError", "AgreementWarning",
@@ -251,16 +257,18 @@ class _Store:
 
 def agree(client: Any, info: FunctionInfo, signature: Signature, site: str, rank: int,
           n: int, process: ProcessState = _this_process,
-          validate: Callable[[], None] | None = None) -> None:
+          validate: Callable[[], None] | None = None,
+          program_text: Callable[[], str] | None = None) -> None:
     """Publishes `signature`, then waits for the others (see the module docstring).
 
     Returns when every process published it; raises `AgreementError` when one
     differs or did not call within the timeout, or the error `validate` raises
-    for this process's own call (JAX's, which comes first).
+    for this process's own call (JAX's, which comes first). `program_text()`:
+    the call's compiled HLO, for where programs differ.
     """
     start = time.perf_counter()
     store = _Store(client, f"{PREFIX}/{info.key}/")
-    attempt = _Attempt(store, info, signature, site, rank, n, process, validate)
+    attempt = _Attempt(store, info, signature, site, rank, n, process, validate, program_text)
     at_once = False
     try:
         at_once = attempt.run(start + settings["timeout_s"])
@@ -282,9 +290,11 @@ class _Attempt:
     """One exchange of one process: publish, wait, and decide when it must."""
 
     def __init__(self, store: _Store, info: FunctionInfo, signature: Signature, site: str,
-                 rank: int, n: int, process: ProcessState, validate: Callable | None) -> None:
+                 rank: int, n: int, process: ProcessState, validate: Callable | None,
+                 program_text: Callable[[], str] | None) -> None:
         self.store, self.info, self.signature, self.site = store, info, signature, site
-        self.rank, self.n, self.process, self.validate = rank, n, process, validate
+        self.rank, self.n, self.process = rank, n, process
+        self.validate, self.program_text = validate, program_text
         self.key = signature.key & MASK64
         self.me = f"{self.key:016x}"
         self.published, self.seq, self.gen, self.first = process.publish(info.key, self.key)
@@ -426,6 +436,9 @@ class _Attempt:
         missing = [q for q in range(self.n) if q not in seen]
         if not missing:
             return None
+        # Another process decided about this attempt since the last poll and may be at its
+        # next call: a decision here would turn on that call, which the others then run alone.
+        self._follow(store.get(self._outcome_key(self.rank, self.seq)))
         # a missing process whose latest attempt is of this signature (an earlier
         # generation's) has not called this time: it is not a difference
         differing = {q: latest[q] for q in missing if q in latest
@@ -505,7 +518,23 @@ class _Attempt:
         add_counts(errors=1)  # AgreementErrors raised
         if verdict["kind"] == "not called":
             raise _missing_error(self.info, self.rank, self.n, verdict)
-        raise _error(self.info, self.rank, self.n, verdict)
+        where = self._where_programs_differ(verdict) if verdict.get("peer") else ""
+        raise _error(self.info, self.rank, self.n, verdict, where)
+
+    def _where_programs_differ(self, verdict: dict) -> str:
+        """Where this program's HLO first differs from the verdict's peer program (the
+        first process of each program sends its text to the other's: two texts travel)."""
+        values = _expand(verdict["values"]) | {self.rank: verdict["own"]}
+        (peer, peer_value), first = verdict["peer"], min(
+            q for q, v in values.items() if v == verdict["own"])
+        if first != self.rank or self.program_text is None:
+            return "" if self.program_text is None else (
+                f"Process {first}'s error shows where their HLO first differs.")
+        text = self.program_text()
+        self.store.set(f"hlo/{self.me}", pack(text))
+        theirs = unpack(self.store.wait(f"hlo/{peer}", _DESCRIPTION_WAIT_S))
+        who = min(q for q, v in values.items() if v == peer_value)
+        return first_differing_line(text, theirs, f"process {who}")
 
 
 # ---------------------------------------------------------------------------
@@ -528,10 +557,14 @@ def _verdicts(entries: dict[str, list], signatures: dict[int, str], sites: dict[
         by_rank = {q: own if signatures.get(q) == sig
                    else values.get(signatures[q], own) if q in signatures
                    else "(not called yet)" for q in range(n)}
+        # only programs differ: each program's first process shows where (its peer's HLO)
+        peer = next(([s, v] for s, v in sorted(values.items()) if path == "program"
+                     and v != own and own.startswith(COMPILED) and v.startswith(COMPILED)),
+                    None)
         out[sig] = json.dumps({"kind": "differs", "path": path, "values": _group(by_rank),
                                "own": own, "sites": _group(sites), "early": early,
                                "timeout": timeout, "id": decision, "check": check,
-                               "by": int(decision.split(".")[0])})
+                               "by": int(decision.split(".")[0]), "peer": peer})
     return out
 
 
@@ -559,7 +592,8 @@ def _ranks_text(ranges: list[list[int]]) -> str:
     return "processes " + ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in ranges)
 
 
-def _error(info: FunctionInfo, rank: int, n: int, verdict: dict) -> AgreementError:
+def _error(info: FunctionInfo, rank: int, n: int, verdict: dict,
+           where: str = "") -> AgreementError:
     path, values = verdict["path"], _expand(verdict["values"])
     values[rank] = verdict["own"]  # this process may have called after the decision
     groups = _group(values)
@@ -568,15 +602,31 @@ def _error(info: FunctionInfo, rank: int, n: int, verdict: dict) -> AgreementErr
     timeout = verdict["timeout"]
     when = ("another process waits on a signature of its own"
             if verdict["early"] else f"after waiting {timeout:g} s")
+    if path == "program":
+        when = when.replace("a signature", "a program")
+        return AgreementError(_programs_differ(info, when, shown, where, called, timeout),
+                              info.name, path, values)
     message = (
         f"processes called {info.name} with different signatures ({when}); nothing was "
-        f"compiled or run. First difference, {path}: {shown}. Called at: {called}. Every "
+        f"run. First difference, {path}: {shown}. Called at: {called}. Every "
         "process must call a function whose arrays span processes with the same global "
         "shapes, dtypes, shardings, static arguments and pytree structures, in the same "
         "order (build global arrays with the same global shape everywhere, e.g. "
         "jax.make_array_from_process_local_data). A process that is only late (still "
         f"compiling) needs a longer NBJIT_AGREEMENT_TIMEOUT (now {timeout:g} s).")
     return AgreementError(message, info.name, path, values)
+
+
+def _programs_differ(info: FunctionInfo, when: str, shown: str, where: str, called: str,
+                     timeout: float) -> str:
+    return (
+        f"processes called {info.name} with the same arguments, but their programs differ "
+        f"({when}); nothing was run. The programs: {shown}. {where} Called at: {called}. "
+        "The traced function must compute the same program on every process: a branch on "
+        "jax.process_index() or on another value that differs between processes traces "
+        "another program on some. JAX's traces of the function were dropped, so the next "
+        "call traces it afresh. A process that is only late (still compiling) needs a longer "
+        f"NBJIT_AGREEMENT_TIMEOUT (now {timeout:g} s).")
 
 
 def _missing_error(info: FunctionInfo, rank: int, n: int, verdict: dict) -> AgreementError:
@@ -591,7 +641,7 @@ def _missing_error(info: FunctionInfo, rank: int, n: int, verdict: dict) -> Agre
     called = ", ".join(f"{_ranks_text(r)}: {s}" for s, r in verdict["sites"])
     message = (
         f"{who} did not call {info.name}, whose arrays span processes, within {timeout:g} s "
-        "(NBJIT_AGREEMENT_TIMEOUT); nothing was compiled or run"
+        "(NBJIT_AGREEMENT_TIMEOUT); nothing was run"
         + (" (this process called it after the others had stopped waiting)" if late else "")
         + f". Called at: {called}. Every process must make the same calls of such a "
         "function in the same order (a process that skips one leaves the others waiting "

@@ -3,7 +3,8 @@
 A signature is a list of described entries (jit options, argument layout,
 static values, pytree structures, per leaf its aval and its sharding with mesh
 shape and device ids; with host-value checks on, a hash of each host input's
-bytes) and a 64-bit key over them (`_kernels.stable_signature_key`): every
+bytes; last, the fingerprint of the program compiled for it) and a 64-bit
+key over them (`_kernels.stable_signature_key`): every
 word comes from a fixed encoding of the value, never from Python's salted
 `hash()`, `id()` or process-local ids. `first_difference` names the first
 entry in which signatures differ, for the error message.
@@ -24,7 +25,7 @@ from nbjit._common import PYTHON_SCALARS
 from nbjit.observe.names import aval_text
 
 __all__ = ["MASK64", "Memo", "Signature", "describe_signature", "encode", "first_difference",
-           "published_entries"]
+           "published_entries", "with_program"]
 
 _MAX_ENTRIES = 512  # described entries published per signature; the rest fold into one
 _MAX_TEXT = 240  # characters per described value
@@ -154,6 +155,13 @@ def describe_signature(name: str, options_text: str, description: Any,
                 entries.append((f"{leaf.path} value", value))
                 header.append(text_hash(f"{leaf.path}\0{value}"))
     return Signature(_kernels.stable_signature_key(header, packed), entries)
+
+
+def with_program(signature: Signature, program: str) -> Signature:
+    """`signature` with the program compiled for the call (`program.Program.text`)
+    as its last entry: a differing argument is named before the program."""
+    key = _text_hash(f"{signature.key & MASK64:016x}\0program\0{program}")
+    return Signature(key, [*signature.entries, ("program", program)])
 
 
 def _host_leaves(args: tuple, kwargs: dict | None, description: Any) -> list[tuple[str, Any]]:
