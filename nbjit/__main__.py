@@ -145,7 +145,7 @@ def too_noisy(outside: Sequence[Any], timed: int) -> str:
     more = f" and {len(outside) - 8} more" if len(outside) > 8 else ""
     load = ""
     if hasattr(os, "getloadavg"):
-        load = f" (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+        load = f" ({os.getloadavg()[0]:.1f} runnable on {os.cpu_count()} CPUs over the last minute)"
     return (f"self-check: too noisy, run again. jax.jit against itself, which has no "
             f"difference to find, put {len(outside)} of {timed} rows outside {lo}-{hi}: "
             f"{names}{more}. The machine was too busy{load} for a ratio to mean anything; "
