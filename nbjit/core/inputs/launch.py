@@ -37,6 +37,13 @@ from nbjit import _jax
 
 __all__ = ["LaunchRefused", "launch_for"]
 
+ArrayImpl = _jax.ArrayImpl
+_consume = _jax.ExecuteResults.consume_with_handlers
+
+# One jaxlib cache for every launcher's entries (each launcher is keyed by
+# its own function object there, and its entries go when it is collected).
+_CACHE = _jax.jaxlib_launcher_cache(4096)
+
 
 class LaunchRefused(Exception):
     """The executable refused inputs the launcher's own miss gave it (a
@@ -47,13 +54,6 @@ class LaunchRefused(Exception):
         super().__init__(error)
         self.error = error
         self.inputs = inputs
-
-ArrayImpl = _jax.ArrayImpl
-_consume = _jax.ExecuteResults.consume_with_handlers
-
-# One jaxlib cache for every launcher's entries (each launcher is keyed by
-# its own function object there, and its entries go when it is collected).
-_CACHE = _jax.jaxlib_launcher_cache(4096)
 
 
 def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | None,

@@ -171,7 +171,6 @@ class HostInput:
             self.rest = self.MEMO_REST
         return array
 
-
     def launch_value(self, x: Any) -> Any:
         """What a launch record hands jaxlib's own put for host value `x`
         (`nbjit.core.inputs.launch`): a private copy (the transfer's `stage`;
@@ -179,7 +178,9 @@ class HostInput:
         step's own: the memo's, for a value seen again, or a put read during
         the call where the transfer stages nothing (a big array). A scalar
         that would not convert exactly (`scalar_converts_exactly`) goes as
-        it is: jaxlib converts it, or raises, as it does for jax.jit.
+        it is, for jaxlib to convert as it does for jax.jit; but a Python int
+        beyond the dtype's range raises OverflowError here, so that the call
+        takes JAX's own path, which raises jax.jit's error.
 
         The memo works as in `value`, but a new value is not put here (that
         would be a put from Python, which costs more than jaxlib's): the
