@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 __all__ = ["KEY_ONLY", "PLAIN", "Flavour", "add_flavour", "current_flavour", "flavour",
-           "on_use", "use_flavour", "watch_table"]
+           "flavour_names", "on_use", "use_flavour", "watch_table"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,11 @@ def add_flavour(f: Flavour) -> Flavour:
 def flavour(name: str) -> Flavour:
     """The registered flavour `name` (KeyError if no room registered it)."""
     return _flavours[name]
+
+
+def flavour_names() -> list[str]:
+    """The names of the registered flavours, in order of registration."""
+    return list(_flavours)
 
 
 def current_flavour() -> str:
