@@ -80,6 +80,21 @@ ExecuteResults = _jaxlib_ext.ExecuteResults
 RUNTIME_REJECTS_DONATED_INPUTS = JAXLIB_VERSION < (0, 11, 2)
 
 
+def _ready_unless_deleted(x: Any) -> bool:
+    """`ArrayImpl.is_ready(x)`, where a deleted `x` raises RuntimeError first:
+    jaxlib 0.10.2's `is_ready` of an array deleted by `.delete()` crashes the
+    process (a donated one raises, as in 0.12). Anything else raises TypeError."""
+    if type(x) is ArrayImpl and x.is_deleted():
+        raise JaxRuntimeError("Array has been deleted.")
+    return ArrayImpl.is_ready(x)
+
+
+# Whether an output is ready (a resident slot's fence, `nbjit.host`): a deleted
+# one raises RuntimeError. Checked first below 0.12 (the newest leg is checked
+# not to need it: tests/test_resident.py).
+array_ready = ArrayImpl.is_ready if JAXLIB_VERSION >= (0, 12) else _ready_unless_deleted
+
+
 def donated_input_rejected(error: BaseException, inputs: Sequence[Any]) -> bool:
     """Whether `error`, raised by running an executable on `inputs`, is the
     runtime rejecting an array donated to an earlier call, which jaxlib before

@@ -53,6 +53,7 @@ from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
 from nbjit.core.hooks import MissFacts, MissOutcome
+from nbjit.core.inputs.fallbacks import gave_up
 from nbjit.core.inputs.platforms import after_miss
 from nbjit.core.inputs.values import canonical_dtypes, host_dtype, private_host_copies
 from nbjit.core.keys import leaf_signature
@@ -258,7 +259,7 @@ class PjitFunction:
             raise
         seconds = time.perf_counter() - start
         record, reason = _record_for(fastpath, leaves, self._donates,
-                                     str(getattr(self, "__name__", "function")))
+                                     str(getattr(self, "__name__", "function")), self._counters)
         if fastpath is None:  # effects, or something else JAX keeps on its own path
             reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
         node = None
@@ -445,14 +446,15 @@ def _jit_as_caller(fun: Callable, options: dict[str, Any]) -> Any:
     return jitted
 
 
-def _record_for(fastpath: Any, leaves: Sequence, donates: bool, name: str
+def _record_for(fastpath: Any, leaves: Sequence, donates: bool, name: str, counters: Any
                 ) -> tuple[FastPath | None, str | None]:
     """(the node's record, or None and why its signature takes JAX's path)."""
     try:
         return build_record(fastpath, leaves, donates, name=name), None
     except Unsupported as why:
         return None, why.args[0]
-    except Exception:  # something nbjit cannot hold: JAX's path for good
+    except Exception as error:  # something nbjit cannot hold: JAX's path for good, and why
+        gave_up("fast path", error, counters)
         return None, "no_fastpath"
 
 

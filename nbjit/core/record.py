@@ -22,10 +22,17 @@ from nbjit.core.inputs.launch import launch_for
 from nbjit.core.inputs.platforms import platform_of, strategy_for
 from nbjit.core.inputs.steps import FreshCallback, HostInput, input_steps
 
-__all__ = ["FastPath", "Unsupported", "build_record"]
+__all__ = ["LAUNCH_RECORD", "PER_LEAF_PUTS", "FastPath", "Unsupported", "build_record"]
 
 ArrayImpl = _jax.ArrayImpl
 _device_put = _jax.batched_device_put
+
+
+# How a record's host leaves reach their device (`FastPath.host_path`, what
+# `f.stats().host_inputs` counts per signature); a room above the core may
+# name its own (the host room's resident slots).
+LAUNCH_RECORD = "launch record"  # jaxlib's own puts, of private copies (an accelerator)
+PER_LEAF_PUTS = "per-leaf puts"  # a put per host leaf from Python (or a plan's)
 
 
 class Unsupported(Exception):
@@ -69,6 +76,9 @@ class FastPath:
     # ``launch(*stage(leaves))``, jaxlib's own puts into this executable.
     launch: Callable[..., Any] | None = None
     stage: Callable[[Sequence[Any]], list] | None = None
+    # How its host leaves reach their device (LAUNCH_RECORD, PER_LEAF_PUTS, or
+    # a room's own); None: it has none.
+    host_path: str | None = None
 
     def inputs(self, leaves: Sequence[Any]) -> Sequence[Any]:
         """The executable's input list: consts, kept leaves, each step applied."""
@@ -115,11 +125,12 @@ class FastPath:
 
     def replaced(self, *, prepare: Callable[[Sequence[Any]], list] | None = None,
                  fence: Callable[[Sequence[Any], list], None] | None = None,
-                 execute: Callable[[Sequence[Any]], Any] | None = None) -> FastPath:
+                 execute: Callable[[Sequence[Any]], Any] | None = None,
+                 host_path: str | None = None) -> FastPath:
         """A copy with another `prepare` (which then always runs: the leaves
-        are no longer the inputs), `fence` or `execute`; every other field is
-        this record's, whatever fields it has."""
-        changes: dict[str, Any] = {}
+        are no longer the inputs), `fence`, `execute` or `host_path`; every
+        other field is this record's, whatever fields it has."""
+        changes: dict[str, Any] = {} if host_path is None else {"host_path": host_path}
         if prepare is not None:
             changes.update(prepare=prepare, leaves_are_inputs=False)
         if fence is not None:
@@ -272,6 +283,8 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
         prepare=_make_preparer(consts, None if all_kept else kept, len(leaves), steps, batched),
         launch=launch,
         stage=stage,
+        host_path=(LAUNCH_RECORD if launch is not None
+                   else PER_LEAF_PUTS if _puts_host_values(steps, len(consts)) else None),
     )
 
 
@@ -280,8 +293,7 @@ def _launches(fastpath: Any, steps: dict[int, Any], n_consts: int) -> bool:
     some leaf is put from the host, every input and output lives on one and the
     same device (jaxlib puts host leaves itself only there), and that device's
     strategy launches."""
-    if not any(i >= n_consts and getattr(step, "puts_host_values", False)
-               for i, step in steps.items()):
+    if not _puts_host_values(steps, n_consts):
         return False
     shardings = [*fastpath.in_shardings, *fastpath.out_shardings]
     devices = {d for s in shardings for d in s.device_set}
@@ -289,3 +301,7 @@ def _launches(fastpath: Any, steps: dict[int, Any], n_consts: int) -> bool:
             and strategy_for(platform_of(shardings[0])).launches)
 
 
+def _puts_host_values(steps: dict[int, Any], n_consts: int) -> bool:
+    """Whether some leaf's step puts a host value (consts are never host leaves)."""
+    return any(i >= n_consts and getattr(step, "puts_host_values", False)
+               for i, step in steps.items())

@@ -50,10 +50,11 @@ from typing import Any
 
 import numpy as np
 
+from nbjit.core.inputs.fallbacks import gave_up
 from nbjit.core.inputs.steps import HostInput
 from nbjit.core.record import FastPath, build_record
 from nbjit.host import resident as _resident
-from nbjit.host.layout import Watched
+from nbjit.host.layout import RESIDENT_SLOTS, Watched, host_counters
 from nbjit.host.slots import ResidentSlots
 
 __all__ = ["ARM_AFTER", "TRANSITIONS", "HostPolicy", "Stage", "enabled", "set_enabled"]
@@ -240,14 +241,13 @@ class HostPolicy:
             made = _resident.resident_record(
                 self.watched, self.per_leaf, leaves,
                 _weak_call(self, HostPolicy._slots_broken))
-        except Exception:  # never breaks a call: the per-leaf path goes on
-            made = None
-        if made is None:
+        except Exception as error:  # never breaks a call: the per-leaf path goes on
+            gave_up(RESIDENT_SLOTS, error, self.watched.counters)
             return False
         record, self.resident = made
         if not self._swap(self.builder, Stage.RESIDENT, record):
             return False
-        self.watched.counters.resident += 1
+        host_counters(self.watched.counters).resident += 1
         return True
 
     def _slots_broken(self) -> None:

@@ -427,10 +427,13 @@ _miss_serials = itertools.count(1)
 _last_serial = 0
 
 
-def miss_done(new: CallDescription | None, miss: MissContext, seconds: float) -> None:
+def miss_done(new: CallDescription | None, miss: MissContext, seconds: float,
+              host_inputs: str | None = None) -> None:
     """Called by the dispatcher after every compile it caches: groups the miss
     for `ranked_misses`, keeps it for `assert_max_misses`, and logs it when
-    explaining is on (and the function had something to compare against)."""
+    explaining is on (and the function had something to compare against).
+    `host_inputs`: how the new signature's host leaves reach their device
+    (`FastPath.host_path`), said at the message's end."""
     global _last_serial
     site = call_site()
     try:
@@ -438,6 +441,8 @@ def miss_done(new: CallDescription | None, miss: MissContext, seconds: float) ->
     except Exception as error:  # explaining must never break a call
         fields, why = ("not explained",), f"not explained: {error!r}"
     message = _message(miss.name, site, why, miss)
+    if host_inputs is not None:
+        message += f"; host inputs: {host_inputs}"
     with _record_lock:
         serial = _last_serial = next(_miss_serials)
         _recent.append(MissRecord(serial, miss.name, site, fields, message, seconds))
@@ -450,6 +455,21 @@ def miss_done(new: CallDescription | None, miss: MissContext, seconds: float) ->
             group[2] = message  # the latest example
     if enabled() and fields != (FIRST_CALL,):
         logger.warning(message)
+
+
+def input_note_done(name: str | None, strategy: str, why: str | None, was: str | None
+                    ) -> None:
+    """Logs, while explaining is on, what happened to host inputs of function
+    `name` (None: of the process): `strategy` given up for `why`, or a
+    signature's host inputs going by `strategy` from now on (`was` before)."""
+    if not enabled():
+        return
+    if why is not None:
+        where = f"for {name}" if name else "in this process"
+        logger.warning(f"nbjit: {strategy} given up {where}: {why}")
+    else:
+        logger.warning(f"nbjit: the host inputs of a signature of {name} now go by {strategy}"
+                       + (f" (were: {was})" if was else ""))
 
 
 def misses_since(serial: int) -> list[MissRecord]:

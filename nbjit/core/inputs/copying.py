@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from nbjit.core.inputs.fallbacks import gave_up
+
 __all__ = ["COPY_THREADS", "PARALLEL_COPY_MIN_BYTES", "copy_parts", "kernels_or_background",
            "load_kernels", "parallel_copy", "split_copy"]
 
@@ -80,8 +82,8 @@ def kernels_or_background() -> Any:
 def _load_quietly() -> None:
     try:
         load_kernels()
-    except Exception:  # (numpy's copy goes on; a direct load_kernels raises it)
-        pass
+    except Exception as error:  # numpy's copy goes on (a direct load_kernels raises it)
+        gave_up("numba gather", error)
 
 
 class _CopyPart:
