@@ -14,18 +14,15 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from nbjit import _jax
 from nbjit.core.codegen import Source, run_source
 from nbjit.core.inputs.launch import launch_for
 from nbjit.core.inputs.platforms import platform_of, strategy_for
-from nbjit.core.inputs.steps import FreshCallback, HostInput, input_steps
+from nbjit.core.inputs.steps import FreshCallback, HostInput, InputStep, ShardArgs, input_steps
 
 __all__ = ["LAUNCH_RECORD", "PER_LEAF_PUTS", "FastPath", "Unsupported", "build_record"]
 
 ArrayImpl = _jax.ArrayImpl
-_device_put = _jax.batched_device_put
 
 
 # How a record's host leaves reach their device (`FastPath.host_path`, what
@@ -108,7 +105,7 @@ class FastPath:
         if i is None:
             return None
         for step in self.step_objects():
-            if getattr(step, "index", None) == i or i in getattr(step, "indices", ()):
+            if i in step.indices:
                 return step
         return None
 
@@ -121,7 +118,7 @@ class FastPath:
 
     def uses_shard_args(self) -> bool:
         """Whether some inputs go through JAX's own batched `shard_args`."""
-        return any(getattr(step, "index", None) is None for step in self.step_objects())
+        return any(type(step) is ShardArgs for step in self.step_objects())
 
     def replaced(self, *, prepare: Callable[[Sequence[Any]], list] | None = None,
                  fence: Callable[[Sequence[Any], list], None] | None = None,
@@ -152,7 +149,7 @@ class FastPath:
 PREPARE_UNROLL_MAX = 16
 
 def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
-                     steps: dict[int, Any]) -> tuple[str, dict[str, Any]]:
+                     steps: dict[int, InputStep]) -> tuple[str, dict[str, Any]]:
     """The source of `prepare(leaves)` for one record's structure (not its
     values), and the names its inline steps read."""
     positions = range(n_leaves) if kept is None else kept
@@ -169,24 +166,18 @@ def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
             src.lines(f"x{j} = leaves[{j}]" for j in kept)
         src.lines(f"c{i} = C{i}" for i in range(n_consts) if i in steps)
         for i, step in sorted(steps.items()):
-            inline = getattr(step, "inline", None)  # a step may apply itself inline (host inputs)
-            if inline is None:
-                src.line(f"{names[i]} = V{i}({names[i]})")
-            else:
-                read.update(inline(src, names[i], i))
+            read.update(step.inline(src, names[i], i))
         src.line(f"return [{', '.join(names)}]")
     return src.text(), read
 
 
 def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,
-                   steps: dict[int, Any], shard_args: Any) -> Callable[[Sequence[Any]], list]:
+                   steps: dict[int, InputStep], shard_args: ShardArgs | None
+                   ) -> Callable[[Sequence[Any]], list]:
     """``prepare(leaves) -> inputs`` for a record: generated, or the generic loop."""
     n_inputs = len(consts) + (n_leaves if kept is None else len(kept))
     if shard_args is None and n_inputs <= PREPARE_UNROLL_MAX:
-        scope: dict[str, Any] = {"ndarray": np.ndarray, "put": _device_put,
-                                 "COPY_DURING_CALL": _jax.COPY_DURING_CALL}
-        scope.update((f"C{i}", c) for i, c in enumerate(consts))
-        scope.update((f"V{i}", step.value) for i, step in steps.items())
+        scope: dict[str, Any] = {f"C{i}": c for i, c in enumerate(consts)}
         source, read = _preparer_source(len(consts), kept, n_leaves, steps)
         return run_source(source, "prepare", {**scope, **read})["prepare"]
     applies = tuple(step.apply for _, step in sorted(steps.items()))
@@ -288,7 +279,7 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
     )
 
 
-def _launches(fastpath: Any, steps: dict[int, Any], n_consts: int) -> bool:
+def _launches(fastpath: Any, steps: dict[int, InputStep], n_consts: int) -> bool:
     """Whether a record hands its host leaves to jaxlib's put (a launch record):
     some leaf is put from the host, every input and output lives on one and the
     same device (jaxlib puts host leaves itself only there), and that device's
@@ -301,7 +292,6 @@ def _launches(fastpath: Any, steps: dict[int, Any], n_consts: int) -> bool:
             and strategy_for(platform_of(shardings[0])).launches)
 
 
-def _puts_host_values(steps: dict[int, Any], n_consts: int) -> bool:
+def _puts_host_values(steps: dict[int, InputStep], n_consts: int) -> bool:
     """Whether some leaf's step puts a host value (consts are never host leaves)."""
-    return any(i >= n_consts and getattr(step, "puts_host_values", False)
-               for i, step in steps.items())
+    return any(i >= n_consts and step.puts_host_values for i, step in steps.items())

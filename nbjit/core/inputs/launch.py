@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core.inputs.steps import InputStep
 
 __all__ = ["LaunchRefused", "launch_for"]
 
@@ -57,7 +58,7 @@ _CACHE = _jax.jaxlib_launcher_cache(4096)
 
 
 def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | None,
-               n_leaves: int, steps: dict[int, Any], execute: Callable[[Sequence[Any]], Any],
+               n_leaves: int, steps: dict[int, InputStep], execute: Callable[[Sequence[Any]], Any],
                out_handlers: list, single_output: bool
                ) -> tuple[Callable[[Sequence[Any]], list], Callable[..., Any]]:
     """``(stage, launch)`` for a record: ``launch(*stage(leaves))`` is a hit.
@@ -71,7 +72,7 @@ def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | 
     # leaf -> what makes the launcher's argument for it: host leaves only
     stagers = tuple((leaf_of[i - n_consts], step.launch_value)
                     for i, step in sorted(steps.items())
-                    if i >= n_consts and getattr(step, "puts_host_values", False))
+                    if i >= n_consts and step.puts_host_values)
 
     def stage(leaves: Sequence[Any]) -> list:
         staged = list(leaves)
@@ -87,7 +88,7 @@ def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | 
         inputs = [*consts, *(staged if kept is None else [staged[j] for j in kept])]
         for i, step in applied:
             x = inputs[i]
-            if type(x) is not ArrayImpl or not getattr(step, "puts_host_values", False):
+            if type(x) is not ArrayImpl or not step.puts_host_values:
                 inputs[i] = step.value(x)
         try:
             results = execute(inputs)
