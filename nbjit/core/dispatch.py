@@ -48,7 +48,6 @@ from typing import Any
 
 from nbjit import _jax
 from nbjit._common import warn_past
-from nbjit.core import flavours as _flavours
 from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
@@ -69,7 +68,6 @@ _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
 _tracing = _jax.traceme_enabled  # a profiler session is collecting spans (nbjit/observe/spans.py)
 _clock = time.perf_counter_ns  # `__call__`'s stamps while a profile times calls
-_ALWAYS = True.__bool__  # a C call that answers True
 _NOT_SET = object()  # marks jit options the caller did not pass
 
 
@@ -122,16 +120,17 @@ class PjitFunction:
     # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        if _detours():  # a profiler session collects, or a profile times calls (`_detour_for`)
+        binders = self._binders
+        if binders.stamps_entry or _tracing():  # a profile times calls, or a profiler session
             stamps = [_clock()]  # the call's first stamp, and its last once the detour returns
-            out = _detour(self, args, kwargs, stamps)
+            out = (_stamped_call if binders.stamps_entry else _traced_call)(
+                self, args, kwargs, stamps)
             stamps[-1] = _clock()  # a hit a profile recorded holds `stamps`
             return out
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
-        try:  # a keyword call by its positional count: its binder checks the names
-            binder = self._binders[~len(args) if kwargs else len(args)]
-        except KeyError:
-            binder = self._binders.build((len(args), *kwargs) if kwargs else len(args))
+        # A keyword call is looked up by its positional count (its binder checks
+        # the names); a shape with no binder yet gets one (`BinderTable.__missing__`).
+        binder = binders[~len(args) if kwargs else len(args)]
         try:  # costs nothing unless something raises (Python >= 3.11)
             return binder(self, args, kwargs)
         except Exception as error:  # a miss, slow path or bad input: jaxlib shows no frames
@@ -482,18 +481,15 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
 
 # -- what `PjitFunction.__call__` does first: its detour --------------------
 #
-# `__call__` asks `_detours()` first and, when it answers yes, reads the
-# clock, hands the call to `_detour` with that stamp in a list, and sets the
-# list's last item to the clock as the detour returns: the ends of a call a
-# profile times (`Flavour.entry_stamp`), as near its caller as `__call__`
-# can take them. Outside a profile these are the profiler session's check
-# (`TraceMe.is_enabled`, one C++ read) and `_traced_call` (the stamps then
-# go unread); while the hit path's flavour stamps a call's ends (a
-# `nbjit.profile()`), a C call that answers yes and `_stamped_call`. Only
-# these module globals change (`_detour_for`), never the class: the plain
-# call runs the same code as if no profile had ever been (a class attribute
-# set on every switch would, from Python 3.13 on, leave the class without
-# the version tag its calls' attribute caches need after 1000 switches).
+# While the hit path's flavour stamps a call's ends (`Flavour.entry_stamp`:
+# a `nbjit.profile()`; the function's binder table says so, `stamps_entry`,
+# set with its flavour) or a profiler session collects (`TraceMe.is_enabled`,
+# one C++ read), `__call__` reads the clock, hands the call to its detour
+# with that stamp in a list, and sets the list's last item to the clock as
+# the detour returns: the ends of a call a profile times, as near its caller
+# as `__call__` can take them. The class itself never changes (a class
+# attribute set on every switch would, from Python 3.13 on, leave the class
+# without the version tag its calls' attribute caches need after 1000 switches).
 
 
 def _traced_call(jitted: PjitFunction, args: tuple, kwargs: dict, stamps: list[int]) -> Any:
@@ -510,11 +506,7 @@ def _stamped_call(jitted: PjitFunction, args: tuple, kwargs: dict, stamps: list[
     if _tracing():
         return profiler_hooks().traced_call(jitted, args, kwargs)
     _collect_garbage()
-    binders = jitted._binders
-    try:
-        binder = binders[~len(args) if kwargs else len(args)]
-    except KeyError:
-        binder = binders.build((len(args), *kwargs) if kwargs else len(args))
+    binder = jitted._binders[~len(args) if kwargs else len(args)]
     try:
         if binder.takes_entry_stamp:
             return binder(jitted, args, kwargs, stamps)
@@ -522,24 +514,6 @@ def _stamped_call(jitted: PjitFunction, args: tuple, kwargs: dict, stamps: list[
     except Exception as error:  # as `__call__`: jaxlib shows no frames
         _jax.filter_dispatch_frames(error)
         raise
-
-
-_detours: Callable[[], bool] = _tracing
-_detour: Callable[[PjitFunction, tuple, dict, list[int]], Any] = _traced_call
-
-
-def _detour_for(flavour: _flavours.Flavour) -> None:
-    """Sets `PjitFunction.__call__`'s detour for the hit path's flavour (in an
-    order where a call that reads one new global and one old one still runs
-    right: the stamped call checks for a profiler session itself)."""
-    global _detours, _detour
-    if flavour.entry_stamp:
-        _detour, _detours = _stamped_call, _ALWAYS
-    else:
-        _detours, _detour = _tracing, _traced_call
-
-
-_flavours.on_use(_detour_for)
 
 
 def _as_view(jitted: PjitFunction) -> JitView:
