@@ -447,7 +447,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
         scope["learn_reader"] = lambda tid, treedef, leaves: readers.learn(
             tid, _param_trees(treedef, named), leaves)
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
-    binder = run_source(source, name, scope)["bind"]
+    binder = run_source(source, name, scope, __name__)["bind"]
     # Whether it takes the call's `stamps` (a function attribute:
     # `__defaults__` costs ~0.3 us to read once JAX has added an audit hook).
     binder.takes_entry_stamp = f.entry_stamp
@@ -474,7 +474,7 @@ def _make_hit(env: dict[str, Any], flavour: str) -> Callable[..., Any]:
     `Flavour.entry_stamp`) and `t_key` are the timed flavour's."""
     scope = {**env, **_flavours.flavour(flavour).scope}
     name = "hit" if flavour == "plain" else f"hit {flavour}"
-    return run_source(_hit_source(flavour), name, scope)["hit"]
+    return run_source(_hit_source(flavour), name, scope, __name__)["hit"]
 
 
 # ---------------------------------------------------------------------------

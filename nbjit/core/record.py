@@ -179,7 +179,7 @@ def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,
     if shard_args is None and n_inputs <= PREPARE_UNROLL_MAX:
         scope: dict[str, Any] = {f"C{i}": c for i, c in enumerate(consts)}
         source, read = _preparer_source(len(consts), kept, n_leaves, steps)
-        return run_source(source, "prepare", {**scope, **read})["prepare"]
+        return run_source(source, "prepare", {**scope, **read}, __name__)["prepare"]
     applies = tuple(step.apply for _, step in sorted(steps.items()))
     if shard_args is not None:
         applies += (shard_args.apply,)

@@ -108,7 +108,7 @@ def resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath,
     # Out of its own scope: a function in its globals is a cycle, and this
     # scope may hold the executable (`run`), which must die with the record
     # without waiting for a gc pass.
-    return run_source(src.text(), "resident prepare", scope).pop("prepare")
+    return run_source(src.text(), "resident prepare", scope, __name__).pop("prepare")
 
 
 def _emit_claim(src: Source, pool: ResidentSlots, fallback: Any) -> dict[str, Any]:

@@ -291,7 +291,7 @@ class ResidentSlots:
                     src.line("append(slot)")
                 with src.block("else:"):
                     src.line("first(slot, outs)")
-        return run_source(src.text(), "resident fence", scope)["fence"]
+        return run_source(src.text(), "resident fence", scope, __name__)["fence"]
 
     def _check_outputs(self, slot: list, outs: list) -> bool:
         """Whether no output aliases the slot's memory (else slots are given up)."""
