@@ -27,7 +27,8 @@ And per jitted function, for a library that composes nbjit's jit (as
 Putting inputs on devices is not here: it is the core's own
 (`nbjit.core.inputs`), and where a platform does it otherwise, one table
 says so (`nbjit.core.inputs.platforms`). None of these is on the hit path:
-they run on a miss or a slow call.
+they run on a miss, a slow call, or the rare call that changes how a
+signature's host inputs go.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ class HostPolicy:
         bytes: the same arrays every call are not fresh values and get no slots.
         Arming is due after `ARM_AFTER` new values; with fewer within
         ``2 * ARM_AFTER`` calls the node goes back to its watching record for
-        good, so comparing (a copy of up to `nbjit.host.watch.TOTAL_MAX_BYTES`)
+        good, so comparing (a copy of up to `nbjit.host.watch.COUNTED_MAX_BYTES`)
         costs only the first calls of a signature."""
         seen = [np.asarray(leaves[layout.leaf]).tobytes() for layout in self.watched.layouts]
         if not seen:  # the leaves are too big to count: no new values to count

@@ -8,7 +8,7 @@ per leaf, the numpy array copied while the call runs, a memo for small
 repeated values), a big or multi-device one a `ShardingPlan`, anything else
 JAX's `shard_args` (`nbjit.core.inputs.steps`). That is `DEFAULT`.
 
-A strategy (`InputStrategy`) changes two things, and nothing else:
+A strategy (`InputStrategy`) changes three things, and nothing else:
 
   * `host_transfer(aval, sharding)`: how a `HostInput` step hands a numpy
     array to `batched_device_put`, as a `HostTransfer`: jaxlib's host
@@ -18,6 +18,9 @@ A strategy (`InputStrategy`) changes two things, and nothing else:
     step, when a record is built; the generated preparer inlines it.
   * `on_miss(outcome)`: after a miss installed a node with a record, an
     optimisation may arm itself for that node (it must not raise).
+  * `launches`: whether a record whose host leaves go to its executable's
+    one device hands them to jaxlib's own put (a launch record,
+    `nbjit.core.inputs.launch`).
 
 `STAGED` is the core's own way for a device with memory of its own (an
 accelerator): there a put that copies while the call runs waits for the
@@ -33,12 +36,11 @@ with no copy of ours.
 The table, `strategy_for(platform)`:
 
   * "cpu": the host-memory strategy of `nbjit.host` (the host-input policy:
-    resident slots, packing), plugged in when ``import nbjit`` imports
-    that room (`plug_in`); the CPU's device memory is host memory, which
-    the device can read in place. Without it, `DEFAULT`.
-  * every other platform: `STAGED`; for "tpu" and "gpu" the host room
-    plugs in packing a signature's changing host leaves into one staged put
-    (`nbjit.host.HostStaged`; ``NBJIT_PACK_ACCELERATOR=0`` leaves it out).
+    resident slots), plugged in when ``import nbjit`` imports that room
+    (`plug_in`); the CPU's device memory is host memory, which the device
+    can read in place. Without it, `DEFAULT`.
+  * every other platform: `STAGED`, which launches (launch records); no
+    room plugs in anything there.
 
 A record's host inputs take the strategy of their sharding's platform
 (`platform_of`); a miss's `on_miss` is that of its executable's first input.
