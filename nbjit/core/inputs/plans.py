@@ -155,15 +155,7 @@ class ShardingPlan:
     def put(self, x: np.ndarray) -> jax.Array:
         """`x` (an ndarray of exactly `shape` and `dtype`, any strides) as a
         committed jax.Array with `sharding`. `x` is read, never aliased."""
-        raw, pool = staging_buffer(self._nbytes + ALIGN)
-        try:
-            return self._put_through(raw, x)
-        finally:
-            if pool is not None:  # (the put's arrays hold it now, while they read it)
-                pool.release(raw)
-
-    def _put_through(self, raw: np.ndarray, x: np.ndarray) -> jax.Array:
-        """`put` with `raw` (ALIGN bytes more than the staging) as its staging."""
+        raw = staging_buffer(self._nbytes + ALIGN)
         address = raw.__array_interface__["data"][0]
         skip = align_up(address) - address
         staging = raw[skip:skip + self._nbytes]

@@ -6,9 +6,9 @@ aliases it (the CPU). The runtime holds a Python reference to that buffer
 while anything may read it and drops it when done, so a pooled buffer may
 be written again exactly when its reference count shows that nothing but
 its pool holds it. That rule is `BufferPool.claim`'s, and nowhere else's:
-the count a free buffer shows is measured at import by the very function
-that reads counts (`_popped`), not counted by hand, since what a frame's
-count includes differs between CPython versions.
+the count a free buffer shows is measured at import by `claim` itself
+(`_measured_free`), not counted by hand, since what a frame's count
+includes differs between CPython versions.
 
 Every pool is in one registry: together they keep at most
 `POOLED_MAX_BYTES` (past it a claim makes a buffer no pool keeps), and
@@ -41,15 +41,9 @@ _STAGING_POOL_PER_SIZE = 2  # buffers kept per staging size (double buffering)
 POOLED_MAX_BYTES = 512 << 20  # what every pool keeps, together
 
 
-def _popped(free: collections.deque) -> tuple[np.ndarray, int]:
-    """The oldest buffer of `free`, taken out, and its reference count as this frame sees it."""
-    buffer = free.popleft()
-    return buffer, sys.getrefcount(buffer)
-
-
-# What `_popped` reports for a buffer that nothing but its deque held: the
-# free count, measured here by the same code that `claim` runs.
-_FREE = _popped(collections.deque([np.empty(0, np.uint8)]))[1]
+_FREE: int  # what `claim` sees for a buffer only its pool holds (`_measured_free`, below)
+_MARKS_TRIED = 64  # counts `_measured_free` tries: far above any free buffer's
+_getrefcount = sys.getrefcount
 
 # The registry and every pool's `kept` change under this lock (re-entrant: a
 # pool that dies while it is held gives its bytes back, `_forget`).
@@ -63,15 +57,15 @@ class BufferPool:
 
     `claim()` takes a buffer out of the pool: the oldest released one that
     only the pool held, else a new one. `release(buffer)` puts a claimed
-    buffer back once it is handed on (to a put, which holds it while it
-    reads): a buffer is claimed again only after every reader let go. At
-    most `cap` buffers are kept (and `POOLED_MAX_BYTES` across pools); past
-    that a claim makes a buffer the pool does not keep, and its release
-    drops it.
+    buffer back; it is claimed again only once nothing else holds it, so a
+    caller may release a buffer as soon as it holds it: its own reference,
+    then its reader's (a put's, while it reads), keep it from a claim. The
+    pool keeps `kept.count` buffers, at most `cap` (and `POOLED_MAX_BYTES`
+    across pools): a buffer it makes past that is not counted, and a
+    release finding `free` holding that many drops its buffer.
 
     `free` is a deque: ``popleft`` and ``append`` are atomic under the GIL,
-    so a buffer out of it is seen by one thread only. `kept` holds the ids
-    of the buffers kept (each alive: in `free`, or with whoever claimed it).
+    so a buffer out of it is seen by one thread only.
     """
 
     __slots__ = ("nbytes", "make", "cap", "free", "kept", "__weakref__")
@@ -81,51 +75,90 @@ class BufferPool:
         self.make = make
         self.cap = max(1, cap)
         self.free: collections.deque = collections.deque()
-        self.kept: set[int] = set()
+        self.kept = _Kept(nbytes)  # (apart: the finalizer gives its bytes back)
         with _lock:
             _pools.add(self)
-        weakref.finalize(self, _forget, self.kept, nbytes)
+        weakref.finalize(self, _forget, self.kept)
 
     def claim(self) -> np.ndarray:
         """A buffer nothing else holds: a released one, else a new one."""
         free = self.free
         for _ in range(len(free)):
             try:
-                buffer, count = _popped(free)
+                buffer = free.popleft()
             except IndexError:  # another thread took the last one meanwhile
                 break
-            if count == _FREE:
+            if _getrefcount(buffer) == _FREE:
                 return buffer
             free.append(buffer)  # still read: a transfer, a device array aliasing it
         return self._new()
 
     def release(self, buffer: np.ndarray) -> None:
-        """Puts a claimed `buffer` back (a buffer the pool does not keep is dropped)."""
-        if id(buffer) in self.kept:
-            self.free.append(buffer)
+        """Puts a claimed `buffer` back (dropped where the pool keeps enough)."""
+        free = self.free
+        if len(free) < self.kept.count:
+            free.append(buffer)
 
     def clear(self) -> None:
         """Lets go of every kept buffer (one still read lives on with its reader)."""
         self.free.clear()
-        _forget(self.kept, self.nbytes)
+        _forget(self.kept)
 
     def _new(self) -> np.ndarray:
         global _kept_bytes
-        buffer = self.make()
+        kept = self.kept
         with _lock:
-            if (len(self.kept) < self.cap and id(buffer) not in self.kept
-                    and _kept_bytes + self.nbytes <= POOLED_MAX_BYTES):
-                self.kept.add(id(buffer))
+            if kept.count < self.cap and _kept_bytes + self.nbytes <= POOLED_MAX_BYTES:
+                kept.count += 1
                 _kept_bytes += self.nbytes
-        return buffer
+        return self.make()
 
 
-def _forget(kept: set[int], nbytes: int) -> None:
+class _Kept:
+    """How many buffers of `nbytes` a pool keeps, free or claimed (under `_lock`)."""
+
+    __slots__ = ("count", "nbytes")
+
+    def __init__(self, nbytes: int) -> None:
+        self.count = 0
+        self.nbytes = nbytes
+
+
+def _measured_free() -> int:
+    """The count `BufferPool.claim` sees for a buffer only its pool holds: the
+    lowest free mark at which `claim` hands back a released buffer instead
+    of making one (a buffer anything else holds shows more)."""
+    global _FREE
+    for mark in range(1, _MARKS_TRIED):
+        _FREE = mark
+        counted = _Counted()
+        pool = BufferPool(0, counted.make, 1)
+        pool.release(pool.claim())  # now only the pool holds it
+        pool.claim()
+        if counted.made == 1:
+            return mark
+    raise RuntimeError("no free mark found for BufferPool.claim")
+
+
+class _Counted:
+    """Empty buffers, counted as they are made (`_measured_free`)."""
+
+    __slots__ = ("made",)
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def make(self) -> np.ndarray:
+        self.made += 1
+        return np.empty(0, np.uint8)
+
+
+def _forget(kept: _Kept) -> None:
     """A pool's kept buffers count no more (the pool was cleared, or died)."""
     global _kept_bytes
     with _lock:
-        _kept_bytes -= len(kept) * nbytes
-        kept.clear()
+        _kept_bytes -= kept.count * kept.nbytes
+        kept.count = 0
 
 
 def clear_pools() -> None:
@@ -139,7 +172,10 @@ def clear_pools() -> None:
 def pooled_buffers() -> int:
     """Buffers every pool keeps (free or claimed)."""
     with _lock:
-        return sum(len(pool.kept) for pool in _pools)
+        return sum(pool.kept.count for pool in _pools)
+
+
+_FREE = _measured_free()
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
@@ -157,19 +193,21 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 _by_size: dict[int, BufferPool] = {}
 
 
-def staging_buffer(size: int) -> tuple[np.ndarray, BufferPool | None]:
-    """A uint8 buffer of `size` bytes that nothing else uses, and its pool
-    (None below STAGING_POOL_MIN_BYTES: a fresh buffer), to `release` it to
-    once it is handed to a put. The buffer is the allocation itself, not a
-    view: every view of it made for a put refers to it."""
+def staging_buffer(size: int) -> np.ndarray:
+    """A uint8 buffer of `size` bytes that nothing else uses: from
+    STAGING_POOL_MIN_BYTES a pooled one, released already (the caller's
+    reference, then the put's arrays', keep it from another claim). It is
+    the allocation itself, not a view: every view made of it refers to it."""
     if size < STAGING_POOL_MIN_BYTES:
-        return np.empty(size, np.uint8), None
+        return np.empty(size, np.uint8)
     pool = _by_size.get(size)
     if pool is None:
         made = BufferPool(size, lambda: np.empty(size, np.uint8), _STAGING_POOL_PER_SIZE)
         with _lock:
             pool = _by_size.setdefault(size, made)
-    return pool.claim(), pool
+    raw = pool.claim()
+    pool.release(raw)
+    return raw
 
 
 def clear_staging_pool() -> None:
@@ -183,4 +221,4 @@ def clear_staging_pool() -> None:
 def staging_pool_size() -> int:
     """The plans' pooled staging buffers (free or in use)."""
     with _lock:
-        return sum(len(pool.kept) for pool in _by_size.values())
+        return sum(pool.kept.count for pool in _by_size.values())

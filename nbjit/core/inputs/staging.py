@@ -46,9 +46,9 @@ class StagingRing:
     one but the runtime reads the buffer. A buffer is written again only
     once nothing but its pool holds it (`nbjit.core.inputs.pools.BufferPool`);
     with none free a new one is made, kept while the pool keeps fewer than
-    `cap`. A buffer goes back to the pool before the put: the caller's own
-    reference (the put's argument) keeps it from being claimed until the
-    runtime holds its own.
+    `cap`. A buffer goes back to the pool before it is written: this
+    frame's reference, then the caller's (the put's argument), keep it
+    from being claimed until the runtime holds its own.
     """
 
     __slots__ = ("shape", "dtype", "nbytes", "pool", "stream")
@@ -71,26 +71,21 @@ class StagingRing:
             return x
         pool = self.pool
         buffer = pool.claim()
-        try:
-            if (stream := self.stream) is not None and x.dtype == self.dtype and (
-                    x.flags.c_contiguous):
-                stream(buffer, x)
-            else:
-                np.copyto(buffer, x, casting="unsafe")
-            return buffer
-        finally:
-            pool.release(buffer)
+        pool.release(buffer)
+        if (stream := self.stream) is not None and x.dtype == self.dtype and x.flags.c_contiguous:
+            stream(buffer, x)
+        else:
+            np.copyto(buffer, x, casting="unsafe")
+        return buffer
 
     def stage_scalar(self, x: Any) -> np.ndarray:
         """A private 0-d buffer holding scalar `x` (the caller checked that it
         converts exactly: `values.scalar_converts_exactly`)."""
         pool = self.pool
         buffer = pool.claim()
-        try:
-            buffer[()] = x
-            return buffer
-        finally:
-            pool.release(buffer)
+        pool.release(buffer)
+        buffer[()] = x
+        return buffer
 
 
 def _aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
