@@ -75,7 +75,7 @@ class BufferPool:
         self.make = make
         self.cap = max(1, cap)
         self.free: collections.deque = collections.deque()
-        self.kept = _Kept(nbytes)  # (apart: the finalizer gives its bytes back)
+        self.kept = _Kept(nbytes)  # (its own object: the pool's finalizer reads it)
         with _lock:
             _pools.add(self)
         weakref.finalize(self, _forget, self.kept)
