@@ -121,8 +121,8 @@ def test_clear_staging_pool_clears_every_pool_and_a_dead_pool_gives_its_bytes_ba
 
 
 def test_only_the_pools_module_reads_reference_counts():
-    """The free rule is written once: no other module of nbjit calls
-    `sys.getrefcount`, and none compares a count with a literal."""
+    """The free rule is written once: no other module of nbjit reads a
+    reference count (so none compares one with a count made by hand)."""
     readers = []
     for path in sorted((ROOT / "nbjit").rglob("*.py")):
         tree = ast.parse(path.read_text())
