@@ -5,7 +5,7 @@ a numpy array onto its sharding. Importing numba and loading its kernels
 costs hundreds of milliseconds in a fresh process, while the domains of a
 few devices cost microseconds in numpy: so plans are built with these
 twins, and numba is loaded only where its gather pays (column-major
-sources, `nbjit.core.inputs.staging.kernels_or_background`). The kernels in
+sources, `nbjit.core.inputs.copying.kernels_or_background`). The kernels in
 `nbjit._kernels` compute the same (tests/test_kernels.py compares them).
 """
 

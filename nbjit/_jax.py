@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import jax
 import jaxlib
 
-from nbjit._common import drop_internal_links, traceback_without, warn_past
+from nbjit._common import drop_internal_links, traceback_without
 
 # [lowest, first unsupported). 0.10.2 is what the TPU machines ship (jaxlib's
 # last wheels for Python 3.11); where 0.10.x's internals or its fast path
@@ -68,25 +67,6 @@ _NBJIT_PREFIX = NBJIT_DIR + "/"  # a frame of nbjit's code: a module's or a gene
 # `nbjit.jit` (`nbjit.patch_jax()`), and nbjit must still reach upstream's.
 jax_jit = _api.jit
 
-def jax_jit_from_caller(fun, options: dict):
-    """`jax_jit(fun, **options)`, its warnings (a deprecated option, say)
-    issued again from the first frame outside nbjit, as jax.jit's are: a
-    filter on the caller's module (``error::DeprecationWarning:mymodule``)
-    sees them as it sees jax.jit's."""
-    error: Exception | None = None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            jitted = jax_jit(fun, **options)
-        except Exception as raised:  # (after its warnings, as jax.jit raises it)
-            error = raised
-    for warning in caught:
-        warn_past((_NBJIT_PREFIX,), str(warning.message), warning.category)
-    if error is not None:
-        raise error
-    return jitted
-
-
 # Errors that name the caller's source location skip nbjit's frames, as they
 # skip jax's own; so do tracebacks filtered at a JAX api boundary.
 _source_info_util.register_exclusion(NBJIT_DIR)
@@ -101,6 +81,21 @@ ExecuteResults = _jaxlib_ext.ExecuteResults
 # `.delete()` are found there; a donated one reaches the runtime, which rejects
 # it (INVALID_ARGUMENT, a line on stderr), raised as ValueError.
 RUNTIME_REJECTS_DONATED_INPUTS = JAXLIB_VERSION < (0, 11, 2)
+
+
+def _ready_unless_deleted(x: Any) -> bool:
+    """`ArrayImpl.is_ready(x)`, where a deleted `x` raises RuntimeError first:
+    jaxlib 0.10.2's `is_ready` of an array deleted by `.delete()` crashes the
+    process (a donated one raises, as in 0.12). Anything else raises TypeError."""
+    if type(x) is ArrayImpl and x.is_deleted():
+        raise JaxRuntimeError("Array has been deleted.")
+    return ArrayImpl.is_ready(x)
+
+
+# Whether an output is ready (a resident slot's fence, `nbjit.host`): a deleted
+# one raises RuntimeError. Checked first below 0.12 (the newest leg is checked
+# not to need it: tests/test_resident.py).
+array_ready = ArrayImpl.is_ready if JAXLIB_VERSION >= (0, 12) else _ready_unless_deleted
 
 
 def donated_input_rejected(error: BaseException, inputs: Sequence[Any]) -> bool:

@@ -164,7 +164,7 @@ def steps_of(jitted: Any, /, *args: Any, **kwargs: Any) -> dict[str, list]:
     """The input steps of the fast-path record a call hits, by step class name."""
     node, _ = jitted._entry_for(args, kwargs)
     assert node is not None and node.record is not None, "the call has no fast-path record"
-    steps: dict[str, list] = {"HostInput": [], "_Copy": [], "_Planned": [], "_ShardArgs": []}
+    steps: dict[str, list] = {"HostInput": [], "_Copy": [], "_Planned": [], "ShardArgs": []}
     for step in node.record.step_objects():
         steps[type(step).__name__].append(step)
     return steps

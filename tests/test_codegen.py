@@ -34,7 +34,7 @@ def test_a_block_indents_what_it_holds_one_level_and_ends_with_the_with():
                           "        return x\n"
                           "    return -x\n"
                           "g = f\n")
-    assert run_source(src.text(), "test f", {})["g"](3) == 6
+    assert run_source(src.text(), "test f", {}, __name__)["g"](3) == 6
 
 
 def test_a_block_left_by_an_exception_gives_its_depth_back():
@@ -75,9 +75,9 @@ def test_a_reused_source_is_shown_again_after_linecache_is_cleared():
     import linecache
 
     source = "def made_here():\n    return 41 + 1\n"
-    fn = run_source(source, "cleared", {})["made_here"]
+    fn = run_source(source, "cleared", {}, __name__)["made_here"]
     linecache.clearcache()
-    again = run_source(source, "cleared", {})["made_here"]
+    again = run_source(source, "cleared", {}, __name__)["made_here"]
     assert again.__code__ is fn.__code__  # the compiled code is reused
     assert again() == 42 and inspect.getsource(again) == source
     linecache.clearcache()  # and a function not made again: its text is still known
@@ -114,3 +114,29 @@ def test_a_pools_slots_are_laid_out_as_its_slot_layout_says():
         assert view.shape == s.shape and view.dtype == s.dtype
         assert view.ctypes.data == address == staging.ctypes.data + s.offset
         assert slot[layout.array(j)].unsafe_buffer_pointer() == address
+
+
+def test_generated_sources_are_named_in_their_emitters_folder():
+    """A binder is named under nbjit/core/, a resident prepare and fence under
+    nbjit/host/ (tracebacks point at the folder whose code wrote them)."""
+    import os
+
+    import numpy as np
+    from _host import CALLS, fresh_pair, node_of
+
+    import nbjit
+
+    root = os.path.dirname(os.path.abspath(nbjit.__file__))
+    f = nbjit.jit(lambda a, b: a * b)
+    for i in range(CALLS):
+        f(*fresh_pair(i))
+    record = node_of(f, *fresh_pair(0)).record
+    binder = f._binders[2]
+    assert os.path.dirname(binder.__code__.co_filename) == os.path.join(root, "core")
+    if record.fence is not None:  # (resident: the CPU's host memory)
+        for made in (record.prepare, record.fence):
+            assert os.path.dirname(made.__code__.co_filename) == os.path.join(root, "host")
+    plain = nbjit.jit(lambda x: x + 1)
+    plain(np.ones(2, np.float32))
+    prepare = node_of(plain, np.ones(2, np.float32)).record.prepare
+    assert os.path.dirname(prepare.__code__.co_filename) == os.path.join(root, "core")

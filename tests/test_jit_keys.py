@@ -44,7 +44,7 @@ def test_hits_never_enter_jax_python_for_moved_or_host_inputs(monkeypatch):
     monkeypatch.undo()
     assert_same_outputs(nb_out, f_jax(*args))
     steps = steps_of(f_nb, *args)
-    assert len(steps["_Copy"]) == 1 and len(steps["HostInput"]) == 2 and not steps["_ShardArgs"]
+    assert len(steps["_Copy"]) == 1 and len(steps["HostInput"]) == 2 and not steps["ShardArgs"]
 
 
 def test_a_call_path_does_not_depend_on_earlier_calls():

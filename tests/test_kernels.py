@@ -254,7 +254,7 @@ def test_a_first_sharded_put_loads_no_numba():
         "y = np.asfortranarray(x)\n"
         "assert np.array_equal(np.asarray(nbjit.device_put(y, s)), x)\n"
         "import time\n"
-        "from nbjit.core.inputs.staging import kernels_or_background\n"
+        "from nbjit.core.inputs.copying import kernels_or_background\n"
         "deadline = time.monotonic() + 120\n"
         "while kernels_or_background() is None and time.monotonic() < deadline:\n"
         "    time.sleep(0.05)\n"

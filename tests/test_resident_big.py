@@ -112,7 +112,8 @@ def test_an_unchanged_big_array_is_compared_not_written(monkeypatch):
 
 def _speculations(f, *args) -> tuple[int, int]:
     """(runs before their compare, of those the ones whose compare differed)."""
-    return tuple(pool_of(f, *args).counts)
+    streaks = pool_of(f, *args).streaks
+    return streaks.speculated, streaks.differed
 
 
 def test_unchanged_big_arrays_run_before_their_compare():

@@ -16,8 +16,8 @@ from jax.sharding import NamedSharding, make_single_device_sharding
 from jax.sharding import PartitionSpec as P
 
 from nbjit import _jax
+from nbjit.core.inputs import copying, pools
 from nbjit.core.inputs import plans as sharding
-from nbjit.core.inputs import staging
 
 # The meshes by shape ("8", "4x2", "2x2x2" on 8 devices; "1", "1x1", "1x1x1" on one): their rank.
 MESHES = {"x".join(map(str, mesh_shape(rank))): rank for rank in (1, 2, 3)}
@@ -325,10 +325,10 @@ def test_mesh_axis_types(axis_types, spec):
 @pytest.fixture
 def small_big_thresholds(monkeypatch):
     """Parallel copy and staging pool from 1 KiB, so small arrays take the big-array path."""
-    monkeypatch.setattr(staging, "PARALLEL_COPY_MIN_BYTES", 1024)
-    monkeypatch.setattr(staging, "STAGING_POOL_MIN_BYTES", 1024)
-    monkeypatch.setattr(staging, "_COPY_CHUNK_BYTES", 256)
-    monkeypatch.setattr(staging, "COPY_THREADS", 3)
+    monkeypatch.setattr(copying, "PARALLEL_COPY_MIN_BYTES", 1024)
+    monkeypatch.setattr(pools, "STAGING_POOL_MIN_BYTES", 1024)
+    monkeypatch.setattr(copying, "_COPY_CHUNK_BYTES", 256)
+    monkeypatch.setattr(copying, "COPY_THREADS", 3)
     sharding.clear_plans()
     yield
     sharding.clear_plans()
@@ -368,7 +368,7 @@ def test_split_copy_covers_every_shard_byte_once():
     lows = np.array([[0, 0], [0, 5], [3, 0]])
     highs = np.array([[3, 5], [3, 9], [4, 9]])
     offsets = [0, 64, 128]
-    parts = staging.split_copy(lows, highs, offsets, 4, 4, None)
+    parts = copying.split_copy(lows, highs, offsets, 4, 4, None)
     assert 2 <= len(parts) <= 4
     covered = [(off, off + 4 * int(np.prod(shape)))
                for part in parts for _, shape, off in part.pieces]
@@ -386,7 +386,7 @@ def test_big_plans_take_the_parallel_path_and_small_ones_do_not():
     requested = NamedSharding(mesh(2), P("x", None))
     big = sharding.plan_for(requested, (2048, 2048), np.dtype(np.float32))
     small = sharding.plan_for(requested, (64, 64), np.dtype(np.float32))
-    assert big.parallel == (staging.COPY_THREADS > 1)
+    assert big.parallel == (copying.COPY_THREADS > 1)
     assert not small.parallel
     x = _values((2048, 2048), np.float32)
     assert_same_array(big.put(x), jax.device_put(x, requested), requested)
@@ -399,11 +399,11 @@ def test_staging_pool_never_hands_out_a_buffer_a_live_array_uses(small_big_thres
     first_values, second_values = _values((256, 8), np.float32, 1), _values((256, 8), np.float32, 2)
     first = plan.put(first_values)
     second = plan.put(second_values)
-    assert staging.staging_pool_size() == 2
+    assert pools.staging_pool_size() == 2
     pointers = {s.data.unsafe_buffer_pointer() for s in first.addressable_shards}
     assert not pointers & {s.data.unsafe_buffer_pointer() for s in second.addressable_shards}
     third = plan.put(_values((256, 8), np.float32, 3))  # both pooled buffers busy: a fresh one
-    assert staging.staging_pool_size() == 2
+    assert pools.staging_pool_size() == 2
     assert np.array_equal(_bits(first), _bits(first_values))
     assert np.array_equal(_bits(second), _bits(second_values))
     del third
@@ -421,7 +421,7 @@ def test_staging_pool_never_hands_out_a_buffer_a_live_array_uses(small_big_thres
         assert np.array_equal(_bits(second), _bits(second_values))
         assert np.array_equal(_bits(again), _bits(second_values * 2))
     assert pointers in reused
-    assert staging.staging_pool_size() == 2
+    assert pools.staging_pool_size() == 2
 
 
 def test_staging_pool_keeps_buffers_a_donated_result_uses(small_big_thresholds):
@@ -435,12 +435,6 @@ def test_staging_pool_keeps_buffers_a_donated_result_uses(small_big_thresholds):
         assert np.array_equal(_bits(other), _bits(x * k))
 
 
-def test_staging_pool_refcount_baseline():
-    raw = np.empty(8, np.uint8)
-    assert staging._refcounts([raw]) == [staging._FREE_REFCOUNT + 1]  # `raw` here
-    assert staging._refcounts([np.empty(8, np.uint8)]) == [staging._FREE_REFCOUNT]
-
-
 def test_single_device_plan_min_bytes_is_an_int():
     assert isinstance(sharding.SINGLE_DEVICE_PLAN_MIN_BYTES, int)
-    assert sharding.SINGLE_DEVICE_PLAN_MIN_BYTES >= staging.PARALLEL_COPY_MIN_BYTES
+    assert sharding.SINGLE_DEVICE_PLAN_MIN_BYTES >= copying.PARALLEL_COPY_MIN_BYTES

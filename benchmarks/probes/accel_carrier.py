@@ -59,6 +59,7 @@ from jax._src.interpreters import pxla
 from jax._src.lib import _jax as X
 
 import nbjit
+from nbjit.core.inputs.pools import aligned_empty
 from nbjit.core.inputs.staging import StagingRing, immutable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -101,22 +102,12 @@ class Ring:
     """A staging ring with another copy (non-temporal, threaded)."""
 
     def __init__(self, shape, dtype, copy):
-        self.ring = StagingRing(shape, np.dtype(dtype), 8)
+        self.pool = StagingRing(shape, np.dtype(dtype), 8).pool
         self.copy = copy
 
     def stage(self, x):
-        ring = self.ring
-        for _ in range(len(ring.free)):
-            b = ring.free.popleft()
-            ring.free.append(b)
-            if sys.getrefcount(b) == 3:
-                self.copy(b, x)
-                return b
-            del b
-        b = ring._new()
-        if ring.made < ring.cap:
-            ring.made += 1
-            ring.free.append(b)
+        b = self.pool.claim()
+        self.pool.release(b)  # (held here until the put holds it)
         self.copy(b, x)
         return b
 
@@ -151,7 +142,8 @@ def splitter(example):
     aval = jax.core.ShapedArray((total,), np.uint8)
 
     def put_flat(leaves):
-        buf = ring._claim()
+        buf = ring.pool.claim()
+        ring.pool.release(buf)
         at = 0
         for a in leaves:
             buf[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
@@ -332,7 +324,7 @@ def section_copies(reps=150) -> None:
     rng = np.random.default_rng(0)
     pool = [rng.integers(0, 255, nbytes, dtype=np.uint8) for _ in range(8)]
     others = [rng.integers(0, 255, nbytes, dtype=np.uint8) for _ in range(2)]
-    dst = StagingRing((nbytes,), np.dtype(np.uint8), 1)._new()
+    dst = aligned_empty(nbytes)
     kinds = {"np.copyto": np.copyto, "2 threads": lambda d, s: par_copy(d, s, 2),
              "4 threads": par_copy}
     if stream_copy is not None:

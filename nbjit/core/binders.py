@@ -445,7 +445,7 @@ def make_binder(split: Split, env: dict[str, Any], flavour: str = "plain"
         scope["learn_reader"] = lambda tid, treedef, leaves: readers.learn(
             tid, _param_trees(treedef, named), leaves)
     name = f"binder {split.shape!r}{'' if flavour == 'plain' else ' ' + flavour}"
-    binder = run_source(source, name, scope)["bind"]
+    binder = run_source(source, name, scope, __name__)["bind"]
     # Whether it takes the call's `stamps` (a function attribute:
     # `__defaults__` costs ~0.3 us to read once JAX has added an audit hook).
     binder.takes_entry_stamp = f.entry_stamp
@@ -472,7 +472,7 @@ def _make_hit(env: dict[str, Any], flavour: str) -> Callable[..., Any]:
     `Flavour.entry_stamp`) and `t_key` are the timed flavour's."""
     scope = {**env, **_flavours.flavour(flavour).scope}
     name = "hit" if flavour == "plain" else f"hit {flavour}"
-    return run_source(_hit_source(flavour), name, scope)["hit"]
+    return run_source(_hit_source(flavour), name, scope, __name__)["hit"]
 
 
 # ---------------------------------------------------------------------------
@@ -480,13 +480,19 @@ def _make_hit(env: dict[str, Any], flavour: str) -> Callable[..., Any]:
 
 
 class BinderTable(dict):
-    """call shape -> binder of one function, built on first use (`build`).
+    """call shape -> binder of one function, built on first use (`__missing__`).
+
+    A call finds its binder by one subscript, ``table[nargs]`` (a keyword
+    call by ``~nargs``: the binder built for the names that came first, which
+    hands other names to the binder of their full shape, `_other_keywords`).
 
     `env` is what the generated code reads besides its own constants and its
     flavour's names (the namespace's lookup, the LRU's mark_recent, ...);
     `flavour` is the flavour its binders are built in, "plain" unless
     switched (`nbjit.core.flavours.use_flavour`: "timed" while a profile is
-    active); `hit` is the hit path alone in that flavour (see `_make_hit`).
+    active); `hit` is the hit path alone in that flavour (see `_make_hit`);
+    `stamps_entry`, whether that flavour has `PjitFunction.__call__` stamp a
+    call's ends (`Flavour.entry_stamp`).
     """
 
     def __init__(self, namespace: Any, static_argnums: tuple[int, ...],
@@ -506,6 +512,7 @@ class BinderTable(dict):
         self.spanned: dict[Any, Callable[[Any, tuple, dict], Any]] = {}  # the traced flavour's
         self.keyers: dict[Any, Callable[[Any, tuple, dict], Any]] = {}  # the key-only flavour's
         self.flavour = "plain"
+        self.stamps_entry = False
         self.hit = _make_hit(self.env, "plain")
         flavour = _flavours.watch_table(self)
         if flavour != "plain":
@@ -524,7 +531,17 @@ class BinderTable(dict):
         """"plain" or "timed" (profiling): binders are rebuilt in that flavour on next use."""
         self.hit = _make_hit(self.env, flavour)
         self.flavour = flavour
+        self.stamps_entry = _flavours.flavour(flavour).entry_stamp
         self.clear()
+
+    def __missing__(self, shape: Any) -> Callable[..., Any]:
+        """The binder of call shape `shape`, built now; for a keyword call's
+        positional count (``~nargs``) not yet served, `_other_keywords`,
+        which builds the binder of the call's full shape (that binder then
+        serves the count)."""
+        if type(shape) is int and shape < 0:
+            return _other_keywords
+        return self.build(shape)
 
     def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
         """The binder of call shape `shape`; a keyword shape's binder also
@@ -543,7 +560,7 @@ class BinderTable(dict):
         traced flavour (a span per phase), or the table's own flavour while
         it is not plain (a `nbjit.profile()` needs every hit's clock stamps)."""
         if self.flavour != "plain":
-            return self.get(shape) or self.build(shape)
+            return self[shape]
         return self._kept(self.spanned, shape, "traced")
 
     def key_only(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
@@ -570,12 +587,13 @@ def _other_keywords(jitted: Any, args: tuple, kwargs: dict, stamps: list | None 
     """A keyword call whose names are not those of the binder its positional
     count found: the binder of its full call shape runs it (`stamps`: the
     call's, `Flavour.entry_stamp`)."""
-    shape = call_shape(args, kwargs)
-    binders = info(jitted).binders
-    binder = binders.get(shape) or binders.build(shape)
+    binder = info(jitted).binders[call_shape(args, kwargs)]
     if stamps is not None and binder.takes_entry_stamp:
         return binder(jitted, args, kwargs, stamps)
     return binder(jitted, args, kwargs)  # no stamps came, or built plain: switched meanwhile
+
+
+_other_keywords.takes_entry_stamp = True  # type: ignore[attr-defined]  # (it takes `stamps`)
 
 
 def binder_source(jitted: Any, /, *args: Any, **kwargs: Any) -> str:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbjit import _jax
+from nbjit.core.inputs import fallbacks as _fallbacks
 
 if TYPE_CHECKING:
     from nbjit.core.record import FastPath
@@ -62,7 +63,7 @@ class Counters:
     """
 
     __slots__ = ("hits", "misses", "slow", "slow_reasons", "traced", "raised", "evictions",
-                 "miss_seconds", "evicted", "extension_counters")
+                 "miss_seconds", "evicted", "extension_counters", "given_up")
 
     EVICTED_REMEMBERED = 64  # descriptions of evicted nodes kept (nbjit.observe.explain)
 
@@ -92,6 +93,9 @@ class Counters:
         for counters in list(self.extension_counters.values()):
             counters.reset()
         self.evicted: collections.deque = collections.deque(maxlen=self.EVICTED_REMEMBERED)
+        # Input strategies given up for this namespace's signatures: strategy ->
+        # why, the first time (`nbjit.core.inputs.fallbacks.gave_up`).
+        self.given_up: dict[str, str] = {}
 
     def count_slow(self, reason: str) -> None:
         self.slow += 1
@@ -252,7 +256,8 @@ class Namespace:
             if node.record is not expected:
                 return False
             node.record = new
-            return True
+        _fallbacks.moved(self.counters, expected.host_path, new.host_path)
+        return True
 
     # -- what observers read ------------------------------------------------------
 
@@ -261,6 +266,12 @@ class Namespace:
         with self.cache._lock:
             nodes = self.nodes()
             return len(nodes), sum(node.hits for node in nodes)
+
+    def host_paths(self) -> dict[str, int]:
+        """How many entries move their host inputs each way (`FastPath.host_path`)."""
+        with self.cache._lock:
+            paths = [n.record.host_path for n in self.nodes() if n.record is not None]
+        return dict(collections.Counter(p for p in paths if p is not None))
 
     def reset_counts(self) -> None:
         """Zeroes the counters and the hits of every entry (entries stay)."""

@@ -8,7 +8,9 @@ generator types it by hand.
 Compiled code is shared by every scope that runs the same source (compiling
 costs far more than running the compiled code into a scope): generated names
 stand for values the scope supplies, so the source depends only on a call's
-structure.
+structure. A source is named in its emitter's folder (`run_source`'s
+`emitter`: a binder under ``nbjit/core/``, a resident prepare under
+``nbjit/host/``).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import contextlib
 import hashlib
 import linecache
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 __all__ = ["Source", "generated_source", "run_source", "source_filename"]
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
+_folders: dict[str, str] = {}  # emitter module -> its folder
 # file name (names the source's text) -> (compiled code, the source)
 _code_objects: dict[str, tuple[Any, str]] = {}
 _MAX_CODE_OBJECTS = 1024
@@ -87,19 +91,29 @@ class Source:
         return "".join(f"{indent * depth}{statement}\n" for depth, statement in self._lines)
 
 
-def source_filename(source: str, name: str) -> str:
+def source_filename(source: str, name: str, emitter: str) -> str:
     """The file name generated `source` is compiled under: `name` and a hash of
     the text, so two different sources never share a name (tracebacks and
     `inspect.getsource` show the code that ran) and the same source always
-    gets the same one (its compiled code is shared). Under nbjit's directory:
-    JAX's error messages skip its frames (source_info_util)."""
+    gets the same one (its compiled code is shared), in the folder of module
+    `emitter` (the one that wrote it). nbjit's own are under nbjit's
+    directory: JAX's error messages skip their frames (source_info_util)."""
     digest = hashlib.blake2b(source.encode(), digest_size=6).hexdigest()
-    return f"{_DIR}/<{name} {digest}>"
+    return f"{_folder(emitter)}/<{name} {digest}>"
 
 
-def run_source(source: str, name: str, scope: dict[str, Any]) -> dict[str, Any]:
-    """Runs `source` (module-level definitions) in `scope` and returns `scope`."""
-    filename = source_filename(source, name)
+def _folder(emitter: str) -> str:
+    folder = _folders.get(emitter)
+    if folder is None:
+        file = getattr(sys.modules.get(emitter), "__file__", None)
+        folder = _folders[emitter] = os.path.dirname(os.path.abspath(file)) if file else _DIR
+    return folder
+
+
+def run_source(source: str, name: str, scope: dict[str, Any], emitter: str) -> dict[str, Any]:
+    """Runs `source` (module-level definitions) in `scope` and returns `scope`;
+    `emitter` is the module that wrote it (`__name__`: see `source_filename`)."""
+    filename = source_filename(source, name, emitter)
     entry = _code_objects.get(filename)
     if entry is None:
         if len(_code_objects) >= _MAX_CODE_OBJECTS:  # linecache keeps what it holds

@@ -43,15 +43,17 @@ import sys
 import threading
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nbjit import _jax
-from nbjit.core import flavours as _flavours
+from nbjit._common import warn_past
 from nbjit.core import hooks as _hooks
 from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
 from nbjit.core.hooks import MissFacts, MissOutcome
+from nbjit.core.inputs.fallbacks import gave_up
 from nbjit.core.inputs.platforms import after_miss
 from nbjit.core.inputs.values import canonical_dtypes, host_dtype, private_host_copies
 from nbjit.core.keys import leaf_signature
@@ -67,7 +69,6 @@ _collect_garbage = _jax.collect_garbage
 _trace_context = _jax.trace_context
 _tracing = _jax.traceme_enabled  # a profiler session is collecting spans (nbjit/observe/spans.py)
 _clock = time.perf_counter_ns  # `__call__`'s stamps while a profile times calls
-_ALWAYS = True.__bool__  # a C call that answers True
 _NOT_SET = object()  # marks jit options the caller did not pass
 
 
@@ -86,7 +87,7 @@ class PjitFunction:
                  extension: _hooks.JitExtension | None = None) -> None:
         """`extension`: what a library composing this jit changes off the hit
         path (`nbjit.core.hooks.JitExtension`; `nbjit.filter` gives one)."""
-        jitted = _jax.jax_jit_from_caller(fun, options)  # JAX validates the options, as upstream
+        jitted = _jit_as_caller(fun, options)  # JAX validates the options, as upstream
         functools.update_wrapper(self, fun)
         info = _jax.jit_info(jitted)
         global_key = _jax.jit_global_cache_key(info)
@@ -121,16 +122,17 @@ class PjitFunction:
     # -- the hit path: the binder of the call shape keys the call and runs it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        if _detours():  # a profiler session collects, or a profile times calls (`_detour_for`)
+        binders = self._binders
+        if binders.stamps_entry or _tracing():  # a profile times calls, or a profiler session
             stamps = [_clock()]  # the call's first stamp, and its last once the detour returns
-            out = _detour(self, args, kwargs, stamps)
+            out = (_stamped_call if binders.stamps_entry else _traced_call)(
+                self, args, kwargs, stamps)
             stamps[-1] = _clock()  # a hit a profile recorded holds `stamps`
             return out
         _collect_garbage()  # frees buffers dropped off the GIL, as jaxlib does per call
-        try:  # a keyword call by its positional count: its binder checks the names
-            binder = self._binders[~len(args) if kwargs else len(args)]
-        except KeyError:
-            binder = self._binders.build((len(args), *kwargs) if kwargs else len(args))
+        # A keyword call is looked up by its positional count (its binder checks
+        # the names); a shape with no binder yet gets one (`BinderTable.__missing__`).
+        binder = binders[~len(args) if kwargs else len(args)]
         try:  # costs nothing unless something raises (Python >= 3.11)
             return binder(self, args, kwargs)
         except Exception as error:  # a miss, slow path or bad input: jaxlib shows no frames
@@ -284,7 +286,7 @@ class PjitFunction:
             raise
         seconds = time.perf_counter() - start + ahead
         record, reason = _record_for(fastpath, leaves, self._donates,
-                                     str(getattr(self, "__name__", "function")))
+                                     str(getattr(self, "__name__", "function")), self._counters)
         if fastpath is None:  # effects, or something else JAX keeps on its own path
             reason = _no_fastpath_reason(self._jax_jitted, args, kwargs)
         node = None
@@ -459,14 +461,34 @@ class PjitFunction:
         self._jax_jitted.clear_cache()
 
 
-def _record_for(fastpath: Any, leaves: Sequence, donates: bool, name: str
+def _jit_as_caller(fun: Callable, options: dict[str, Any]) -> Any:
+    """JAX's own jit of `fun`, its warnings (a deprecated option, say) issued
+    again from the first frame outside nbjit, as jax.jit's are: a filter on
+    the caller's module (``error::DeprecationWarning:mymodule``) sees them as
+    it sees jax.jit's."""
+    error: Exception | None = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            jitted = _jax.jax_jit(fun, **options)
+        except Exception as raised:  # (after its warnings, as jax.jit raises it)
+            error = raised
+    for warning in caught:
+        warn_past((_jax.NBJIT_DIR + "/",), str(warning.message), warning.category)
+    if error is not None:
+        raise error
+    return jitted
+
+
+def _record_for(fastpath: Any, leaves: Sequence, donates: bool, name: str, counters: Any
                 ) -> tuple[FastPath | None, str | None]:
     """(the node's record, or None and why its signature takes JAX's path)."""
     try:
         return build_record(fastpath, leaves, donates, name=name), None
     except Unsupported as why:
         return None, why.args[0]
-    except Exception:  # something nbjit cannot hold: JAX's path for good
+    except Exception as error:  # something nbjit cannot hold: JAX's path for good, and why
+        gave_up("fast path", error, counters)
         return None, "no_fastpath"
 
 
@@ -494,18 +516,15 @@ def _no_fastpath_reason(jitted: Any, args: tuple, kwargs: dict) -> str:
 
 # -- what `PjitFunction.__call__` does first: its detour --------------------
 #
-# `__call__` asks `_detours()` first and, when it answers yes, reads the
-# clock, hands the call to `_detour` with that stamp in a list, and sets the
-# list's last item to the clock as the detour returns: the ends of a call a
-# profile times (`Flavour.entry_stamp`), as near its caller as `__call__`
-# can take them. Outside a profile these are the profiler session's check
-# (`TraceMe.is_enabled`, one C++ read) and `_traced_call` (the stamps then
-# go unread); while the hit path's flavour stamps a call's ends (a
-# `nbjit.profile()`), a C call that answers yes and `_stamped_call`. Only
-# these module globals change (`_detour_for`), never the class: the plain
-# call runs the same code as if no profile had ever been (a class attribute
-# set on every switch would, from Python 3.13 on, leave the class without
-# the version tag its calls' attribute caches need after 1000 switches).
+# While the hit path's flavour stamps a call's ends (`Flavour.entry_stamp`:
+# a `nbjit.profile()`; the function's binder table says so, `stamps_entry`,
+# set with its flavour) or a profiler session collects (`TraceMe.is_enabled`,
+# one C++ read), `__call__` reads the clock, hands the call to its detour
+# with that stamp in a list, and sets the list's last item to the clock as
+# the detour returns: the ends of a call a profile times, as near its caller
+# as `__call__` can take them. The class itself never changes (a class
+# attribute set on every switch would, from Python 3.13 on, leave the class
+# without the version tag its calls' attribute caches need after 1000 switches).
 
 
 def _traced_call(jitted: PjitFunction, args: tuple, kwargs: dict, stamps: list[int]) -> Any:
@@ -522,11 +541,7 @@ def _stamped_call(jitted: PjitFunction, args: tuple, kwargs: dict, stamps: list[
     if _tracing():
         return profiler_hooks().traced_call(jitted, args, kwargs)
     _collect_garbage()
-    binders = jitted._binders
-    try:
-        binder = binders[~len(args) if kwargs else len(args)]
-    except KeyError:
-        binder = binders.build((len(args), *kwargs) if kwargs else len(args))
+    binder = jitted._binders[~len(args) if kwargs else len(args)]
     try:
         if binder.takes_entry_stamp:
             return binder(jitted, args, kwargs, stamps)
@@ -534,24 +549,6 @@ def _stamped_call(jitted: PjitFunction, args: tuple, kwargs: dict, stamps: list[
     except Exception as error:  # as `__call__`: jaxlib shows no frames
         _jax.filter_dispatch_frames(error)
         raise
-
-
-_detours: Callable[[], bool] = _tracing
-_detour: Callable[[PjitFunction, tuple, dict, list[int]], Any] = _traced_call
-
-
-def _detour_for(flavour: _flavours.Flavour) -> None:
-    """Sets `PjitFunction.__call__`'s detour for the hit path's flavour (in an
-    order where a call that reads one new global and one old one still runs
-    right: the stamped call checks for a profiler session itself)."""
-    global _detours, _detour
-    if flavour.entry_stamp:
-        _detour, _detours = _stamped_call, _ALWAYS
-    else:
-        _detours, _detour = _tracing, _traced_call
-
-
-_flavours.on_use(_detour_for)
 
 
 def _as_view(jitted: PjitFunction) -> JitView:

@@ -12,11 +12,11 @@ module listen, the binders (`nbjit.core.binders`) import nothing of
     those lines read. "plain" (nothing added) and "key_only" (keys a call,
     runs nothing) are the core's; `nbjit.observe.profile` registers "timed",
     `nbjit.observe.spans` "traced" (`add_flavour`).
-  * `use_flavour(name)` switches the hit path of every live function, and of
-    every function made later, to flavour `name` ("plain" or "timed": a
-    `nbjit.profile()` starting and ending), then tells the callbacks given
-    to `on_use` (the dispatcher's: `PjitFunction.__call__` stamps a call's
-    ends while the flavour asks for it, `Flavour.entry_stamp`).
+  * `use_flavour(name)` switches the binder table of every live function,
+    and of every function made later, to flavour `name` ("plain" or
+    "timed": a `nbjit.profile()` starting and ending): its binders, and
+    whether `PjitFunction.__call__` stamps a call's ends
+    (`Flavour.entry_stamp`, the table's `stamps_entry`).
 
 What a call does in a profiler session outside its hit path (the traced
 call, the spans of the miss and slow paths) is in `nbjit.core.profiler`;
@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 __all__ = ["KEY_ONLY", "PLAIN", "Flavour", "add_flavour", "current_flavour", "flavour",
-           "on_use", "use_flavour", "watch_table"]
+           "flavour_names", "use_flavour", "watch_table"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,11 @@ def flavour(name: str) -> Flavour:
     return _flavours[name]
 
 
+def flavour_names() -> list[str]:
+    """The names of the registered flavours, in order of registration."""
+    return list(_flavours)
+
+
 def current_flavour() -> str:
     """The flavour every binder table uses now ("plain" unless switched)."""
     return _current
@@ -97,8 +102,6 @@ def current_flavour() -> str:
 class _Table(Protocol):
     def set_flavour(self, name: str) -> None: ...
 
-
-_used: list[Callable[[Flavour], None]] = []  # told of every switch (`on_use`)
 
 # id -> binder table (a table is a dict: unhashable, and equal to any other empty one)
 _tables: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -125,11 +128,3 @@ def use_flavour(name: str) -> None:
         tables = list(_tables.values())
     for table in tables:
         table.set_flavour(name)
-    for callback in _used:
-        callback(flavour(name))
-
-
-def on_use(callback: Callable[[Flavour], None]) -> None:
-    """`callback(flavour)` after every `use_flavour`, and now with the current one."""
-    _used.append(callback)
-    callback(flavour(_current))

@@ -18,6 +18,9 @@ are imported (``import nbjit`` imports every room; see each room's
   * `set_miss_describer`: what describes a miss before it compiles
     (`nbjit.observe`; by default, nothing).
   * `set_stats_snapshot`: what `PjitFunction.stats()` returns (`nbjit.observe`).
+  * `add_input_listener`: told one `InputNote` when an input strategy is
+    given up, and when a record moves its host inputs another way
+    (`nbjit.core.inputs.fallbacks`); must not raise (`nbjit.observe` logs them).
 
 And per jitted function, for a library that composes nbjit's jit (as
 `nbjit.filter` does): a `JitExtension` given to `PjitFunction`, and
@@ -26,7 +29,8 @@ And per jitted function, for a library that composes nbjit's jit (as
 Putting inputs on devices is not here: it is the core's own
 (`nbjit.core.inputs`), and where a platform does it otherwise, one table
 says so (`nbjit.core.inputs.platforms`). None of these is on the hit path:
-they run on a miss or a slow call.
+they run on a miss, a slow call, or the rare call that changes how a
+signature's host inputs go.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Checked", "Deferred", "JitExtension", "MissFacts", "MissOutcome", "add_compile_check",
-           "add_miss_observer", "compile_checks", "describe_miss", "miss_observers",
-           "set_miss_describer", "set_stats_snapshot", "stats_snapshot"]
+__all__ = ["Checked", "Deferred", "InputNote", "JitExtension", "MissFacts", "MissOutcome",
+           "add_compile_check", "add_input_listener", "add_miss_observer", "compile_checks",
+           "describe_miss", "input_listeners", "miss_observers", "set_miss_describer",
+           "set_stats_snapshot", "stats_snapshot"]
 
 
 # ---------------------------------------------------------------------------
@@ -147,6 +152,37 @@ def describe_miss(jitted: Any, args: tuple, kwargs: dict, static_positions: Sequ
                   ) -> tuple[Any, Callable[[Any], Any]]:
     """(the call's description or None, explaining: see `MissOutcome`)."""
     return _describer(jitted, args, kwargs, static_positions, static_names, context, facts)
+
+
+# ---------------------------------------------------------------------------
+# Host inputs: strategies given up, and records that move them another way
+
+
+@dataclass(frozen=True, slots=True)
+class InputNote:
+    """One thing that happened to a function's host inputs
+    (`nbjit.core.inputs.fallbacks`). `counters`: the function's namespace
+    counters (None: the process's). With `why`, `strategy` was given up for
+    that reason (the exception's type and message); without, a signature's
+    host inputs now go by `strategy` (a `FastPath.host_path`), where they
+    went by `was`."""
+
+    counters: Any
+    strategy: str
+    why: str | None
+    was: str | None = None
+
+
+InputListener = Callable[[InputNote], None]
+input_listeners: list[InputListener] = []
+"""Told each `InputNote`, in order of registration."""
+
+
+def add_input_listener(listener: InputListener) -> InputListener:
+    """Registers `listener` (once); it must not raise."""
+    if listener not in input_listeners:
+        input_listeners.append(listener)
+    return listener
 
 
 # ---------------------------------------------------------------------------

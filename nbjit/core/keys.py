@@ -146,7 +146,8 @@ def _mixed_signatures_source() -> str:
 
 
 mixed_signatures: Callable[[list], tuple[tuple, list] | None] = run_source(
-    _mixed_signatures_source(), "mixed_signatures", dict(SIGNATURE_SCOPE))["mixed_signatures"]
+    _mixed_signatures_source(), "mixed_signatures", dict(SIGNATURE_SCOPE),
+    __name__)["mixed_signatures"]
 
 
 # Keyers of one treedef's mixed leaves: `mixed_signatures` unrolled for the
@@ -205,7 +206,7 @@ def learn_mixed_keyer(tid: int, leaves: list) -> None:
                     host_dtype(x, canonical_dtypes[x64])
         made = _mixed_keyer_source(leaves)
         if made is not None:
-            keyer = run_source(made[0], f"mixed keyer {len(leaves)}", made[1])["keyer"]
+            keyer = run_source(made[0], f"mixed keyer {len(leaves)}", made[1], __name__)["keyer"]
     if len(mixed_keyers) >= _MIXED_KEYERS_MAX:
         mixed_keyers.clear()
     mixed_keyers[tid] = keyer
@@ -247,5 +248,6 @@ def _sequence_keyer_source(n: int) -> str:
 
 # length -> keyer, for the one-list-or-tuple form; longer sequences loop (pairs).
 # Flat and pair signatures never compare equal (their items differ in type).
-SEQUENCE_KEYERS = {n: run_source(_sequence_keyer_source(n), f"sequence keyer {n}", {})["keyer"]
+SEQUENCE_KEYERS = {n: run_source(_sequence_keyer_source(n), f"sequence keyer {n}", {},
+                                  __name__)["keyer"]
                    for n in range(UNROLL_MAX + 1)}

@@ -14,18 +14,22 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from nbjit import _jax
 from nbjit.core.codegen import Source, run_source
 from nbjit.core.inputs.launch import launch_for
 from nbjit.core.inputs.platforms import platform_of, strategy_for
-from nbjit.core.inputs.steps import FreshCallback, HostInput, input_steps
+from nbjit.core.inputs.steps import FreshCallback, HostInput, InputStep, ShardArgs, input_steps
 
-__all__ = ["FastPath", "Unsupported", "build_record"]
+__all__ = ["LAUNCH_RECORD", "PER_LEAF_PUTS", "FastPath", "Unsupported", "build_record"]
 
 ArrayImpl = _jax.ArrayImpl
-_device_put = _jax.batched_device_put
+
+
+# How a record's host leaves reach their device (`FastPath.host_path`, what
+# `f.stats().host_inputs` counts per signature); a room above the core may
+# name its own (the host room's resident slots).
+LAUNCH_RECORD = "launch record"  # jaxlib's own puts, of private copies (an accelerator)
+PER_LEAF_PUTS = "per-leaf puts"  # a put per host leaf from Python (or a plan's)
 
 
 class Unsupported(Exception):
@@ -69,6 +73,9 @@ class FastPath:
     # ``launch(*stage(leaves))``, jaxlib's own puts into this executable.
     launch: Callable[..., Any] | None = None
     stage: Callable[[Sequence[Any]], list] | None = None
+    # How its host leaves reach their device (LAUNCH_RECORD, PER_LEAF_PUTS, or
+    # a room's own); None: it has none.
+    host_path: str | None = None
 
     def inputs(self, leaves: Sequence[Any]) -> Sequence[Any]:
         """The executable's input list: consts, kept leaves, each step applied."""
@@ -98,7 +105,7 @@ class FastPath:
         if i is None:
             return None
         for step in self.step_objects():
-            if getattr(step, "index", None) == i or i in getattr(step, "indices", ()):
+            if i in step.indices:
                 return step
         return None
 
@@ -111,15 +118,16 @@ class FastPath:
 
     def uses_shard_args(self) -> bool:
         """Whether some inputs go through JAX's own batched `shard_args`."""
-        return any(getattr(step, "index", None) is None for step in self.step_objects())
+        return any(type(step) is ShardArgs for step in self.step_objects())
 
     def replaced(self, *, prepare: Callable[[Sequence[Any]], list] | None = None,
                  fence: Callable[[Sequence[Any], list], None] | None = None,
-                 execute: Callable[[Sequence[Any]], Any] | None = None) -> FastPath:
+                 execute: Callable[[Sequence[Any]], Any] | None = None,
+                 host_path: str | None = None) -> FastPath:
         """A copy with another `prepare` (which then always runs: the leaves
-        are no longer the inputs), `fence` or `execute`; every other field is
-        this record's, whatever fields it has."""
-        changes: dict[str, Any] = {}
+        are no longer the inputs), `fence`, `execute` or `host_path`; every
+        other field is this record's, whatever fields it has."""
+        changes: dict[str, Any] = {} if host_path is None else {"host_path": host_path}
         if prepare is not None:
             changes.update(prepare=prepare, leaves_are_inputs=False)
         if fence is not None:
@@ -141,7 +149,7 @@ class FastPath:
 PREPARE_UNROLL_MAX = 16
 
 def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
-                     steps: dict[int, Any]) -> tuple[str, dict[str, Any]]:
+                     steps: dict[int, InputStep]) -> tuple[str, dict[str, Any]]:
     """The source of `prepare(leaves)` for one record's structure (not its
     values), and the names its inline steps read."""
     positions = range(n_leaves) if kept is None else kept
@@ -158,26 +166,20 @@ def _preparer_source(n_consts: int, kept: tuple[int, ...] | None, n_leaves: int,
             src.lines(f"x{j} = leaves[{j}]" for j in kept)
         src.lines(f"c{i} = C{i}" for i in range(n_consts) if i in steps)
         for i, step in sorted(steps.items()):
-            inline = getattr(step, "inline", None)  # a step may apply itself inline (host inputs)
-            if inline is None:
-                src.line(f"{names[i]} = V{i}({names[i]})")
-            else:
-                read.update(inline(src, names[i], i))
+            read.update(step.inline(src, names[i], i))
         src.line(f"return [{', '.join(names)}]")
     return src.text(), read
 
 
 def _make_preparer(consts: tuple, kept: tuple[int, ...] | None, n_leaves: int,
-                   steps: dict[int, Any], shard_args: Any) -> Callable[[Sequence[Any]], list]:
+                   steps: dict[int, InputStep], shard_args: ShardArgs | None
+                   ) -> Callable[[Sequence[Any]], list]:
     """``prepare(leaves) -> inputs`` for a record: generated, or the generic loop."""
     n_inputs = len(consts) + (n_leaves if kept is None else len(kept))
     if shard_args is None and n_inputs <= PREPARE_UNROLL_MAX:
-        scope: dict[str, Any] = {"ndarray": np.ndarray, "put": _device_put,
-                                 "COPY_DURING_CALL": _jax.COPY_DURING_CALL}
-        scope.update((f"C{i}", c) for i, c in enumerate(consts))
-        scope.update((f"V{i}", step.value) for i, step in steps.items())
+        scope: dict[str, Any] = {f"C{i}": c for i, c in enumerate(consts)}
         source, read = _preparer_source(len(consts), kept, n_leaves, steps)
-        return run_source(source, "prepare", {**scope, **read})["prepare"]
+        return run_source(source, "prepare", {**scope, **read}, __name__)["prepare"]
     applies = tuple(step.apply for _, step in sorted(steps.items()))
     if shard_args is not None:
         applies += (shard_args.apply,)
@@ -272,16 +274,17 @@ def build_record(fastpath: Any, leaves: Sequence[Any], donated: bool,
         prepare=_make_preparer(consts, None if all_kept else kept, len(leaves), steps, batched),
         launch=launch,
         stage=stage,
+        host_path=(LAUNCH_RECORD if launch is not None
+                   else PER_LEAF_PUTS if _puts_host_values(steps, len(consts)) else None),
     )
 
 
-def _launches(fastpath: Any, steps: dict[int, Any], n_consts: int) -> bool:
+def _launches(fastpath: Any, steps: dict[int, InputStep], n_consts: int) -> bool:
     """Whether a record hands its host leaves to jaxlib's put (a launch record):
     some leaf is put from the host, every input and output lives on one and the
     same device (jaxlib puts host leaves itself only there), and that device's
     strategy launches."""
-    if not any(i >= n_consts and step.puts_host_values
-               for i, step in steps.items()):
+    if not _puts_host_values(steps, n_consts):
         return False
     shardings = [*fastpath.in_shardings, *fastpath.out_shardings]
     devices = {d for s in shardings for d in s.device_set}
@@ -289,3 +292,6 @@ def _launches(fastpath: Any, steps: dict[int, Any], n_consts: int) -> bool:
             and strategy_for(platform_of(shardings[0])).launches)
 
 
+def _puts_host_values(steps: dict[int, InputStep], n_consts: int) -> bool:
+    """Whether some leaf's step puts a host value (consts are never host leaves)."""
+    return any(i >= n_consts and step.puts_host_values for i, step in steps.items())

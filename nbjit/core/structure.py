@@ -464,7 +464,7 @@ class Readers:
                 return None
             source, scope = made
             scope["RID"] = reader_id(self.form, tid, kinds)
-            reader = run_source(source, f"reader {len(leaves)} leaves", scope)["read"]
+            reader = run_source(source, f"reader {len(leaves)} leaves", scope, __name__)["read"]
             if len(self._built) >= 4 * READERS_TRIED:
                 self._built.clear()
             self._built[(tid, kinds)] = reader

@@ -21,11 +21,15 @@ import numpy as np
 from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
 from nbjit.core.codegen import Source
 
-__all__ = ["FLOAT32_MAX", "HostCounters", "LeafLayout", "PACKABLE", "Refused",
+__all__ = ["FLOAT32_MAX", "RESIDENT_SLOTS", "HostCounters", "LeafLayout", "PACKABLE", "Refused",
            "Watched", "buffer_nbytes", "guard_and_pop", "host_counters", "lay_out",
            "python_type", "write_leaf"]
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+# The host room's way for a record's host leaves (`FastPath.host_path`, and
+# the strategy named when it is given up).
+RESIDENT_SLOTS = "resident slots"
 
 # numpy dtypes whose bytes XLA reads with the same bit layout (int4 & co. are
 # two per byte in XLA, not in numpy: never laid out).
@@ -65,13 +69,15 @@ class Watched:
     """What the host-input policy knows of one signature when it arms it
     (fixed from then on): JAX's fast-path data, the layouts of the small
     leaves whose bytes are counted (`layouts`) and of every resident leaf,
-    the one device's sharding, and the jitted function's host counters."""
+    the one device's sharding, and the jitted function's namespace counters
+    (`nbjit.core.cache.Counters`: its host counters, `host_counters`, and
+    the strategies given up)."""
 
     fastpath: Any
     layouts: tuple[LeafLayout, ...]  # small leaves, compared call to call while counting
     n_leaves: int
     sharding: Any
-    counters: HostCounters
+    counters: Any
     # What resident slots hold: any host leaf, up to `RESIDENT_MAX_BYTES` in all.
     resident_layouts: tuple[LeafLayout, ...] = ()
 

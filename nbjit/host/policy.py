@@ -50,10 +50,11 @@ from typing import Any
 
 import numpy as np
 
+from nbjit.core.inputs.fallbacks import gave_up
 from nbjit.core.inputs.steps import HostInput
 from nbjit.core.record import FastPath, build_record
 from nbjit.host import resident as _resident
-from nbjit.host.layout import Watched
+from nbjit.host.layout import RESIDENT_SLOTS, Watched, host_counters
 from nbjit.host.slots import ResidentSlots
 
 __all__ = ["ARM_AFTER", "TRANSITIONS", "HostPolicy", "Stage", "enabled", "set_enabled"]
@@ -196,7 +197,7 @@ class HostPolicy:
         bytes: the same arrays every call are not fresh values and get no slots.
         Arming is due after `ARM_AFTER` new values; with fewer within
         ``2 * ARM_AFTER`` calls the node goes back to its watching record for
-        good, so comparing (a copy of up to `nbjit.host.watch.TOTAL_MAX_BYTES`)
+        good, so comparing (a copy of up to `nbjit.host.watch.COUNTED_MAX_BYTES`)
         costs only the first calls of a signature."""
         seen = [np.asarray(leaves[layout.leaf]).tobytes() for layout in self.watched.layouts]
         if not seen:  # the leaves are too big to count: no new values to count
@@ -244,14 +245,13 @@ class HostPolicy:
             made = _resident.resident_record(
                 self.watched, self.per_leaf, leaves,
                 _weak_call(self, HostPolicy._slots_broken))
-        except Exception:  # never breaks a call: the per-leaf path goes on
-            made = None
-        if made is None:
+        except Exception as error:  # never breaks a call: the per-leaf path goes on
+            gave_up(RESIDENT_SLOTS, error, self.watched.counters)
             return False
         record, self.resident = made
         if not self._swap(self.builder, Stage.RESIDENT, record):
             return False
-        self.watched.counters.resident += 1
+        host_counters(self.watched.counters).resident += 1
         return True
 
     def _slots_broken(self) -> None:

@@ -12,17 +12,19 @@ runtime's worker (`nbjit.host.waker`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
 
+from nbjit.core.inputs.fallbacks import gave_up
 from nbjit.core.record import FastPath, Unsupported, build_record
-from nbjit.host.layout import Watched, lay_out
+from nbjit.host.layout import RESIDENT_SLOTS, Watched, lay_out
 from nbjit.host.resident_prepare import compared, resident_preparer, speculating_execute
 from nbjit.host.slots import ResidentSlots
 from nbjit.host.waker import waker
 
-__all__ = ["ROTATE_MIN_BYTES", "WAKE_MAX_BYTES", "WAKE_MIN_BYTES", "resident_record"]
+__all__ = ["ROTATE_MIN_BYTES", "WAKE_MAX_BYTES", "WAKE_MIN_BYTES", "NoSlots", "resident_record"]
 
 # Bytes a call writes (every resident leaf together) from which, and below
 # which, it wakes the runtime's worker first. Below, the write is shorter
@@ -36,9 +38,13 @@ WAKE_MAX_BYTES = 1 << 20
 ROTATE_MIN_BYTES = 16 << 10
 
 
+class NoSlots(Exception):
+    """This signature's host inputs cannot be resident; `args[0]` says why."""
+
+
 def resident_record(watched: Watched, record: FastPath, leaves: list,
-                    on_broken: Callable[[], None]) -> tuple[FastPath, ResidentSlots] | None:
-    """`record` with resident host inputs and its slots, or None where they cannot be.
+                    on_broken: Callable[[], None]) -> tuple[FastPath, ResidentSlots]:
+    """`record` with resident host inputs and its slots; `NoSlots` where they cannot be.
 
     The slots' fence is the smallest output (no output: no slots). The first
     resident call checks that no output aliases a slot (XLA's outputs are new
@@ -50,29 +56,32 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
     # An empty leaf's put stays (nothing to write).
     layouts = lay_out([s for s in watched.resident_layouts if s.nbytes])
     fence = _fence(list(watched.fastpath.out_avals))
-    if not layouts or fence is None:
-        return None
+    if not layouts:
+        raise NoSlots("no host leaf with bytes to write")
+    if fence is None:
+        raise NoSlots("no output to fence a slot with")
     fence_index, fence_bytes = fence
     input_index = record.input_of(layouts[0].leaf)
     if input_index is None:  # (a host leaf of the record's is never pruned)
-        return None
+        raise NoSlots("the first resident leaf is not an input")
     pool = ResidentSlots(layouts, watched.sharding, fence_index, input_index, on_broken,
-                         fence_bytes)
+                         fence_bytes, functools.partial(gave_up, counters=watched.counters))
     slot = pool.claim(None)
     if slot is None:
-        return None
+        raise NoSlots("no slot: the device copies a zero-copy put, or the process's"
+                      " slots hold PROCESS_MAX_BYTES")
     pool.free.append(slot)
     example = list(leaves)
     for s, array in zip(layouts, pool.slot_layout.arrays(slot), strict=True):
         example[s.leaf] = array
     try:
         inner = build_record(watched.fastpath, example, False)
-    except Unsupported:
-        return None
+    except Unsupported as why:
+        raise NoSlots(f"no record over the slots' arrays: {why.args[0]}") from why
     if inner.executable is not record.executable:
-        return None
+        raise NoSlots("the slots' arrays take another executable")
     if any(inner.step_of(s.leaf) is not None for s in layouts):
-        return None  # a slot array would be moved: not where the executable wants it
+        raise NoSlots("a slot array would be moved: not where the executable wants it")
     speculative = any(map(compared, layouts))  # (runs before its compare)
     written = sum(s.nbytes for s in layouts)
     rotate = written >= ROTATE_MIN_BYTES
@@ -84,7 +93,8 @@ def resident_record(watched: Watched, record: FastPath, leaves: list,
     # The record over the slots' arrays, with the resident prepare (and, where
     # a prepare may run the executable itself, the execute that takes its results).
     resident = inner.replaced(prepare=prepare, fence=pool.fence,
-                              execute=speculating_execute(inner.execute) if speculative else None)
+                              execute=speculating_execute(inner.execute) if speculative else None,
+                              host_path=RESIDENT_SLOTS)
     return resident, pool
 
 

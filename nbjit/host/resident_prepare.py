@@ -108,7 +108,7 @@ def resident_preparer(layouts: list[LeafLayout], n_leaves: int, inner: FastPath,
     # Out of its own scope: a function in its globals is a cycle, and this
     # scope may hold the executable (`run`), which must die with the record
     # without waiting for a gc pass.
-    return run_source(src.text(), "resident prepare", scope).pop("prepare")
+    return run_source(src.text(), "resident prepare", scope, __name__).pop("prepare")
 
 
 def _emit_claim(src: Source, pool: ResidentSlots, fallback: Any) -> dict[str, Any]:
@@ -119,8 +119,8 @@ def _emit_claim(src: Source, pool: ResidentSlots, fallback: Any) -> dict[str, An
         with src.block(f"if (fence := slot[{SlotLayout.FENCE}]) is not None:"):
             with src.block("try:"):
                 src.line("busy = not ready(fence)")
-            with src.block("except Exception:  # a deleted fence cannot tell: "
-                           "claim retires the slot"):
+            with src.block("except RuntimeError:  # a deleted fence cannot tell: "
+                           "claim retires the slot, and counts it"):
                 src.line(f"busy, slot[{SlotLayout.FENCE}] = True, RETIRED")
             with src.block("if busy:"):
                 src.line("slot = claim(slot)")
@@ -129,7 +129,7 @@ def _emit_claim(src: Source, pool: ResidentSlots, fallback: Any) -> dict[str, An
         src.line("return fallback(leaves)")
     return {"unguarded": _jax.host_transfers_unguarded,
             "guard": _jax.transfer_guard_host_to_device, "Refused": Refused,
-            "popleft": pool.free.popleft, "claim": pool.claim, "ready": _jax.ArrayImpl.is_ready,
+            "popleft": pool.free.popleft, "claim": pool.claim, "ready": _jax.array_ready,
             "RETIRED": RETIRED, "fallback": fallback}
 
 
@@ -143,11 +143,11 @@ def _emit_writes(src: Source, pool: ResidentSlots, n: int, write: Callable[[int]
         for j in range(n):
             write(j)
         return {}
-    with src.block("if streak[1] >= WRITE_AFTER and streak[1] % PROBE_EVERY:"):
+    with src.block("if streaks.changed >= WRITE_AFTER and streaks.changed % PROBE_EVERY:"):
         if rotate:
-            with src.block("if streak[1] == WRITE_AFTER:"):
+            with src.block("if streaks.changed == WRITE_AFTER:"):
                 src.line("spare()")
-        src.line("streak[1] += 1")
+        src.line("streaks.changed += 1")
         for j in range(n):
             write(j)
     with src.block("else:"):
@@ -160,10 +160,10 @@ def _emit_writes(src: Source, pool: ResidentSlots, n: int, write: Callable[[int]
                 src.line("changed = True")
                 write(j)
         with src.block("if changed:"):
-            src.lines(["streak[0] = 0", "streak[1] += 1"])
+            src.lines(["streaks.unchanged = 0", "streaks.changed += 1"])
         with src.block("else:"):
-            src.lines(["streak[0] += 1", "streak[1] = 0"])
-    return {"streak": pool.streak, "WRITE_AFTER": WRITE_AFTER, "PROBE_EVERY": PROBE_EVERY,
+            src.lines(["streaks.unchanged += 1", "streaks.changed = 0"])
+    return {"streaks": pool.streaks, "WRITE_AFTER": WRITE_AFTER, "PROBE_EVERY": PROBE_EVERY,
             "spare": pool.add_spares}
 
 
@@ -176,7 +176,7 @@ def _emit_speculate(src: Source, pool: ResidentSlots, inner: FastPath, small: li
     results. Not equal: that run's outputs fence the slot (it reads it), and
     this call takes the per-leaf puts. Either way the result is the
     executable's on the bytes the caller's values held during the call."""
-    with src.block("if streak[0] >= SPECULATE_AFTER:"):
+    with src.block("if streaks.unchanged >= SPECULATE_AFTER:"):
         if small:
             with src.block("try:"):
                 for j in small:
@@ -185,20 +185,20 @@ def _emit_speculate(src: Source, pool: ResidentSlots, inner: FastPath, small: li
                 src.lines(["append(slot)", "raise"])
         with src.block("try:"):
             src.lines([f"inputs = {finish}", "results = run(inputs)"])
-        with src.block("except Exception:  # (the puts' path raises what it raises, or runs)"):
-            src.lines(["append(slot)", "streak[0] = 0", "return fallback(leaves)"])
-        src.lines(["counts[0] += 1", "unchanged = False"])
+        with src.block("except BaseException:  # (JAX's path then takes the call)"):
+            src.lines(["append(slot)", "streaks.unchanged = 0", "raise"])
+        src.lines(["streaks.speculated += 1", "unchanged = False"])
         with src.block("try:"):
             src.line(f"unchanged = {compare}")
         with src.block("finally:"):
             with src.block("if not unchanged:"):
-                src.lines(["streak[0], streak[1] = 0, 1", "counts[1] += 1",
+                src.lines(["streaks.unchanged, streaks.changed = 0, 1", "streaks.differed += 1",
                            f"slot[{SlotLayout.FENCE}] = consume(results, handlers)[FENCE]",
                            "append(slot)"])
         with src.block("if not unchanged:"):
             src.line("return fallback(leaves)")
         src.lines(["inputs = RanInputs(inputs)", "inputs.results = results", "return inputs"])
-    return {"streak": pool.streak, "counts": pool.counts, "SPECULATE_AFTER": SPECULATE_AFTER,
+    return {"streaks": pool.streaks, "SPECULATE_AFTER": SPECULATE_AFTER,
             "run": inner.execute, "RanInputs": RanInputs,
             "consume": _jax.ExecuteResults.consume_with_handlers,
             "handlers": inner.out_handlers, "FENCE": pool.fence_index}
@@ -216,15 +216,16 @@ def _emit_wake(src: Source, pool: ResidentSlots, wake: Callable[[], Any]) -> dic
     with src.block("try:"):
         with src.block(f"if not free or (last := free[-1][{SlotLayout.FENCE}]) is None "
                        "or ready(last):  # (None: found done and dropped)"):
-            src.line("idle[0] += 1")
-            with src.block("if idle[0] >= WAKE_AFTER_IDLE:"):
+            src.line("streaks.idle += 1")
+            with src.block("if streaks.idle >= WAKE_AFTER_IDLE:"):
                 src.line("wake()")
         with src.block("else:"):
-            src.line("idle[0] = 0")
-    with src.block("except Exception:  # (a retired or deleted fence, a slot taken meanwhile: "
-                   "no wake)"):
+            src.line("streaks.idle = 0")
+    # A spare slot's fence is None, a deleted one raises, and another thread
+    # may take the last free slot meanwhile: this call does not wake.
+    with src.block("except (TypeError, RuntimeError, IndexError):"):
         src.line("pass")
-    return {"free": pool.free, "ready": _jax.ArrayImpl.is_ready, "wake": wake, "idle": [0],
+    return {"free": pool.free, "ready": _jax.array_ready, "wake": wake, "streaks": pool.streaks,
             "WAKE_AFTER_IDLE": WAKE_AFTER_IDLE}
 
 

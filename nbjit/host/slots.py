@@ -30,11 +30,13 @@ import numpy as np
 from nbjit import _jax
 from nbjit._common import ALIGN, align_up
 from nbjit.core.codegen import Source, run_source
-from nbjit.host.layout import LeafLayout, buffer_nbytes
+from nbjit.core.inputs.fallbacks import gave_up
+from nbjit.core.inputs.fallbacks import why as fallback_why
+from nbjit.host.layout import RESIDENT_SLOTS, LeafLayout, buffer_nbytes
 
 __all__ = ["PROCESS_MAX_BYTES", "RESIDENT_CAP", "RETIRED", "ROTATE_SLOTS", "SIGNATURE_MAX_BYTES",
-           "SWEEP_EVERY_S", "HeldBytes", "ResidentSlots", "SlotLayout", "resident_bytes",
-           "sweep_ready_fences"]
+           "CallStreaks", "HeldBytes", "ResidentSlots", "SWEEP_EVERY_S", "SlotLayout",
+           "resident_bytes", "sweep_ready_fences"]
 
 RESIDENT_CAP = 32  # slots per signature (calls in flight beyond: per-leaf puts)
 # What one signature's slots may hold, their fences (the outputs they keep
@@ -135,6 +137,19 @@ class SlotLayout:
         return slot[self.array(0):self.array(self.n)]
 
 
+class CallStreaks:
+    """What a resident prepare (`nbjit.host.resident_prepare`) counts from call
+    to call: calls in a row whose compared leaves were all `unchanged`, calls
+    in a row with one `changed` (or written without a compare); runs of the
+    executable before the compare (`speculated`) and, of those, compares that
+    `differed`; calls in a row that found the last computation done (`idle`)."""
+
+    __slots__ = ("unchanged", "changed", "speculated", "differed", "idle")
+
+    def __init__(self) -> None:
+        self.unchanged = self.changed = self.speculated = self.differed = self.idle = 0
+
+
 class ResidentSlots:
     """The slots of one resident record (see the module's docstring).
 
@@ -144,19 +159,21 @@ class ResidentSlots:
     fence hook sees the call's inputs, nothing else). At most `cap` slots
     exist; a call that finds none free takes the per-leaf path.
     `on_broken`, given when the pool is made, is called once if the pool
-    gives its slots up. `streak` and `counts` are the generated prepare's
+    gives its slots up; `on_given_up(strategy, why)` is told why, then, and
+    when spare slots cannot be made. `streaks` are the generated prepare's
     (`nbjit.host.resident_prepare`).
     """
 
     __slots__ = ("layouts", "avals", "sharding", "devices", "nbytes", "slot_bytes", "cap", "free",
                  "by_array", "made", "retired", "fence_index", "input_index", "broken", "on_broken",
-                 "fence", "held", "streak", "counts", "slot_layout", "__weakref__")
+                 "fence", "held", "streaks", "slot_layout", "on_given_up", "__weakref__")
 
     MAX_RETIRED = 8  # slots retired (deleted fences) before the signature gives slots up
 
     def __init__(self, layouts: list[LeafLayout], sharding: Any, fence_index: int,
                  input_index: int, on_broken: Callable[[], None] | None = None,
-                 fence_bytes: int = 0) -> None:
+                 fence_bytes: int = 0,
+                 on_given_up: Callable[[str, BaseException | str], None] | None = None) -> None:
         self.layouts = layouts
         self.slot_layout = SlotLayout(len(layouts))
         self.avals = [_jax.ShapedArray(s.shape, s.dtype, weak_type=s.weak) for s in layouts]
@@ -178,11 +195,9 @@ class ResidentSlots:
         self.retired = 0
         self.broken = False
         self.on_broken = on_broken
+        self.on_given_up = on_given_up
         self.fence = self._make_fence()
-        # Calls in a row whose compared leaves were all unchanged, and calls
-        # in a row with one that changed (or written without a compare).
-        self.streak = [0, 0]
-        self.counts = [0, 0]  # runs before the compare; of those, compares that differed
+        self.streaks = CallStreaks()
 
     def new_slot(self) -> list | None:
         """A new slot, or None where a zero-copy put does not alias its view
@@ -239,7 +254,8 @@ class ResidentSlots:
         while self.made < min(ROTATE_SLOTS, self.cap) and not self.broken:
             try:
                 slot = self.new_slot()
-            except Exception:  # (out of memory: the slots there are do)
+            except Exception as error:  # (out of memory: the slots there are do)
+                self._tell("spare slots", error)
                 return
             if slot is None:
                 return
@@ -252,10 +268,12 @@ class ResidentSlots:
             self.held.give(self.slot_bytes)  # (given up: every slot's bytes are back already)
             self.retired += 1
             if self.retired >= self.MAX_RETIRED:
-                self.give_up()
+                self.give_up(f"{self.retired} slots retired: their fences were deleted")
 
-    def give_up(self) -> None:
-        """No slots from now on: `on_broken` sends the signature back to its per-leaf record."""
+    def give_up(self, why: str) -> None:
+        """No slots from now on, for `why`: `on_broken` sends the signature back
+        to its per-leaf record."""
+        self._tell(RESIDENT_SLOTS, why)
         self.broken = True
         self.cap = 0
         self.free.clear()
@@ -292,24 +310,21 @@ class ResidentSlots:
                     src.line("CHECKED = first(slot, outs)")
         # Out of its own scope: a function in its globals is a cycle, which would
         # keep the slots (the scope's `get`, `append`) until a collection.
-        return run_source(src.text(), "resident fence", scope).pop("fence")
+        return run_source(src.text(), "resident fence", scope, __name__).pop("fence")
 
     def drop_ready_fences(self) -> None:
         """Drops the fences of free slots whose computations are done (their slots
         are free: `None`), so that no output the caller dropped stays alive."""
-        ready = _jax.ArrayImpl.is_ready
+        ready = _jax.array_ready
         for slot in tuple(self.free):  # (a copy: the deque may change meanwhile)
             fence = slot[SlotLayout.FENCE]
-            if type(fence) is not _jax.ArrayImpl:  # None, or RETIRED
-                continue
-            try:
-                done = ready(fence)
-            except Exception:  # a deleted fence: its claim retires the slot
+            # None, RETIRED, or a deleted fence (its claim retires the slot)
+            if type(fence) is not _jax.ArrayImpl or fence.is_deleted():
                 continue
             # No eval-breaker check falls between this test and the store, so
             # under the GIL no thread sets a newer fence in between (one that
             # claimed the slot after the copy above set its own: then skipped).
-            if done and slot[SlotLayout.FENCE] is fence:
+            if ready(fence) and slot[SlotLayout.FENCE] is fence:
                 slot[SlotLayout.FENCE] = None
 
     def _check_outputs(self, slot: list, outs: list) -> bool:
@@ -317,21 +332,25 @@ class ResidentSlots:
         staging = slot[SlotLayout.STAGING]
         start = staging.ctypes.data
         stop = start + staging.nbytes
+        why = "an output aliases a slot"
         try:
             pointers = [_jax.buffer_address(o) for o in outs if o.size]
-        except Exception:
-            pointers = [start]
+        except Exception as error:  # taken as aliasing, and said
+            pointers, why = [start], f"outputs' addresses unread: {fallback_why(error)}"
         if any(start <= p < stop for p in pointers):
             # (Never seen: XLA's outputs are new buffers unless donated.) This
             # slot is never written again, so the caller's outputs stay valid.
             self.by_array.pop(id(slot[self.slot_layout.array(0)]), None)
-            self.give_up()
+            self.give_up(why)
             return False
         return True
 
+    def _tell(self, strategy: str, why: BaseException | str) -> None:
+        if (tell := self.on_given_up) is not None:
+            tell(strategy, why)
 
 _pools: weakref.WeakSet[ResidentSlots] = weakref.WeakSet()  # every live pool
-_sweeper: list[threading.Thread] = []  # the running sweeper, if any
+_sweeper: threading.Thread | None = None  # the running sweeper, if any
 _sweeper_lock = threading.Lock()
 
 
@@ -346,22 +365,23 @@ def _sweep_while_pools_live() -> None:
     which nothing asks about again until the signature's next call. Never
     from a gc callback: jaxlib 0.10.2 crashed when a collection inside its
     own code ran one that asked an array `is_ready`."""
+    global _sweeper
     while True:
         time.sleep(SWEEP_EVERY_S)
         with _sweeper_lock:
             if not _pools:  # (a new pool starts another)
-                _sweeper.clear()
+                _sweeper = None
                 return
         try:
             sweep_ready_fences()
-        except Exception:  # (never dies of it: the next claim checks its fence anyway)
-            pass
+        except Exception as error:  # never dies of it: the next claim checks its fence anyway
+            gave_up("the fence sweep", error, None)
 
 
 def _start_sweeper() -> None:
+    global _sweeper
     with _sweeper_lock:
-        if not _sweeper:
-            thread = threading.Thread(target=_sweep_while_pools_live, daemon=True,
-                                      name="nbjit-resident-fences")
-            _sweeper.append(thread)
-            thread.start()
+        if _sweeper is None:
+            _sweeper = threading.Thread(target=_sweep_while_pools_live, daemon=True,
+                                        name="nbjit-resident-fences")
+            _sweeper.start()

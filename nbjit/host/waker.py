@@ -3,7 +3,8 @@
 A resident prepare that writes a few KiB to a MiB while the runtime's
 worker thread is idle dispatches it first (`nbjit.host.resident_prepare`), so
 the worker wakes while the values are written. It is compiled once per
-device and kept by the process.
+device and kept by the process; where it cannot be, calls do not wake the
+worker, and the process's fallbacks say why (`nbjit.core.inputs.fallbacks`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
+from nbjit.core.inputs.fallbacks import gave_up
 
 __all__ = ["nbjit_wake_worker", "waker"]
 
@@ -46,6 +48,7 @@ def waker(device: Any) -> Callable[[], Any] | None:
         arguments = [v]
         execute(arguments)
         wake = functools.partial(execute, arguments)
-    except Exception:  # (a backend without it: calls just do not wake the worker first)
+    except Exception as error:  # calls just do not wake the worker first, and say why
+        gave_up("worker wake", error)
         wake = None
     return _wakers.setdefault(device, wake)

@@ -16,11 +16,12 @@ from typing import Any
 from nbjit import _jax
 from nbjit._common import align_up
 from nbjit.core.hooks import MissOutcome
+from nbjit.core.inputs.fallbacks import gave_up
 from nbjit.core.inputs.steps import HostInput
 from nbjit.core.record import FastPath
 from nbjit.core.view import JitInfo, info
 from nbjit.host import policy as _policy
-from nbjit.host.layout import PACKABLE, LeafLayout, Watched, host_counters, python_type
+from nbjit.host.layout import PACKABLE, RESIDENT_SLOTS, LeafLayout, Watched, python_type
 
 __all__ = ["COUNTED_MAX_BYTES", "COUNTED_MAX_EACH", "RESIDENT_MAX_BYTES", "on_miss"]
 
@@ -37,12 +38,13 @@ RESIDENT_MAX_BYTES = 16 << 20
 def on_miss(outcome: MissOutcome) -> None:
     """After a miss linked `outcome.node` with `outcome.record`: arms a
     `HostPolicy` if the signature qualifies (see the module's docstring).
-    Never raises."""
+    Never raises: a failure keeps the miss's record, and says why."""
+    jitted = None
     try:
-        _arm(info(outcome.jitted), outcome.node, outcome.record, outcome.fastpath,
-             outcome.leaves)
-    except Exception:  # never breaks a miss: the node keeps the miss's record
-        pass
+        jitted = info(outcome.jitted)
+        _arm(jitted, outcome.node, outcome.record, outcome.fastpath, outcome.leaves)
+    except Exception as error:  # never breaks a miss: the per-leaf puts go on
+        gave_up(RESIDENT_SLOTS, error, None if jitted is None else jitted.counters)
 
 
 def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: list) -> None:
@@ -66,8 +68,8 @@ def _arm(jitted: JitInfo, node: Any, record: FastPath, fastpath: Any, leaves: li
     if not resident_layouts:
         return
     counted = _layouts(hosts, leaves, COUNTED_MAX_EACH, COUNTED_MAX_BYTES)
-    watched = Watched(fastpath, tuple(counted), len(leaves), sharding,
-                      host_counters(jitted.counters), tuple(resident_layouts))
+    watched = Watched(fastpath, tuple(counted), len(leaves), sharding, jitted.counters,
+                      tuple(resident_layouts))
     laid_out = {s.leaf for s in resident_layouts}
     # A leaf too big for a memo puts a copy of itself on every call, a new
     # value or not: slots (a copy into host memory the device reads) cost less.

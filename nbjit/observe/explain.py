@@ -435,10 +435,13 @@ _miss_serials = itertools.count(1)
 _last_serial = 0
 
 
-def miss_done(new: CallDescription | None, miss: MissContext, seconds: float) -> None:
+def miss_done(new: CallDescription | None, miss: MissContext, seconds: float,
+              host_inputs: str | None = None) -> None:
     """Called by the dispatcher after every compile it caches: groups the miss
     for `ranked_misses`, keeps it for `assert_max_misses`, and logs it when
-    explaining is on (and the function had something to compare against)."""
+    explaining is on (and the function had something to compare against).
+    `host_inputs`: how the new signature's host leaves reach their device
+    (`FastPath.host_path`), said at the message's end."""
     global _last_serial
     site = call_site()
     try:
@@ -446,6 +449,8 @@ def miss_done(new: CallDescription | None, miss: MissContext, seconds: float) ->
     except Exception as error:  # explaining must never break a call
         fields, why = ("not explained",), f"not explained: {error!r}"
     message = _message(miss.name, site, why, miss)
+    if host_inputs is not None:
+        message += f"; host inputs: {host_inputs}"
     # Re-definitions of one function (a notebook cell run again) are one group:
     # each new function object's first miss adds to its "first call" row.
     key = (miss.location or miss.name, site, fields)
@@ -472,6 +477,21 @@ def _drop_cheapest(kept: tuple) -> None:
     _dropped[0] += 1
     _dropped[1] += count
     _dropped[2] += seconds
+
+
+def input_note_done(name: str | None, strategy: str, why: str | None, was: str | None
+                    ) -> None:
+    """Logs, while explaining is on, what happened to host inputs of function
+    `name` (None: of the process): `strategy` given up for `why`, or a
+    signature's host inputs going by `strategy` from now on (`was` before)."""
+    if not enabled():
+        return
+    if why is not None:
+        where = f"for {name}" if name else "in this process"
+        logger.warning(f"nbjit: {strategy} given up {where}: {why}")
+    else:
+        logger.warning(f"nbjit: the host inputs of a signature of {name} now go by {strategy}"
+                       + (f" (were: {was})" if was else ""))
 
 
 def misses_since(serial: int) -> list[MissRecord]:

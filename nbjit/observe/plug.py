@@ -1,6 +1,7 @@
 """What observability plugs into the core (`nbjit.core.hooks`), registered when
 `nbjit.observe` is imported: the miss's description before it compiles and
-its explanation after (`explain`), and what `PjitFunction.stats()` returns
+its explanation after (`explain`), what happens to host inputs (logged
+while misses are explained), and what `PjitFunction.stats()` returns
 (`stats`). The core imports nothing of this room."""
 
 from __future__ import annotations
@@ -35,19 +36,34 @@ def describe(jitted: JitView, args: tuple, kwargs: dict, static_positions: Seque
 
 
 def explain_miss(outcome: _hooks.MissOutcome) -> None:
-    """Explained misses: why it missed, grouped for `nbjit.ranked_misses()`."""
+    """Explained misses: why it missed, grouped for `nbjit.ranked_misses()`,
+    and how the new signature's host inputs go (its node's record now)."""
+    record = None if outcome.node is None else outcome.node.record
     _explain.miss_done(outcome.description, outcome.explaining(_jax.jax_cache_misses()),
-                       outcome.seconds)
+                       outcome.seconds, None if record is None else record.host_path)
+
+
+def explain_input(note: _hooks.InputNote) -> None:
+    """An input strategy given up, or a record's host inputs going another way:
+    logged while misses are explained, naming the function."""
+    name = None
+    if note.counters is not None:
+        name = next((_stats.function_label(j) for j in _stats.live_functions()
+                     if info(j).counters is note.counters), "a collected function")
+    _explain.input_note_done(name, note.strategy, note.why, note.was)
 
 
 def snapshot(jitted: JitView, counters: Counters, entries: int, live_hits: int
              ) -> _stats.DispatchStats:
-    """`PjitFunction.stats()`: its namespace's counts under its report name."""
-    return _stats.snapshot(counters, _stats.function_label(jitted), entries, live_hits)
+    """`PjitFunction.stats()`: its namespace's counts under its report name,
+    with how its signatures' host inputs go."""
+    return _stats.snapshot(counters, _stats.function_label(jitted), entries, live_hits,
+                           host_inputs=info(jitted).namespace.host_paths())
 
 
 def register() -> None:
     """Plugs observability into the core (idempotent)."""
     _hooks.set_miss_describer(describe)
     _hooks.add_miss_observer(explain_miss)
+    _hooks.add_input_listener(explain_input)
     _hooks.set_stats_snapshot(snapshot)

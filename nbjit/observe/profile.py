@@ -148,9 +148,12 @@ class _OverheadProbe(PjitFunction):
 
 
 class _ProbeBinders(dict):
-    """The probe's binder table: every call shape gets the probe binder."""
+    """The probe's binder table: every call shape gets the probe binder, and
+    `__call__` stamps its ends (the timed flavour's `entry_stamp`)."""
 
-    def build(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
+    stamps_entry = True
+
+    def __missing__(self, shape: Any) -> Callable[[Any, tuple, dict], Any]:
         return self.setdefault(shape, probe_binder)
 
 

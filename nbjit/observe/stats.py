@@ -35,6 +35,7 @@ from typing import Any
 
 from nbjit import _jax
 from nbjit.core import live as _live
+from nbjit.core.inputs.fallbacks import process_given_up
 from nbjit.core.view import JitView, info
 from nbjit.observe.names import defined_in_library, function_name, location_name, process_label
 from nbjit.observe.table import Table
@@ -69,11 +70,13 @@ RAISED = ("calls that raised in JAX's trace, lowering or compile (an error in th
           "its arguments, as jax.jit raises it: a TracerBoolConversionError, a shape error); "
           "that signature's next call traces again")
 
-def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> DispatchStats:
+def snapshot(counters: Any, name: str, entries: int, live_hits: int,
+             host_inputs: dict[str, int] | None = None) -> DispatchStats:
     """A `DispatchStats` from a namespace's counters (`nbjit.core.cache.Counters`).
 
     `live_hits`: the hits counted on the namespace's live nodes; `entries`:
-    how many nodes it holds.
+    how many nodes it holds; `host_inputs`: how many of them put their host
+    inputs each way (`Namespace.host_paths`).
     """
     reasons = dict(counters.slow_reasons)  # one read: other threads may add keys
     slow = sum(reasons.values())
@@ -86,6 +89,7 @@ def snapshot(counters: Any, name: str, entries: int, live_hits: int) -> Dispatch
         name=name, calls=hits + misses + traced + raised + slow, hits=hits, misses=misses,
         traced=traced, raised=raised, slow=slow, slow_reasons=reasons,
         evictions=counters.evictions, entries=entries, miss_seconds=counters.miss_seconds,
+        host_inputs=dict(host_inputs or {}), given_up=dict(getattr(counters, "given_up", {})),
         **extensions)
 
 
@@ -117,6 +121,11 @@ class DispatchStats:
     resident: int = 0  # signatures whose host inputs became resident (no compile)
     traced: int = 0
     raised: int = 0
+    # How many entries put their host inputs each way ("per-leaf puts", "launch
+    # record", "resident slots"), and input strategies given up: strategy ->
+    # why (the exception's type and message, the first time).
+    host_inputs: dict[str, int] = field(default_factory=dict)
+    given_up: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return str(StatsTable({self.name: self}))
@@ -152,9 +161,25 @@ def host_inputs_line(name: str, resident: int) -> str:
 
 
 def _host_lines(rows: dict[str, DispatchStats]) -> list[str]:
-    """A line per function whose host inputs became resident."""
+    """A line per function whose host inputs became resident, and the input
+    strategies given up: per function, and the process's."""
     lines = [host_inputs_line(name, s.resident) for name, s in rows.items()]
+    lines += [given_up_line(name, s.host_inputs, s.given_up) for name, s in rows.items()]
+    lines.append(given_up_line("", {}, process_given_up()))
     return [line for line in lines if line]
+
+
+def given_up_line(name: str, host_inputs: dict[str, int], given_up: dict[str, str]) -> str:
+    """How function `name`'s signatures put their host inputs, where a
+    strategy was given up (and why); "" where none was. No name: the
+    process's own fallbacks."""
+    if not given_up:
+        return ""
+    why = "; ".join(f"{strategy} given up: {text}" for strategy, text in given_up.items())
+    if not name:
+        return f"this process: {why}"
+    ways = ", ".join(f"{way} {n}" for way, n in sorted(host_inputs.items()))
+    return f"host inputs of {name}: {why}" + (f" (signatures: {ways})" if ways else "")
 
 
 def _row(s: DispatchStats, optional: tuple[str, ...]) -> tuple[str, ...]:

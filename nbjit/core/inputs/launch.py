@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core.inputs.steps import InputStep
 
 __all__ = ["LaunchRefused", "launch_for"]
 
@@ -57,7 +58,7 @@ class LaunchRefused(Exception):
 
 
 def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | None,
-               n_leaves: int, steps: dict[int, Any], execute: Callable[[Sequence[Any]], Any],
+               n_leaves: int, steps: dict[int, InputStep], execute: Callable[[Sequence[Any]], Any],
                out_handlers: list, single_output: bool
                ) -> tuple[Callable[[Sequence[Any]], list], Callable[..., Any]]:
     """``(stage, launch)`` for a record: ``launch(*stage(leaves))`` is a hit.

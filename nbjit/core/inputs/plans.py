@@ -19,10 +19,10 @@ as to jax.jit's). `device_put` is the public, explicit-transfer entry.
 The staging buffer is owned by the transfer: on CPU the runtime may use it
 in place (zero copy) and the caller's numpy array is never aliased, so
 mutating it after the call never changes the result. It is fresh per call,
-except from STAGING_POOL_MIN_BYTES: a pooled buffer is reused only once its
-reference count shows that nothing (no live array, no transfer) holds it.
-From PARALLEL_COPY_MIN_BYTES the copy into it runs on several threads
-(both in `nbjit.core.inputs.staging`).
+except from STAGING_POOL_MIN_BYTES: a pooled buffer is reused only once
+nothing but its pool (no live array, no transfer) holds it
+(`nbjit.core.inputs.pools`). From PARALLEL_COPY_MIN_BYTES the copy into it
+runs on several threads (`nbjit.core.inputs.copying`).
 
 Anything a plan cannot do exactly (an unsupported sharding, dtype or layout,
 a shape the sharding does not divide, a numpy subclass) goes to
@@ -40,14 +40,13 @@ import numpy as np
 
 from nbjit import _domains, _jax
 from nbjit._common import ALIGN, PYTHON_SCALARS, align_up
-from nbjit.core.inputs.staging import (
-    clear_staging_pool,
+from nbjit.core.inputs.copying import (
     copy_parts,
     kernels_or_background,
     load_kernels,
     parallel_copy,
-    staging_buffer,
 )
+from nbjit.core.inputs.pools import clear_staging_pool, staging_buffer
 
 __all__ = ["SINGLE_DEVICE_PLAN_MIN_BYTES", "ShardingPlan", "addressable_index_domains",
            "clear_plans", "device_put", "plan_cache_size", "plan_for", "warm_kernels"]

@@ -21,6 +21,9 @@ A strategy (`InputStrategy`) changes three things, and nothing else:
     `nbjit.core.inputs.launch`) instead of putting each from Python.
   * `on_miss(outcome)`: after a miss installed a node with a record, an
     optimisation may arm itself for that node (it must not raise).
+  * `launches`: whether a record whose host leaves go to its executable's
+    one device hands them to jaxlib's own put (a launch record,
+    `nbjit.core.inputs.launch`).
 
 `STAGED` is the core's own way for a device with memory of its own (an
 accelerator): there a put that copies while the call runs waits for the
@@ -40,7 +43,8 @@ The table, `strategy_for(platform)`:
     resident slots), plugged in when ``import nbjit`` imports that room
     (`plug_in`); the CPU's device memory is host memory, which the device
     can read in place. Without it, `DEFAULT`.
-  * every other platform: `STAGED`.
+  * every other platform: `STAGED`, which launches (launch records); no
+    room plugs in anything there.
 
 A record's host inputs take the strategy of their sharding's platform
 (`platform_of`); a miss's `on_miss` is that of its executable's first input.

@@ -10,7 +10,10 @@ value the miss saw, exact types first, as jaxlib's `shard_args` does:
     device: `HostInput` (one batched C++ transfer, with a memo);
   * a host value bound for many devices, or a big one: its `ShardingPlan`
     slices/copies on the host (`_Planned`);
-  * anything else: JAX's own `shard_args`, batched into one `_ShardArgs`.
+  * anything else: JAX's own `shard_args`, batched into one `ShardArgs`.
+
+Every step of one input is an `InputStep` (its `index`, `value`, `apply`,
+`inline`, and whether it puts a host value); `ShardArgs` moves many.
 
 A step's configuration is fixed when it is built, its `on_fresh` callback
 included; what changes per call is a `HostInput`'s memo (the last value's
@@ -35,7 +38,8 @@ from nbjit.core.inputs.values import (
     scalar_converts_exactly,
 )
 
-__all__ = ["SHARD_ARGS", "FreshCallback", "HostInput", "input_step", "input_steps"]
+__all__ = ["SHARD_ARGS", "FreshCallback", "HostInput", "InputStep", "ShardArgs", "input_step",
+           "input_steps"]
 
 ArrayImpl = _jax.ArrayImpl
 _device_put = _jax.batched_device_put
@@ -49,7 +53,45 @@ _WEAK_SCALAR_TYPES = frozenset({int, float, complex})  # as JAX types them (bool
 FreshCallback = Callable[[], Callable[[], None] | None]
 
 
-class HostInput:
+class InputStep:
+    """How input `index` of a record reaches its device: `value(x)` gives
+    what the executable reads for the value `x` the call brought.
+
+    `puts_host_values`: the step puts a host value (a launch record hands
+    jaxlib's put what `launch_value(x)` gives instead: `nbjit.core.inputs.launch`).
+    """
+
+    __slots__ = ("index",)
+    puts_host_values = False
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """The inputs this step moves."""
+        return (self.index,)
+
+    def value(self, x: Any) -> Any:
+        raise NotImplementedError
+
+    def launch_value(self, x: Any) -> Any:
+        """What a launch record hands jaxlib's put for `x` (asked of a step
+        that puts host values): by default, `value`'s device array."""
+        return self.value(x)
+
+    def apply(self, inputs: list) -> None:
+        """Moves its input of `inputs` in place."""
+        inputs[self.index] = self.value(inputs[self.index])
+
+    def inline(self, src: Source, x: str, i: int) -> dict[str, Any]:
+        """Adds to `src` the statements that apply this step to local `x` of a
+        generated preparer, as input `i`, and returns the names they read."""
+        src.line(f"{x} = V{i}({x})")
+        return {f"V{i}": self.value}
+
+
+class HostInput(InputStep):
     """A host value bound for one device, at `index` of the inputs.
 
     The value goes to `batched_device_put` as it is: jaxlib converts it to
@@ -75,18 +117,18 @@ class HostInput:
     memoised again within ``MEMO_REST + 2`` calls.
     """
 
-    puts_host_values = True  # (a launch record stages what this step would put: `launch`)
+    puts_host_values = True
     MEMO_MAX_BYTES = 1024  # a bytes compare this size costs far less than a transfer
     MEMO_PATIENCE = 8
     MEMO_REST = 56
 
-    __slots__ = ("index", "dtype", "aval", "sharding", "devices", "memo", "last", "misses",
+    __slots__ = ("dtype", "aval", "sharding", "devices", "memo", "last", "misses",
                  "rest", "on_fresh", "transfer")
 
     def __init__(self, index: int, dtype: np.dtype, aval: Any, sharding: Any,
                  memo: bool, on_fresh: FreshCallback | None = None,
                  transfer: HostTransfer = DIRECT) -> None:
-        self.index = index
+        super().__init__(index)
         self.dtype = dtype
         self.aval = aval
         self.sharding = sharding
@@ -102,14 +144,9 @@ class HostInput:
         # leaf (the CPU's host-input policy): given here, never set afterwards.
         self.on_fresh = on_fresh
 
-    def apply(self, inputs: list) -> None:
-        inputs[self.index] = self.value(inputs[self.index])
-
     def inline(self, src: Source, x: str, i: int) -> dict[str, Any]:
-        """Adds to `src` the statements that apply this step to local `x` of a
-        generated preparer, as input `i`, and returns the names they read: a
-        numpy array's plain transfer inline (while the memo rests, or with no
-        memo), anything else through `value`."""
+        """`InputStep.inline`: a numpy array's plain transfer inline (while
+        the memo rests, or with no memo), anything else through `value`."""
         names = {f"H{i}": self, f"A{i}": self.aval, f"S{i}": self.sharding, f"D{i}": self.devices,
                  f"V{i}": self.value, "ndarray": np.ndarray, "put": _device_put,
                  "COPY_DURING_CALL": COPY_DURING_CALL}
@@ -233,7 +270,7 @@ class HostInput:
                            self.devices, False, False, transfer.semantics)
 
 
-class _Copy:
+class _Copy(InputStep):
     """A one-device jax.Array on another device: copied in C++, as jaxlib does.
 
     A launch record hands the array to jaxlib as it is: jaxlib copies it.
@@ -242,34 +279,27 @@ class _Copy:
     device-to-device transfer guards: a hit copies under "disallow" too.
     """
 
-    __slots__ = ("index", "device_list", "sharding")
-    puts_host_values = False
+    __slots__ = ("device_list", "sharding")
 
     def __init__(self, index: int, sharding: Any) -> None:
-        self.index = index
+        super().__init__(index)
         self.device_list = _jax.device_list(sharding)
         self.sharding = sharding
-
-    def apply(self, inputs: list) -> None:
-        inputs[self.index] = self.value(inputs[self.index])
 
     def value(self, x: Any) -> Any:
         return _copy_to_devices([x], [self.device_list], [self.sharding])[0]
 
 
-class _Planned:
+class _Planned(InputStep):
     """A host value sliced/copied on the host by its `ShardingPlan`."""
 
-    __slots__ = ("index", "dtype", "plan")
+    __slots__ = ("dtype", "plan")
     puts_host_values = True
 
     def __init__(self, index: int, dtype: np.dtype, plan: Any) -> None:
-        self.index = index
+        super().__init__(index)
         self.dtype = dtype
         self.plan = plan
-
-    def apply(self, inputs: list) -> None:
-        inputs[self.index] = self.value(inputs[self.index])
 
     def value(self, x: Any) -> Any:
         return self.plan.put(np.asarray(x, self.dtype))
@@ -277,10 +307,11 @@ class _Planned:
     launch_value = value  # (a launch record hands jaxlib the plan's device array)
 
 
-class _ShardArgs:
+class ShardArgs:
     """Inputs JAX's own `shard_args` converts (reshardings, unusual values), in one call."""
 
     __slots__ = ("indices", "shardings")
+    puts_host_values = False
 
     def __init__(self, indices: Sequence[int], shardings: Sequence[Any]) -> None:
         self.indices = tuple(indices)
@@ -294,7 +325,7 @@ class _ShardArgs:
             inputs[i] = value
 
 
-SHARD_ARGS = object()  # `input_step`'s answer: leave this input to `_ShardArgs`
+SHARD_ARGS = object()  # `input_step`'s answer: leave this input to `ShardArgs`
 
 
 def _array_step(i: int, x: Any, sharding: Any) -> Any:
@@ -340,7 +371,7 @@ def input_step(i: int, x: Any, sharding: Any, donated: bool,
 
 def input_steps(inputs: Sequence[Any], shardings: Sequence[Any], donated: bool,
                 on_fresh: Mapping[int, FreshCallback] | None = None
-                ) -> tuple[dict[int, Any], _ShardArgs | None]:
+                ) -> tuple[dict[int, InputStep], ShardArgs | None]:
     """(input index -> its step, for the inputs that need one; the batched
     `shard_args` step of the rest, or None), for a record whose miss saw
     `inputs` bound for `shardings`. `on_fresh`: input index -> the callback
@@ -352,7 +383,7 @@ def input_steps(inputs: Sequence[Any], shardings: Sequence[Any], donated: bool,
             shard_args.append(i)
         elif step is not None:
             steps[i] = step
-    batched = _ShardArgs(shard_args, [shardings[i] for i in shard_args]) if shard_args else None
+    batched = ShardArgs(shard_args, [shardings[i] for i in shard_args]) if shard_args else None
     return steps, batched
 
 

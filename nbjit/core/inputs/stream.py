@@ -14,7 +14,8 @@ which releases the GIL: importing numba itself costs a process about a
 second, llvmlite's binding a tenth of that, and the compile milliseconds.
 `stream_copy()` compiles it on first use, on the calling thread (a miss
 that makes a staging ring of `STREAM_MIN_BYTES` or more); where llvmlite is
-missing or the compile fails it answers None and numpy's copy is used.
+missing or the compile fails it answers None, numpy's copy is used, and
+the process's fallbacks say why (`nbjit.core.inputs.fallbacks`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["STREAM_MIN_BYTES", "stream_copy"]
+from nbjit.core.inputs.fallbacks import gave_up
+
+__all__ = ["STREAM_COPY", "STREAM_MIN_BYTES", "stream_copy"]
+
+STREAM_COPY = "non-temporal copy"  # the strategy's name, where it is given up
 
 # From this size a staged leaf is copied with non-temporal stores (below it a
 # copy is short enough that the call into the loop and the fence cost more
@@ -95,7 +100,8 @@ def _compile() -> Callable[[np.ndarray, np.ndarray], None] | None:
         engine = llvm.create_mcjit_compiler(module, machine)
         engine.finalize_object()
         address = engine.get_function_address("nbjit_stream_copy")
-    except Exception:  # no llvmlite, or no native target: numpy's copy
+    except Exception as error:  # no llvmlite, or no native target: numpy's copy, and why
+        gave_up(STREAM_COPY, error)
         return None
     loop = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(address)
 
@@ -115,4 +121,7 @@ def _compile() -> Callable[[np.ndarray, np.ndarray], None] | None:
     skip = -raw.ctypes.data % _BLOCK
     probe, source = raw[skip:skip + 2 * _BLOCK], np.arange(2 * _BLOCK, dtype=np.uint8)
     copy(probe, source)  # (aligned: the loop itself runs)
-    return copy if probe.tobytes() == source.tobytes() else None
+    if probe.tobytes() != source.tobytes():
+        gave_up(STREAM_COPY, "its trial copy wrote other bytes")
+        return None
+    return copy
