@@ -271,7 +271,7 @@ def test_big_copies_stream(staged, monkeypatch):
     copy = _stream.stream_copy()
     streamed = []
     monkeypatch.setattr(_stream, "_compiled",
-                        [lambda dst, src: (streamed.append(src.nbytes), copy(dst, src))])
+                        lambda dst, src: (streamed.append(src.nbytes), copy(dst, src)))
     n = _stream.STREAM_MIN_BYTES // 4 + 5
     fn = lambda a: (a[::7] * 3.0, jnp.sum(a))  # noqa: E731
     f, g = nbjit.jit(fn), jax.jit(fn)

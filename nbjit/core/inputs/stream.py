@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,8 @@ exit:
 """
 
 _lock = threading.Lock()
-_compiled: list = []  # [copy or None] once tried: the engine, kept alive with the function
+_UNTRIED = object()
+_compiled: Any = _UNTRIED  # the copy (its engine kept alive with it), or None, once tried
 
 
 def stream_copy() -> Callable[[np.ndarray, np.ndarray], None] | None:
@@ -79,11 +81,12 @@ def stream_copy() -> Callable[[np.ndarray, np.ndarray], None] | None:
     for two C-contiguous arrays of one size (the caller checks); a `dst` not
     64-byte aligned (a streamed store there faults) and the last partial
     64 bytes are copied by numpy. None where it cannot be compiled here."""
-    if not _compiled:
+    global _compiled
+    if _compiled is _UNTRIED:
         with _lock:
-            if not _compiled:
-                _compiled.append(_compile())
-    return _compiled[0]
+            if _compiled is _UNTRIED:
+                _compiled = _compile()
+    return _compiled
 
 
 def _compile() -> Callable[[np.ndarray, np.ndarray], None] | None:
