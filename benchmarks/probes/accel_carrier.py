@@ -2,7 +2,7 @@
 jax.jit's executable, against per-leaf puts from Python (run on a TPU or GPU;
 any backend works, the CPU only to try it).
 
-    python benchmarks/probes/accel_carrier.py [loop] [safety] [copies]
+    python benchmarks/probes/accel_carrier.py [loop] [safety] [copies] [small]
                                               [--steps N] [--rounds R] [--json FILE]
 
 The candidate ("carrier"): a C++ `PjitFunction` over a call's flat leaves
@@ -37,6 +37,12 @@ safety: a write to the caller's array right after the call while the device
   is busy, 60 calls (8 KiB to 25 MiB): results changed, jax.jit and carrier.
 copies: a 3 MiB copy into a warm buffer, alone and with puts in flight:
   np.copyto, non-temporal, 2 and 4 threads.
+small: compare's host-value rows, per call (each call new values from a
+  pool of 64, no block until a round ends): ``a + b`` on two float32[8]
+  (numpy_args_2_new_values) and a 392 KiB batch with 4 params (the mnist
+  row's shapes). Variants as loop's, plus carrier_bytes (a copy that owns
+  its memory as an immutable bytes object) and the top of a cProfile of
+  nbjit's calls (where Python spends them).
 """
 
 # ruff: noqa: E731, B023  (a probe: small lambdas name the variants)
@@ -348,6 +354,93 @@ def section_copies(reps=150) -> None:
     log("copies 3 MiB us", json.dumps(row))
 
 
+def _frozen_copy(x):
+    """A read-only copy whose memory a bytes object owns (`immutable` holds)."""
+    return np.frombuffer(x.tobytes(), x.dtype).reshape(x.shape)
+
+
+def section_small(steps=2000, rounds=5) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    rng = np.random.default_rng(1)
+    w = jax.device_put(rng.standard_normal((784, 128)).astype(np.float32) / 28)
+    cases = {
+        "add 2x f32[8]": (lambda a, b: a + b, (), [
+            (rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32))
+            for _ in range(64)]),
+        "mnist 392 KiB": (lambda w, x, y: jnp.mean((jnp.tanh(x @ w) - y[:, None]) ** 2), (w,), [
+            (rng.standard_normal((128, 784)).astype(np.float32),
+             rng.standard_normal(128).astype(np.float32)) for _ in range(64)]),
+    }
+    out = []
+    for label, (fn, consts, pool) in cases.items():
+        ro_pool = [tuple(readonly(a) for a in xy) for xy in pool]
+        dpool = [tuple(jax.device_put(a) for a in xy) for xy in pool]
+        jf, nf = jax.jit(fn), nbjit.jit(fn)
+        treedef = tree_util.tree_structure((*consts, *pool[0]))
+        carrier = carrier_of(jf, treedef, "small")
+        rings = [StagingRing(a.shape, a.dtype, 64) for a in pool[0]]
+        variants = {
+            "jax.jit": lambda i: jf(*consts, *pool[i]),
+            "jax.jit_ro": lambda i: jf(*consts, *ro_pool[i]),
+            "nbjit": lambda i: nf(*consts, *pool[i]),
+            "nbjit_ro": lambda i: nf(*consts, *ro_pool[i]),
+            "carrier": lambda i: carrier(*consts, *[r.stage(a) for r, a in
+                                                    zip(rings, pool[i], strict=True)]),
+            "carrier_ro": lambda i: carrier(*consts, *ro_pool[i]),
+            "carrier_bytes": lambda i: carrier(*consts, *[_frozen_copy(a) for a in pool[i]]),
+            "device_floor": lambda i: carrier(*consts, *dpool[i]),
+        }
+
+        def run(f, n):
+            t0 = time.perf_counter()
+            for i in range(n):
+                r = f(i % 64)
+            jax.block_until_ready(r)
+            return (time.perf_counter() - t0) / n, r
+
+        want = np.asarray(run(variants["jax.jit"], 64)[1])
+        ok = {}
+        for name, f in variants.items():
+            try:
+                got = np.asarray(run(f, 64)[1])
+                ok[name] = f
+                if not np.array_equal(got, want):
+                    log("small", label, name, "differs from jax.jit")
+            except Exception as e:  # noqa: BLE001
+                log("small", label, name, "failed:", type(e).__name__, str(e)[:300])
+        per = {k: [] for k in ok}
+        gc.disable()
+        try:
+            names = list(ok)
+            for r in range(rounds):
+                for k in (names if r % 2 else names[::-1]):
+                    per[k].append(run(ok[k], steps)[0])
+        finally:
+            gc.enable()
+        base = np.array(per["jax.jit"])
+        row = {"case": label, "jax_call_us": round(float(np.median(base)) * 1e6, 1),
+               "variants": {k: {"call_us": round(float(np.median(v)) * 1e6, 1),
+                                "ratio": round(float(np.median(np.array(v) / base)), 3)}
+                            for k, v in per.items()}}
+        prof = cProfile.Profile()
+        prof.enable()
+        run(ok["nbjit"], steps)
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
+        row["nbjit_profile_top"] = [ln for ln in text.getvalue().splitlines()
+                                    if ln.strip()][-13:]
+        out.append(row)
+        log("small", json.dumps({k: row[k] for k in ("case", "jax_call_us", "variants")}))
+        log(f"  {label}: " + ", ".join(f"{k} {v['ratio']:.2f}" for k, v in
+                                       row["variants"].items()))
+        log("\n".join(row["nbjit_profile_top"]))
+    RESULTS["small"] = out
+
+
 def main() -> None:
     args = sys.argv[1:]
     path = None
@@ -364,7 +457,7 @@ def main() -> None:
     log("accel_carrier:", RESULTS)
     for name in args or ["loop", "safety", "copies"]:
         t0 = time.perf_counter()
-        globals()["section_" + name](**(kw if name == "loop" else {}))
+        globals()["section_" + name](**(kw if name in ("loop", "small") else {}))
         log(f"[{name}: {time.perf_counter() - t0:.0f} s]")
     if path:
         with open(path, "w") as fh:
