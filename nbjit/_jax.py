@@ -568,6 +568,11 @@ COPY_DURING_CALL = _jaxlib_ext.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
 _reads_during_call: list[bool] = []  # computed once, at the first question
 
 
+def default_platform() -> str:
+    """The platform of JAX's default backend ("cpu", "tpu", "gpu", ...)."""
+    return jax.default_backend()
+
+
 def jax_path_reads_host_arrays_during_call() -> bool:
     """Whether JAX's own path (jax.jit's miss, `device_put`) has read a numpy array
     it does not use in place (not 64-byte aligned) when the call returns, so a

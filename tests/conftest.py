@@ -19,6 +19,11 @@ HOST_MEMORY_ELSEWHERE = (
     "host inputs go to jaxlib's own put (launch records: tests/test_staged_inputs.py, and "
     "tests/test_fresh_host_values.py's launch mode)")
 
+# NBJIT_TEST_STRATEGY=staged: the CPU's devices take an accelerator's input
+# strategy (`STAGED`: launch records, private copies from staging rings), so
+# that the paths a TPU or GPU run takes are tested where there is none.
+STAGED_ON_CPU = os.environ.get("NBJIT_TEST_STRATEGY") == "staged"
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -102,6 +107,10 @@ def pytest_configure(config):
     # JAX_PLATFORMS at import).
     if os.environ.get("JAX_PLATFORMS") != "cpu" and jax.default_backend() != "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
+    if STAGED_ON_CPU:
+        from nbjit.core.inputs import platforms
+
+        platforms.plug_in("cpu", platforms.STAGED)
 
 
 def pytest_report_header(config):
@@ -143,11 +152,13 @@ def pytest_collection_modifyitems(config, items):
         for item in networked:
             item.add_marker(skip)
     host_memory = [item for item in items if item.get_closest_marker("cpu_host_memory")]
-    if host_memory and jax.default_backend() != "cpu":
+    if host_memory and (jax.default_backend() != "cpu" or STAGED_ON_CPU):
+        where = ("the CPU's devices take an accelerator's strategy here "
+                 "(NBJIT_TEST_STRATEGY=staged)" if STAGED_ON_CPU
+                 else f"JAX's default backend here is {jax.default_backend()}")
         skip = pytest.mark.skip(
             reason="tests the CPU's host-memory strategy (resident slots alias host memory "
-                   "through zero-copy puts); JAX's default backend "
-                   f"here is {jax.default_backend()}: {HOST_MEMORY_ELSEWHERE}")
+                   f"through zero-copy puts); {where}: {HOST_MEMORY_ELSEWHERE}")
         for item in host_memory:
             item.add_marker(skip)
     marked = [item for item in items if item.get_closest_marker("cpu_devices")]

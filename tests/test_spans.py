@@ -222,6 +222,29 @@ def test_traced_call_shapes_match_jax_jit(tmp_path):
     assert sum(_counts(nb_events, "nbjit miss").values()) == nb.stats().misses == 5
 
 
+def test_a_launch_records_launcher_has_spans_of_its_own(tmp_path, monkeypatch):
+    """A launch record's hit (an accelerator's; on the CPU, its strategy
+    plugged in) keeps jax.jit's pair of spans per call, and the jaxlib
+    launcher inside says what it is."""
+    from nbjit.core.inputs import platforms
+
+    monkeypatch.setitem(platforms._plugged, jax.devices()[0].platform, platforms.STAGED)
+    nb = nbjit.jit(_shapes_step, static_argnames="n")
+    jx = jax.jit(_shapes_step, static_argnames="n")
+    x = np.arange(3.0, dtype=np.float32)
+    nb(x, 2)
+    assert nb._entry_for((x, 2), {})[0].record.launch is not None
+    nb_events = _traced(tmp_path, lambda: [nb(x, 2) for _ in range(3)], "nb")
+    jax_events = _traced(tmp_path, lambda: [jx(x, 2) for _ in range(3)], "jax")
+    name = "PjitFunction(_shapes_step)"
+    assert _counts(nb_events, name)[name] == _counts(jax_events, name)[name] == 6
+    launcher = "PjitFunction(nbjit launch: _shapes_step)"
+    assert _counts(nb_events, launcher)[launcher] >= 3
+    calls = [e for e in nb_events if e["name"] == name]
+    assert all(any(_inside(e, call) for call in calls)
+               for e in nb_events if e["name"] == launcher)
+
+
 def test_no_traced_binder_outside_a_session():
     f, x = nbjit.jit(lambda x: x + 1), jnp.ones(3)
     f(x)

@@ -290,6 +290,76 @@ def test_big_copies_stream(staged, monkeypatch):
     assert len(streamed) == 4  # below the threshold: numpy's copy
 
 
+def test_no_call_waits_for_the_streamed_copys_compile(staged, monkeypatch):
+    """While the streamed copy compiles (on its own thread), a ring copies
+    with numpy, and the results are jax.jit's; the first call after the
+    compile is done takes the streamed copy, and a ring made once it failed
+    copies with numpy for good."""
+    from nbjit.core.inputs import stream as _stream
+
+    copy = _stream.stream_copy()
+    monkeypatch.setattr(_stream, "_compiled", _stream.PENDING)
+    n = _stream.STREAM_MIN_BYTES // 4
+    fn = lambda a: a * 2.0  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    for _ in range(3):
+        assert_same_outputs(f(x), g(x))
+    (ring,) = _rings(f, x)
+    assert ring.stream is None and ring.stream_pending
+    streamed = []
+    monkeypatch.setattr(_stream, "_compiled",
+                        lambda dst, src: (streamed.append(src.nbytes), copy(dst, src)))
+    for i in range(3):
+        x = np.random.default_rng(i).standard_normal(n).astype(np.float32)
+        assert_same_outputs(f(x), g(x))
+    assert streamed == [4 * n] * 3 and not ring.stream_pending
+    monkeypatch.setattr(_stream, "_compiled", None)  # no streamed copy in this process
+    h = nbjit.jit(lambda a: a * 3.0)
+    for _ in range(3):
+        assert_same_outputs(h(x), jax.jit(lambda a: a * 3.0)(x))
+    (ring,) = _rings(h, x)
+    assert ring.stream is None and not ring.stream_pending and len(streamed) == 3
+
+
+@pytest.mark.parametrize("strategy", ["staged", "the CPU's"])
+def test_the_streamed_copy_compiles_while_jax_does(strategy, monkeypatch):
+    """The streamed copy's compile begins as the first miss with a big host
+    leaf on a launching platform begins, before JAX traces the function;
+    not for small leaves, nor where the default device's strategy does not
+    launch (the CPU's own)."""
+    from nbjit.core.inputs import stream as _stream
+
+    platform = jax.devices()[0].platform
+    if strategy == "staged":
+        monkeypatch.setitem(_platforms._plugged, platform, _platforms.STAGED)
+    elif platform == "cpu":
+        from nbjit import host
+
+        monkeypatch.setitem(_platforms._plugged, "cpu", host.HOST_MEMORY)
+    else:
+        pytest.skip("the CPU's own strategy")
+    events = []
+    monkeypatch.setattr(_stream, "_compiled", _stream._UNTRIED)
+
+    def start():  # (as `start`, but no compile)
+        events.append("start")
+        _stream._compiled = _stream.PENDING
+
+    monkeypatch.setattr(_stream, "start", start)
+
+    def fn(a):
+        events.append("trace")
+        return a + 1
+
+    small = np.ones(16, np.float32)
+    big = np.ones(_stream.STREAM_MIN_BYTES // 4, np.float32)
+    nbjit.jit(fn)(small)
+    assert events == ["trace"]
+    nbjit.jit(fn)(big)
+    assert events == ["trace", *(["start"] if strategy == "staged" else []), "trace"]
+
+
 def test_a_big_leaf_is_read_during_the_call_not_copied(staged):
     """From `Staged.DIRECT_MIN_BYTES` a leaf's put reads the caller's array
     during the call (no private copy, no ring of that size); a write right

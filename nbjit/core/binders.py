@@ -124,7 +124,7 @@ def _hit(src: Source, flavour: Flavour) -> None:
                    "  # host leaves put by jaxlib's own put (an accelerator)"):
         _inputs_then_run(src, flavour, "staged = record.stage(leaves)",
                          "launched = launch(*staged)", "LaunchRefused as refused",
-                         "refused.error, args, kwargs, refused.inputs")
+                         "refused, args, kwargs", "self._launch_refused")
         src.line("node.hits += 1")
         _stamp(src, flavour.finish)
         src.line("return launched")
@@ -145,10 +145,11 @@ def _hit(src: Source, flavour: Flavour) -> None:
 
 
 def _inputs_then_run(src: Source, flavour: Flavour, inputs: str, run: str, refused: str,
-                     refused_args: str) -> None:
+                     refused_args: str, refused_fn: str = "self._execute_failed") -> None:
     """The node marked recent and the `inputs` statement (JAX's own path
     where it raises: a transfer guard, say), then the `run` statement (the
-    `refused` exception goes where a refused execution goes), each phase
+    `refused` exception goes to `refused_fn`, by default where a refused
+    execution goes), each phase
     stamped: a record's own inputs and execute, or a launch record's staged
     leaves and launch (`nbjit.core.inputs.launch`)."""
     _, _, stamp_inputs, stamp_execute = flavour.stamps
@@ -161,7 +162,7 @@ def _inputs_then_run(src: Source, flavour: Flavour, inputs: str, run: str, refus
     with src.block("try:"):
         src.line(run)
     with src.block(f"except {refused}:"):
-        _return(src, flavour, "self._execute_failed", refused_args)
+        _return(src, flavour, refused_fn, refused_args)
     _stamp(src, stamp_execute)
 
 

@@ -54,7 +54,7 @@ from nbjit.core.binders import BinderTable, call_shape
 from nbjit.core.cache import Namespace, Node, PjitFunctionCache, cache_from_config
 from nbjit.core.hooks import MissFacts, MissOutcome
 from nbjit.core.inputs.fallbacks import gave_up
-from nbjit.core.inputs.platforms import after_miss
+from nbjit.core.inputs.platforms import after_miss, before_miss
 from nbjit.core.inputs.values import canonical_dtypes, host_dtype, private_host_copies
 from nbjit.core.keys import leaf_signature
 from nbjit.core.live import register_live
@@ -199,6 +199,15 @@ class PjitFunction:
         deleted = any(type(x) is ArrayImpl and x.is_deleted() for x in inputs)
         return self._slow(args, kwargs, "deleted_or_donated" if deleted else "execute_refused")
 
+    def _launch_refused(self, refused: Any, args: tuple, kwargs: dict) -> Any:
+        """A launch record's launcher refused the call (`LaunchRefused`,
+        `nbjit.core.inputs.launch`): refused inputs (a transfer guard that
+        forbids a host leaf's put, say) go to JAX's own path as a hit's
+        refused inputs do, a refused execution where that goes."""
+        if refused.inputs is None:
+            return self._slow(args, kwargs, "input_refused")
+        return self._execute_failed(refused.error, args, kwargs, refused.inputs)
+
     def _miss_or_slow(self, args: tuple, kwargs: dict, leaves: list, signature: tuple,
                       node: Node | None) -> Any:
         args = _hooks.real_args(args)  # a `Deferred` from `call_keyed`: made now
@@ -271,6 +280,7 @@ class PjitFunction:
         for check in _hooks.compile_checks:  # registered by nbjit.multiprocess
             checked = check(self, private_args, private_kwargs, leaves, description) or checked
         ahead = 0.0 if checked is None else checked.seconds
+        before_miss(leaves)
         start = time.perf_counter()
         try:
             with profiler_hooks().compile_span():

@@ -23,7 +23,10 @@ nbjit's own spans, nested in the call's, are named ``nbjit ...``:
     with ``nbjit compile`` (JAX's trace, lower and compile) inside;
   * ``nbjit slow: <reason>``: a call on JAX's own path, with the reason
     `stats()` counts;
-  * ``nbjit agreement``: the multi-controller signature exchange of a miss.
+  * ``nbjit agreement``: the multi-controller signature exchange of a miss;
+  * ``PjitFunction(nbjit launch: <name>)``: jaxlib's spans of a launch
+    record's launcher (an accelerator's hit whose host leaves jaxlib puts,
+    `nbjit.core.inputs.launch`), inside the call's own pair.
 
 While a `nbjit.profile()` times the calls, the hit keeps its timed flavour
 (the profile's tables need every hit) and shows no phase spans.

@@ -36,7 +36,9 @@ from typing import Any
 from nbjit import _jax
 from nbjit.core.inputs.steps import InputStep
 
-__all__ = ["LaunchRefused", "launch_for"]
+__all__ = ["LAUNCH_SPAN", "LaunchRefused", "launch_for"]
+
+LAUNCH_SPAN = "nbjit launch: "  # what a launcher's name starts with (its profiler spans)
 
 ArrayImpl = _jax.ArrayImpl
 _consume = _jax.ExecuteResults.consume_with_handlers
@@ -47,11 +49,14 @@ _CACHE = _jax.jaxlib_launcher_cache(4096)
 
 
 class LaunchRefused(Exception):
-    """The executable refused inputs the launcher's own miss gave it (a
-    deleted array, say): `error` and `inputs` are what the hit path's
-    `_execute_failed` takes, so the call goes where a refused hit goes."""
+    """The launcher's own miss could not run the call: a leaf's put failed
+    (`inputs` None: a transfer guard forbids it, say; the call goes to JAX's
+    own path, as a hit's refused inputs do), or the executable refused the
+    inputs it was given (a deleted array, say: `error` and `inputs` are what
+    the hit path's `_execute_failed` takes, so the call goes where a refused
+    execution goes)."""
 
-    def __init__(self, error: Exception, inputs: list) -> None:
+    def __init__(self, error: Exception, inputs: list | None) -> None:
         super().__init__(error)
         self.error = error
         self.inputs = inputs
@@ -86,10 +91,13 @@ def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | 
     def run(*staged: Any) -> Any:
         """The call on the record's own per-leaf path (the launcher's miss)."""
         inputs = [*consts, *(staged if kept is None else [staged[j] for j in kept])]
-        for i, step in applied:
-            x = inputs[i]
-            if type(x) is not ArrayImpl or not step.puts_host_values:
-                inputs[i] = step.value(x)
+        try:
+            for i, step in applied:
+                x = inputs[i]
+                if type(x) is not ArrayImpl or not step.puts_host_values:
+                    inputs[i] = step.value(x)
+        except Exception as error:  # JAX's own path says what is wrong
+            raise LaunchRefused(error, None) from error
         try:
             results = execute(inputs)
         except Exception as error:
@@ -100,4 +108,6 @@ def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | 
     def cache_miss(*staged: Any) -> tuple:
         return run(*staged), fastpath, False
 
-    return stage, _jax.jaxlib_launcher(name, run, cache_miss, _CACHE)
+    # Its spans in a profile read ``PjitFunction(nbjit launch: <name>)``, inside
+    # the call's own ``PjitFunction(<name>)`` pair, which stays jax.jit's count.
+    return stage, _jax.jaxlib_launcher(f"{LAUNCH_SPAN}{name}", run, cache_miss, _CACHE)

@@ -53,17 +53,18 @@ A record's host inputs take the strategy of their sharding's platform
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from nbjit import _jax
 from nbjit.core.hooks import MissOutcome
+from nbjit.core.inputs import stream as _stream
 from nbjit.core.inputs.staging import StagingRing
 
 __all__ = ["DEFAULT", "DIRECT", "STAGED", "HostTransfer", "InputStrategy", "Staged",
-           "after_miss", "platform_of", "plug_in", "strategy_for"]
+           "after_miss", "before_miss", "platform_of", "plug_in", "strategy_for"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -171,6 +172,19 @@ def strategy_for(platform: str) -> InputStrategy:
 def platform_of(sharding: Any) -> str:
     """The platform of `sharding`'s devices (one executable's are all of one)."""
     return next(iter(sharding.device_set)).platform
+
+
+def before_miss(leaves: Sequence[Any]) -> None:
+    """Called as a miss begins, before JAX traces and compiles (its compile
+    leaves the GIL free): where the default device's strategy launches and a
+    host leaf is big enough to be streamed, the streamed copy's compile
+    starts now, on its own thread (once per process), ready before the
+    signature's first hit instead of during its first calls."""
+    if _stream.started():
+        return
+    if any(type(x) is np.ndarray and x.nbytes >= _stream.STREAM_MIN_BYTES for x in leaves) and (
+            strategy_for(_jax.default_platform()).launches):
+        _stream.start()
 
 
 def after_miss(outcome: MissOutcome) -> None:

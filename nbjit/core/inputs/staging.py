@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from nbjit.core.inputs import stream as _stream
 from nbjit.core.inputs.pools import BufferPool, aligned_empty
-from nbjit.core.inputs.stream import STREAM_MIN_BYTES, stream_copy
+from nbjit.core.inputs.stream import STREAM_MIN_BYTES
 
 __all__ = ["StagingRing", "immutable"]
 
@@ -51,7 +52,7 @@ class StagingRing:
     from being claimed until the runtime holds its own.
     """
 
-    __slots__ = ("shape", "dtype", "nbytes", "pool", "stream")
+    __slots__ = ("shape", "dtype", "nbytes", "pool", "stream", "stream_pending")
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype, cap: int) -> None:
         self.shape = shape
@@ -59,19 +60,32 @@ class StagingRing:
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
         self.pool = BufferPool(self.nbytes, functools.partial(_aligned, shape, self.dtype), cap)
         # From STREAM_MIN_BYTES a same-dtype contiguous leaf is copied with
-        # non-temporal stores (compiled here, at the miss that made the ring).
-        self.stream = stream_copy() if self.nbytes >= STREAM_MIN_BYTES else None
+        # non-temporal stores, once their compile (begun now, on a thread of
+        # its own) is done; numpy's copy until then.
+        self.stream = None
+        self.stream_pending = self.nbytes >= STREAM_MIN_BYTES
+        if self.stream_pending:
+            self._take_stream()
+
+    def _take_stream(self) -> None:
+        """The streamed copy, once its compile is done (none: numpy's copy for good)."""
+        compiled = _stream.ready()
+        if compiled is not _stream.PENDING:
+            self.stream, self.stream_pending = compiled, False
 
     def stage(self, x: Any) -> np.ndarray:
         """A private buffer holding `x` converted to the ring's dtype (numpy's
         ``astype`` conversion, as jaxlib's own of a host array); `x` itself
         where nothing can write it (`immutable`) and it needs no conversion;
-        copied with non-temporal stores where the ring has them (`stream`)."""
+        copied with non-temporal stores where the ring has them (`stream`:
+        numpy's copy while they compile)."""
         if not x.flags.writeable and x.dtype == self.dtype and immutable(x):
             return x
         pool = self.pool
         buffer = pool.claim()
         pool.release(buffer)
+        if self.stream_pending:
+            self._take_stream()
         if (stream := self.stream) is not None and x.dtype == self.dtype and x.flags.c_contiguous:
             stream(buffer, x)
         else:

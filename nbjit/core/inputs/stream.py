@@ -12,9 +12,13 @@ The loop is a few lines of LLVM IR compiled once per process through
 llvmlite (numba's backend, installed with it) and called through ctypes,
 which releases the GIL: importing numba itself costs a process about a
 second, llvmlite's binding a tenth of that, and the compile milliseconds.
-`stream_copy()` compiles it on first use, on the calling thread (a miss
-that makes a staging ring of `STREAM_MIN_BYTES` or more); where llvmlite is
-missing or the compile fails it answers None, numpy's copy is used, and
+`start()` compiles it on a thread of its own, begun as the first miss with
+such a leaf on an accelerator begins (`platforms.before_miss`: JAX's compile
+leaves the GIL free meanwhile), or else by the first staging ring of
+`STREAM_MIN_BYTES` or more; `ready()` hands it over once it is done. Until
+then a ring copies with numpy, so no call waits for the compile (either
+copy writes the same bytes); `stream_copy()` waits for it. Where llvmlite
+is missing or the compile fails there is none: numpy's copy is used, and
 the process's fallbacks say why (`nbjit.core.inputs.fallbacks`).
 """
 
@@ -29,7 +33,8 @@ import numpy as np
 
 from nbjit.core.inputs.fallbacks import gave_up
 
-__all__ = ["STREAM_COPY", "STREAM_MIN_BYTES", "stream_copy"]
+__all__ = ["PENDING", "STREAM_COPY", "STREAM_MIN_BYTES", "ready", "start", "started",
+           "stream_copy"]
 
 STREAM_COPY = "non-temporal copy"  # the strategy's name, where it is given up
 
@@ -73,20 +78,56 @@ exit:
 
 _lock = threading.Lock()
 _UNTRIED = object()
-_compiled: Any = _UNTRIED  # the copy (its engine kept alive with it), or None, once tried
+PENDING = object()  # what `ready()` answers while the compile runs
+_compiled: Any = _UNTRIED  # PENDING, then the copy (its engine kept alive with it) or None
+_done = threading.Event()
+
+
+def start() -> None:
+    """Begins the compile on a daemon thread, once per process (no wait)."""
+    global _compiled
+    if _compiled is _UNTRIED:
+        with _lock:
+            if _compiled is not _UNTRIED:
+                return
+            _compiled = PENDING
+        threading.Thread(target=_compile_then_publish, name="nbjit stream copy compile",
+                         daemon=True).start()
+
+
+def started() -> bool:
+    """Whether the compile was begun (it may be done)."""
+    return _compiled is not _UNTRIED
+
+
+def ready() -> Any:
+    """The compiled copy, None where there is none, or `PENDING` while it
+    compiles (and where `start()` was not called yet: it is called now)."""
+    if _compiled is _UNTRIED:
+        start()
+    return _compiled
 
 
 def stream_copy() -> Callable[[np.ndarray, np.ndarray], None] | None:
     """``copy(dst, src)``: `src`'s bytes into `dst` with non-temporal stores,
     for two C-contiguous arrays of one size (the caller checks); a `dst` not
     64-byte aligned (a streamed store there faults) and the last partial
-    64 bytes are copied by numpy. None where it cannot be compiled here."""
-    global _compiled
-    if _compiled is _UNTRIED:
-        with _lock:
-            if _compiled is _UNTRIED:
-                _compiled = _compile()
+    64 bytes are copied by numpy. None where it cannot be compiled here.
+    Waits for the compile (`start()`s it where no one did)."""
+    start()
+    _done.wait()
     return _compiled
+
+
+def _compile_then_publish() -> None:
+    global _compiled
+    try:
+        copy = _compile()
+    except Exception as error:  # (on its own thread: nothing else would say why)
+        gave_up(STREAM_COPY, error)
+        copy = None
+    _compiled = copy
+    _done.set()
 
 
 def _compile() -> Callable[[np.ndarray, np.ndarray], None] | None:
