@@ -5,8 +5,9 @@
 # under /opt/pypi). Run from the checkout there, with $OUT set by the device
 # tool and the commit named (the checkout that travels has no .git):
 #
-#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh suite   # the accelerator parts 3-6
-#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh rest    # the CPU parts 1-2 and compare (part 7)
+#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh suite   # the accelerator parts 3-5 (~400 s)
+#   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh rest    # part 6 and compare (part 7), the CPU
+#                                                             # parts 1-2 beside them (~200 s)
 #   NBJIT_COMMIT=<commit> bash scripts/tpu_session.sh probes  # input paths, whole runs, the training loop
 #
 # Each call first installs numba, llvmlite, pytest-timeout and optax from the
@@ -49,15 +50,14 @@ check() {  # check NAME PART...: one accel_check run, its output folder tarred i
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
 
 case "$stage" in
-  suite)
-    check parts-3-4 3 4
-    check parts-5-6 5 6
+  suite)  # (parts 3, 4 and 5 took 128, 111 and 141 s on the TPU v5e at f28511c)
+    check parts-3-5 3 4 5
     ;;
-  rest)
-    check parts-1-2-7 1 2 7
+  rest)  # (part 6 took 128 s there, compare 55 s)
+    check parts-1-2-6-7 1 2 6 7
     ;;
   probes)  # the accelerator's input paths, the loops and whole runs docs/host-inputs.md quotes
-    python3 benchmarks/probes/accel_carrier.py loop safety --json "$out/accel-carrier.json" \
+    python3 benchmarks/probes/accel_carrier.py loop safety small --json "$out/accel-carrier.json" \
       2>&1 | grep -v '^loop {' | tee "$out/accel-carrier.log" || true
     python3 benchmarks/probes/accel_runs.py --steps 2000 --repeats 2 --json "$out/accel-runs.json" \
       2>&1 | tee "$out/accel-runs.log" || true

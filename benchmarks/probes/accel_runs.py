@@ -12,7 +12,10 @@ first run: JAX's caches hold it), so its first calls are in the run. Runs
 alternate between the two jits. Per model and batch kind (writeable,
 read-only) it prints the whole run's time ratio nbjit / jax.jit (median of
 the repeats), and nbjit's pace over its first 100 steps against its last 100
-(call-return times: in a no-block loop the calls are paced by the device).
+(call-return times: in a no-block loop the calls are paced by the device);
+per nbjit run, that pace, the milliseconds of its first call (the miss),
+steps 2-10, 11-100 and the last 100, and how many buffers each staging ring
+made (a fresh buffer's first writes fault its pages in).
 """
 
 from __future__ import annotations
@@ -58,6 +61,16 @@ def run(f, params, pool, steps):
     return end - marks[0], marks
 
 
+def ring_buffers(f, params, x, y) -> list[int]:
+    """How many buffers each staging ring of `f`'s record made (kept), after a run."""
+    node, _ = f._entry_for((params, x, y), {})
+    if node is None or node.record is None:
+        return []
+    return [stage.__self__.pool.kept.count for step in node.record.step_objects()
+            if (stage := getattr(getattr(step, "transfer", None), "stage", None)) is not None
+            and hasattr(stage, "__self__")]
+
+
 def main() -> None:
     args = sys.argv[1:]
     opts = {"--steps": 3000, "--repeats": 3}
@@ -89,7 +102,7 @@ def main() -> None:
         jax.block_until_ready(jax.jit(step)(params, *pool[0]))  # the compile, once
         for kind, data in (("writeable", pool), ("read-only", frozen)):
             totals = {"jax.jit": [], "nbjit": []}
-            pace = []
+            pace, buffers, first_ms = [], [], []
             for r in range(repeats):
                 order = ("jax.jit", "nbjit") if r % 2 == 0 else ("nbjit", "jax.jit")
                 for which in order:
@@ -98,6 +111,11 @@ def main() -> None:
                     totals[which].append(total)
                     if which == "nbjit":
                         pace.append((marks[100] - marks[0]) / (marks[-1] - marks[-101]))
+                        buffers.append(ring_buffers(f, params, *data[0]))
+                        # the first call (nbjit's miss), steps 2-10, 11-100, the last 100 (ms)
+                        first_ms.append([round((b - a) * 1e3, 2) for a, b in (
+                            (marks[0], marks[1]), (marks[1], marks[10]), (marks[10], marks[100]),
+                            (marks[-101], marks[-1]))])
             ratio = float(np.median(np.array(totals["nbjit"]) / np.array(totals["jax.jit"])))
             row = {"model": name, "batch": kind, "input_bytes": int(sum(a.nbytes for a in pool[0])),
                    "jax_run_s": round(float(np.median(totals["jax.jit"])), 4),
@@ -105,7 +123,10 @@ def main() -> None:
                    "ratio": round(ratio, 3),
                    "ratios": [round(a / b, 3) for a, b in
                               zip(totals["nbjit"], totals["jax.jit"], strict=True)],
-                   "nbjit_first100_over_last100": round(float(np.median(pace)), 3)}
+                   "nbjit_first100_over_last100": round(float(np.median(pace)), 3),
+                   "nbjit_paces": [round(v, 3) for v in pace],
+                   "nbjit_ms_miss_2to10_11to100_last100": first_ms,
+                   "nbjit_ring_buffers": buffers}
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
     if path:
