@@ -242,6 +242,50 @@ def test_a_non_temporal_copy_that_does_not_compile_is_said(monkeypatch, fresh_pr
     assert list(fallbacks.process_given_up()) == [stream.STREAM_COPY] and ": " in why
 
 
+def test_a_streamed_copy_with_no_thread_to_compile_it_is_said(monkeypatch, fresh_process_record):
+    """Where no thread can be started for the compile, there is no streamed
+    copy (rings copy with numpy), nothing waits for one, and the process's
+    fallbacks say why."""
+    import threading
+
+    class NoThread(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(stream, "_compiled", stream._UNTRIED)
+    monkeypatch.setattr(stream, "_done", threading.Event())
+    monkeypatch.setattr(stream.threading, "Thread", NoThread)
+    assert stream.ready() is None and stream.stream_copy() is None
+    assert fallbacks.process_given_up() == {
+        stream.STREAM_COPY: "RuntimeError: can't start new thread"}
+
+
+def test_the_streamed_copy_compiles_on_a_thread_of_its_own(monkeypatch):
+    """`ready()` answers PENDING while the compile runs on its thread, then the
+    copy, which writes the bytes numpy's copy does."""
+    import threading
+
+    release = threading.Event()
+    compile_for_real = stream._compile
+
+    def slow_compile():
+        release.wait(60)
+        return compile_for_real()
+
+    monkeypatch.setattr(stream, "_compiled", stream._UNTRIED)
+    monkeypatch.setattr(stream, "_done", threading.Event())
+    monkeypatch.setattr(stream, "_compile", slow_compile)
+    stream.start()
+    assert stream.started() and stream.ready() is stream.PENDING
+    release.set()
+    copy = stream.stream_copy()
+    assert copy is not None and stream.ready() is copy
+    src = np.arange(1 << 16, dtype=np.float32)
+    dst = np.empty_like(src)
+    copy(dst, src)
+    assert np.array_equal(dst, src)
+
+
 def _broad(handler: ast.ExceptHandler) -> bool:
     names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
     return handler.type is None or any(

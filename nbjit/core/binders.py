@@ -149,9 +149,8 @@ def _inputs_then_run(src: Source, flavour: Flavour, inputs: str, run: str, refus
     """The node marked recent and the `inputs` statement (JAX's own path
     where it raises: a transfer guard, say), then the `run` statement (the
     `refused` exception goes to `refused_fn`, by default where a refused
-    execution goes), each phase
-    stamped: a record's own inputs and execute, or a launch record's staged
-    leaves and launch (`nbjit.core.inputs.launch`)."""
+    execution goes), each phase stamped: a record's own inputs and execute,
+    or a launch record's staged leaves and launch (`nbjit.core.inputs.launch`)."""
     _, _, stamp_inputs, stamp_execute = flavour.stamps
     with src.block("try:"):
         src.line("mark_recent(node)  # KeyError if another thread evicted it meanwhile")

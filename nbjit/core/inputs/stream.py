@@ -91,8 +91,13 @@ def start() -> None:
             if _compiled is not _UNTRIED:
                 return
             _compiled = PENDING
-        threading.Thread(target=_compile_then_publish, name="nbjit stream copy compile",
-                         daemon=True).start()
+        try:
+            threading.Thread(target=_compile_then_publish, name="nbjit stream copy compile",
+                             daemon=True).start()
+        except RuntimeError as error:  # no thread to be had: numpy's copy, and why
+            gave_up(STREAM_COPY, error)
+            _compiled = None
+            _done.set()
 
 
 def started() -> bool:
