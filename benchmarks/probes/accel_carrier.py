@@ -41,8 +41,10 @@ small: compare's host-value rows, per call (each call new values from a
   pool of 64, no block until a round ends): ``a + b`` on two float32[8]
   (numpy_args_2_new_values) and a 392 KiB batch with 4 params (the mnist
   row's shapes). Variants as loop's, plus carrier_bytes (a copy that owns
-  its memory as an immutable bytes object) and the top of a cProfile of
-  nbjit's calls (where Python spends them).
+  its memory as an immutable bytes object), carrier_off16 (ring copies 16
+  bytes past a 64-byte boundary: does the runtime's put of an aligned
+  buffer cost more?) and the top of a cProfile of nbjit's calls (where
+  Python spends them).
 """
 
 # ruff: noqa: E731, B023  (a probe: small lambdas name the variants)
@@ -65,7 +67,7 @@ from jax._src.interpreters import pxla
 from jax._src.lib import _jax as X
 
 import nbjit
-from nbjit.core.inputs.pools import aligned_empty
+from nbjit.core.inputs.pools import BufferPool, aligned_empty
 from nbjit.core.inputs.staging import StagingRing, immutable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -354,6 +356,24 @@ def section_copies(reps=150) -> None:
     log("copies 3 MiB us", json.dumps(row))
 
 
+class OffsetRing:
+    """A staging ring whose buffers start 16 bytes past a 64-byte boundary
+    (the ring's own are 64-byte aligned): whether the runtime's put of a
+    small host buffer costs more when it is aligned."""
+
+    def __init__(self, shape, dtype, offset=16):
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        make = lambda: aligned_empty(nbytes + 64)[offset:offset + nbytes].view(dtype).reshape(shape)
+        self.pool = BufferPool(nbytes, make, 64)
+
+    def stage(self, x):
+        b = self.pool.claim()
+        self.pool.release(b)  # (held here until the put holds it)
+        np.copyto(b, x)
+        return b
+
+
 def _frozen_copy(x):
     """A read-only copy whose memory a bytes object owns (`immutable` holds)."""
     return np.frombuffer(x.tobytes(), x.dtype).reshape(x.shape)
@@ -382,6 +402,7 @@ def section_small(steps=2000, rounds=5) -> None:
         treedef = tree_util.tree_structure((*consts, *pool[0]))
         carrier = carrier_of(jf, treedef, "small")
         rings = [StagingRing(a.shape, a.dtype, 64) for a in pool[0]]
+        off_rings = [OffsetRing(a.shape, a.dtype) for a in pool[0]]
         variants = {
             "jax.jit": lambda i: jf(*consts, *pool[i]),
             "jax.jit_ro": lambda i: jf(*consts, *ro_pool[i]),
@@ -391,6 +412,8 @@ def section_small(steps=2000, rounds=5) -> None:
                                                     zip(rings, pool[i], strict=True)]),
             "carrier_ro": lambda i: carrier(*consts, *ro_pool[i]),
             "carrier_bytes": lambda i: carrier(*consts, *[_frozen_copy(a) for a in pool[i]]),
+            "carrier_off16": lambda i: carrier(*consts, *[r.stage(a) for r, a in
+                                                          zip(off_rings, pool[i], strict=True)]),
             "device_floor": lambda i: carrier(*consts, *dpool[i]),
         }
 
