@@ -207,6 +207,21 @@ def readonly(a):
     return b
 
 
+def interleaved(variants: dict, measure, rounds: int) -> dict:
+    """name -> what `measure(variant)` returned, round by round: every variant
+    once a round, in alternating order, with the garbage collector off."""
+    out = {k: [] for k in variants}
+    names = list(variants)
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for k in (names if r % 2 else names[::-1]):
+                out[k].append(measure(variants[k]))
+    finally:
+        gc.enable()
+    return out
+
+
 def section_loop(steps=200, rounds=5) -> None:
     out = []
     cases = [("mlp b128 w512", lambda: mlp(128, 512)), ("mlp b1024 w512", lambda: mlp(1024, 512)),
@@ -273,18 +288,9 @@ def section_loop(steps=200, rounds=5) -> None:
         for name, f in ok.items():
             losses = [float(v) for v in run(f, 300)[2]]
             same[name] = sum(a != b for a, b in zip(losses, ref_losses, strict=True))
-        per = {k: [] for k in ok}
-        ret = {k: [] for k in ok}
-        gc.disable()
-        try:
-            names = list(ok)
-            for r in range(rounds):
-                for k in (names if r % 2 else names[::-1]):
-                    s, c, _ = run(ok[k], steps)
-                    per[k].append(s)
-                    ret[k].append(c)
-        finally:
-            gc.enable()
+        results = interleaved(ok, lambda f: run(f, steps), rounds)
+        per = {k: [r[0] for r in v] for k, v in results.items()}
+        ret = {k: [r[1] for r in v] for k, v in results.items()}
         base = np.array(per["jax.jit"])
         row = {"case": label, "jax_step_us": round(float(np.median(base)) * 1e6, 1),
                "variants": {}}
@@ -434,15 +440,8 @@ def section_small(steps=2000, rounds=5) -> None:
                     log("small", label, name, "differs from jax.jit")
             except Exception as e:  # noqa: BLE001
                 log("small", label, name, "failed:", type(e).__name__, str(e)[:300])
-        per = {k: [] for k in ok}
-        gc.disable()
-        try:
-            names = list(ok)
-            for r in range(rounds):
-                for k in (names if r % 2 else names[::-1]):
-                    per[k].append(run(ok[k], steps)[0])
-        finally:
-            gc.enable()
+        per = {k: [r[0] for r in v]
+               for k, v in interleaved(ok, lambda f: run(f, steps), rounds).items()}
         base = np.array(per["jax.jit"])
         row = {"case": label, "jax_call_us": round(float(np.median(base)) * 1e6, 1),
                "variants": {k: {"call_us": round(float(np.median(v)) * 1e6, 1),
