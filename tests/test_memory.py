@@ -7,7 +7,9 @@ versions of the same checks.
 
 On every backend: nbjit's hits may grow the process by what jax.jit's own
 hits grow it by in the same test (an accelerator's runtime keeps host memory
-of its own as calls queue), plus the limit; and a loop makes as many hits as
+of its own as calls queue), plus the limit, in at least one of three rounds
+(a leak grows every round; the runtime's growth comes in steps, on a TPU in
+either side's rounds); and a loop makes as many hits as
 fit a few seconds, at most the number asked for (on the CPU, all of them: a
 hit there is microseconds; on a TPU, jax.jit's hit with a numpy input took
 ~0.5 ms).
@@ -53,7 +55,8 @@ def _hit_workloads() -> dict:
     }
 
 
-HIT_LOOP_SECONDS = 6.0  # per side, at most: the hit loops' size (see the module docstring)
+HIT_LOOP_SECONDS = 4.0  # per round, at most: the hit loops' size (see the module docstring)
+ROUNDS = 3  # of each side's hits, alternating (see `_check_hits`)
 
 
 def _rss_growth(jitted, args, kwargs, calls: int) -> float:
@@ -91,19 +94,24 @@ def _check_hits(name: str, calls: int, limit_mb: float,
     if seconds is not None:
         calls = _calls_that_fit((jitted, upstream_jitted), args, kwargs, calls, seconds)
     misses, slow = jitted.miss_count, jitted.slow_count
-    # nbjit's hits are measured twice, before and after jax.jit's: growth of the
-    # runtime's own that comes once (its pools) lands in whichever loop runs
-    # first, while a leak of nbjit's grows both of its loops.
-    first = _rss_growth(jitted, args, kwargs, calls)
-    upstream = _rss_growth(upstream_jitted, args, kwargs, calls)
-    growth = min(first, _rss_growth(jitted, args, kwargs, calls))
-    print(f"\n[memory] {name}: {calls} cache hits: nbjit RSS +{growth:.2f} MB, "
-          f"jax.jit RSS +{upstream:.2f} MB")
+    # Rounds alternate between nbjit's hits and jax.jit's, ROUNDS each: growth
+    # of the runtime's own (its pools, an allocator's arena; on a TPU a few MB
+    # at a time, in either side's rounds) lands in some rounds, while a leak
+    # of nbjit's grows every round of its side. So each side's least growth.
+    ours, upstream = [], []
+    for _ in range(ROUNDS):
+        ours.append(_rss_growth(jitted, args, kwargs, calls))
+        upstream.append(_rss_growth(upstream_jitted, args, kwargs, calls))
+    growth, runtime = min(ours), max(min(upstream), 0.0)
+    print(f"\n[memory] {name}: {calls} cache hits a round: nbjit RSS "
+          f"{', '.join(f'+{g:.2f}' for g in ours)} MB, jax.jit RSS "
+          f"{', '.join(f'+{g:.2f}' for g in upstream)} MB")
     assert (jitted.miss_count, jitted.slow_count) == (misses, slow), "all calls were hits"
     assert jitted._cache_size() == 1
     # What jax.jit's own hits grew the process by is the runtime's, not nbjit's.
-    assert growth < limit_mb + max(upstream, 0.0), (
-        f"{calls} cache hits grew RSS by {growth:.2f} MB (jax.jit's: {upstream:.2f} MB)")
+    assert growth < limit_mb + runtime, (
+        f"{calls} cache hits grew RSS by {growth:.2f} MB or more in each of {ROUNDS} rounds "
+        f"(jax.jit's: {runtime:.2f} MB)")
 
 
 @pytest.mark.parametrize("name", list(_hit_workloads()))
