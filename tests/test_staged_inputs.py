@@ -290,8 +290,8 @@ def test_big_copies_stream(staged, monkeypatch):
     assert len(streamed) == 4  # below the threshold: numpy's copy
 
 
-def test_no_hit_waits_for_the_streamed_copys_compile(staged, monkeypatch):
-    """While the streamed copy compiles (on its own thread), a hit's ring copies
+def test_no_call_waits_for_the_streamed_copys_compile(staged, monkeypatch):
+    """While the streamed copy compiles (on its own thread), a ring copies
     with numpy, and the results are jax.jit's; the first call after the
     compile is done takes the streamed copy, and a ring made once it failed
     copies with numpy for good."""
@@ -359,38 +359,6 @@ def test_the_streamed_copy_compiles_while_jax_does(strategy, monkeypatch):
     assert events == ["trace"]
     nbjit.jit(fn)(big)
     assert events == ["trace", *(["start"] if strategy == "staged" else []), "trace"]
-
-
-def test_a_miss_waits_for_the_rest_of_the_streamed_copys_compile(staged, monkeypatch):
-    """A miss that began the streamed copy's compile (JAX's caches holding
-    the program, say, so its own compile is quick) waits for the rest of it
-    before it returns: the signature's first hits take the streamed copy and
-    do not share the GIL with the compile. Results as jax.jit's."""
-    import threading
-    import time
-
-    from nbjit.core.inputs import stream as _stream
-
-    _stream.stream_copy()  # (a compile begun earlier ends before its globals are replaced)
-    compile_ = _stream._compile
-
-    def slow_compile():
-        time.sleep(0.5)
-        return compile_()
-
-    monkeypatch.setattr(_stream, "_compiled", _stream._UNTRIED)
-    monkeypatch.setattr(_stream, "_done", threading.Event())
-    monkeypatch.setattr(_stream, "_compile", slow_compile)
-    n = _stream.STREAM_MIN_BYTES // 4
-    fn = lambda a: a * 2.0  # noqa: E731
-    f, g = nbjit.jit(fn), jax.jit(fn)
-    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    want = g(x)
-    assert_same_outputs(f(x), want)
-    assert not _stream.pending() and callable(_stream.ready())
-    assert_same_outputs(f(x), want)
-    (ring,) = _rings(f, x)
-    assert ring.stream is not None and not ring.stream_pending
 
 
 def test_a_big_leaf_is_read_during_the_call_not_copied(staged):

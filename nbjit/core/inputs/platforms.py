@@ -174,16 +174,12 @@ def platform_of(sharding: Any) -> str:
     return next(iter(sharding.device_set)).platform
 
 
-_STREAM_WAIT_SECONDS = 5.0  # at most, in a miss (the compile takes a tenth of a second)
-
-
 def before_miss(leaves: Sequence[Any]) -> None:
     """Called as a miss begins, before JAX traces and compiles (its compile
     leaves the GIL free): where the default device's strategy launches and a
     host leaf is big enough to be streamed, the streamed copy's compile
-    starts now, on its own thread (once per process), and `after_miss` waits
-    for what is left of it: the signature's first hits then neither copy with
-    numpy nor share the GIL with the compile."""
+    starts now, on its own thread (once per process), ready before the
+    signature's first hit instead of during its first calls."""
     if _stream.started():
         return
     if any(type(x) is np.ndarray and x.nbytes >= _stream.STREAM_MIN_BYTES for x in leaves) and (
@@ -192,13 +188,8 @@ def before_miss(leaves: Sequence[Any]) -> None:
 
 
 def after_miss(outcome: MissOutcome) -> None:
-    """Waits for a streamed copy's compile that is still running (begun by
-    `before_miss`: JAX's own compile usually outlasts it; where JAX's caches
-    held the program, the miss takes the rest, once per process, rather than
-    the first hits), then tells the strategy of the executable's platform
-    about a miss that installed a node with a record (`InputStrategy.on_miss`)."""
-    if _stream.pending():
-        _stream.wait(_STREAM_WAIT_SECONDS)
+    """Tells the strategy of the executable's platform about a miss that
+    installed a node with a record (`InputStrategy.on_miss`)."""
     if outcome.node is None or outcome.record is None:
         return
     in_shardings = outcome.fastpath.in_shardings

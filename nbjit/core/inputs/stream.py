@@ -15,11 +15,9 @@ second, llvmlite's binding a tenth of that, and the compile milliseconds.
 `start()` compiles it on a thread of its own, begun as the first miss with
 such a leaf on an accelerator begins (`platforms.before_miss`: JAX's compile
 leaves the GIL free meanwhile), or else by the first staging ring of
-`STREAM_MIN_BYTES` or more; `ready()` hands it over once it is done. A miss
-waits for the rest of it after JAX's compile (`platforms.after_miss`), so
-that hits do not share the GIL with it; a hit never waits: until it is done
-a ring copies with numpy (either copy writes the same bytes).
-`stream_copy()` waits for it. Where llvmlite
+`STREAM_MIN_BYTES` or more; `ready()` hands it over once it is done. Until
+then a ring copies with numpy, so no call waits for the compile (either
+copy writes the same bytes); `stream_copy()` waits for it. Where llvmlite
 is missing or the compile fails there is none: numpy's copy is used, and
 the process's fallbacks say why (`nbjit.core.inputs.fallbacks`).
 """
@@ -35,8 +33,8 @@ import numpy as np
 
 from nbjit.core.inputs.fallbacks import gave_up
 
-__all__ = ["PENDING", "STREAM_COPY", "STREAM_MIN_BYTES", "pending", "ready", "start", "started",
-           "stream_copy", "wait"]
+__all__ = ["PENDING", "STREAM_COPY", "STREAM_MIN_BYTES", "ready", "start", "started",
+           "stream_copy"]
 
 STREAM_COPY = "non-temporal copy"  # the strategy's name, where it is given up
 
@@ -105,17 +103,6 @@ def start() -> None:
 def started() -> bool:
     """Whether the compile was begun (it may be done)."""
     return _compiled is not _UNTRIED
-
-
-def pending() -> bool:
-    """Whether the compile was begun and is not done."""
-    return _compiled is PENDING
-
-
-def wait(seconds: float) -> None:
-    """Waits up to `seconds` for a compile begun earlier (none begun: no wait)."""
-    if _compiled is not _UNTRIED:
-        _done.wait(seconds)
 
 
 def ready() -> Any:
