@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import sys
 import threading
-import time
 
 import jax
 import numpy as np
 
 from nbjit.core.inputs import stream
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from copy_kinds import aligned, median_us  # noqa: E402  (the same buffer and timing)
 
 BLOCK = 64
 
@@ -78,25 +81,6 @@ def raw_loop():
     loop = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(address)
     loop.engine = engine
     return loop
-
-
-def aligned(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + BLOCK, np.uint8)
-    skip = -raw.ctypes.data % BLOCK
-    return raw[skip:skip + nbytes]
-
-
-def median_us(copy, pool, dst, reps: int, others: list | None) -> float:
-    times = []
-    for i in range(reps):
-        pending = [jax.device_put(o) for o in others] if others else None
-        start = time.perf_counter()
-        copy(dst, pool[i % len(pool)])
-        times.append(time.perf_counter() - start)
-        if pending:
-            jax.block_until_ready(pending)
-    times.sort()
-    return times[len(times) // 2] * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
