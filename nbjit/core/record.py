@@ -72,7 +72,7 @@ class FastPath:
     # A launch record's (`nbjit.core.inputs.launch`): a hit is
     # ``launch(*stage(leaves))``, jaxlib's own puts into this executable.
     launch: Callable[..., Any] | None = None
-    stage: Callable[[Sequence[Any]], list] | None = None
+    stage: Callable[[Sequence[Any]], Sequence[Any]] | None = None
     # How its host leaves reach their device (LAUNCH_RECORD, PER_LEAF_PUTS, or
     # a room's own); None: it has none.
     host_path: str | None = None

@@ -34,9 +34,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nbjit import _jax
+from nbjit.core.codegen import Source, run_source
 from nbjit.core.inputs.steps import InputStep
 
 __all__ = ["LAUNCH_SPAN", "LaunchRefused", "launch_for"]
+
+# Up to this many leaves a record's stager is generated code (each host
+# leaf's private copy inline); past it, a loop over the host leaves.
+STAGE_UNROLL_MAX = 16
 
 LAUNCH_SPAN = "nbjit launch: "  # what a launcher's name starts with (its profiler spans)
 
@@ -65,7 +70,7 @@ class LaunchRefused(Exception):
 def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | None,
                n_leaves: int, steps: dict[int, InputStep], execute: Callable[[Sequence[Any]], Any],
                out_handlers: list, single_output: bool
-               ) -> tuple[Callable[[Sequence[Any]], list], Callable[..., Any]]:
+               ) -> tuple[Callable[[Sequence[Any]], Sequence[Any]], Callable[..., Any]]:
     """``(stage, launch)`` for a record: ``launch(*stage(leaves))`` is a hit.
 
     `steps`: input index -> step, as the record's (consts first, then the
@@ -74,17 +79,10 @@ def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | 
     """
     n_consts = len(consts)
     leaf_of = range(n_leaves) if kept is None else kept
-    # leaf -> what makes the launcher's argument for it: host leaves only
-    stagers = tuple((leaf_of[i - n_consts], step.launch_value)
-                    for i, step in sorted(steps.items())
-                    if i >= n_consts and step.puts_host_values)
-
-    def stage(leaves: Sequence[Any]) -> list:
-        staged = list(leaves)
-        for leaf, launch_value in stagers:
-            staged[leaf] = launch_value(staged[leaf])
-        return staged
-
+    # leaf -> the step that makes the launcher's argument for it: host leaves only
+    stagers = {leaf_of[i - n_consts]: step for i, step in sorted(steps.items())
+               if i >= n_consts and step.puts_host_values}
+    stage = _stager(n_leaves, stagers)
     out_tree = fastpath.out_pytree_def
     applied = sorted(steps.items())
 
@@ -111,3 +109,34 @@ def launch_for(name: str, fastpath: Any, consts: tuple, kept: tuple[int, ...] | 
     # Its spans in a profile read ``PjitFunction(nbjit launch: <name>)``, inside
     # the call's own ``PjitFunction(<name>)`` pair, which stays jax.jit's count.
     return stage, _jax.jaxlib_launcher(f"{LAUNCH_SPAN}{name}", run, cache_miss, _CACHE)
+
+
+def _stager(n_leaves: int, stagers: dict[int, InputStep]) -> Callable[[Sequence[Any]], Sequence]:
+    """``stage(leaves)``: the launcher's arguments, each host leaf (`stagers`:
+    leaf -> its step) replaced by what its step hands jaxlib's put. Generated
+    for up to `STAGE_UNROLL_MAX` leaves (no list, no loop, no call per leaf
+    but the copy's: `InputStep.launch_inline`)."""
+    if n_leaves <= STAGE_UNROLL_MAX:
+        src, names = Source(), {}
+        with src.block("def stage(leaves):"):
+            if n_leaves:
+                src.line(f"{''.join(f'x{j}, ' for j in range(n_leaves))}= leaves")
+            args = []
+            for j in range(n_leaves):
+                if j in stagers:
+                    expression, read = stagers[j].launch_inline(f"x{j}", j)
+                    names.update(read)
+                    args.append(expression)
+                else:
+                    args.append(f"x{j}")
+            src.line(f"return ({''.join(a + ', ' for a in args)})")
+        return run_source(src.text(), "stage", names, __name__)["stage"]
+    values = tuple((leaf, step.launch_value) for leaf, step in sorted(stagers.items()))
+
+    def stage(leaves: Sequence[Any]) -> list:
+        staged = list(leaves)
+        for leaf, launch_value in values:
+            staged[leaf] = launch_value(staged[leaf])
+        return staged
+
+    return stage

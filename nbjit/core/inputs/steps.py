@@ -90,6 +90,11 @@ class InputStep:
         src.line(f"{x} = V{i}({x})")
         return {f"V{i}": self.value}
 
+    def launch_inline(self, x: str, i: int) -> tuple[str, dict[str, Any]]:
+        """The expression a generated launch stager gives jaxlib's put for
+        local `x` (leaf `i`), and the names it reads: `launch_value`'s."""
+        return f"L{i}({x})", {f"L{i}": self.launch_value}
+
 
 class HostInput(InputStep):
     """A host value bound for one device, at `index` of the inputs.
@@ -207,6 +212,16 @@ class HostInput(InputStep):
             self.misses = 0
             self.rest = self.MEMO_REST
         return array
+
+    def launch_inline(self, x: str, i: int) -> tuple[str, dict[str, Any]]:
+        """`InputStep.launch_inline`: with no memo, a numpy array's private
+        copy inline (what `launch_value` does for it), anything else through
+        `launch_value`."""
+        stage = self.transfer.stage
+        if self.memo or stage is None:
+            return super().launch_inline(x, i)
+        return (f"(T{i}({x}) if type({x}) is ndarray else L{i}({x}))",
+                {f"T{i}": stage, f"L{i}": self.launch_value, "ndarray": np.ndarray})
 
     def launch_value(self, x: Any) -> Any:
         """What a launch record hands jaxlib's own put for host value `x`
