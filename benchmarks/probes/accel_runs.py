@@ -15,7 +15,8 @@ the repeats), and nbjit's pace over its first 100 steps against its last 100
 (call-return times: in a no-block loop the calls are paced by the device);
 per nbjit run, that pace, the milliseconds of its first call (the miss),
 steps 2-10, 11-100 and the last 100, and how many buffers each staging ring
-made (a fresh buffer's first writes fault its pages in).
+made (a fresh buffer's first writes fault its pages in; a small leaf's
+copies are new arrays, no ring).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def ring_buffers(f, params, x, y) -> list[int]:
         return []
     return [stage.__self__.pool.kept.count for step in node.record.step_objects()
             if (stage := getattr(getattr(step, "transfer", None), "stage", None)) is not None
-            and hasattr(stage, "__self__")]
+            and hasattr(getattr(stage, "__self__", None), "pool")]
 
 
 def main() -> None:

@@ -1,0 +1,206 @@
+"""Probe: a small host leaf's private copy on an accelerator, a new array each
+call (`FreshCopies`) or a buffer of a staging ring (`StagingRing`), against
+jax.jit (run on a TPU or GPU; the CPU only to try it).
+
+    python benchmarks/probes/small_copies.py [--calls N] [--rounds R] [--steps S] [--json FILE]
+
+Variants, each a jit of its own function object (two nbjit jits of one
+function share a record): jax.jit on the caller's arrays (racy); nbjit with
+every staged leaf copied into a ring (``Staged.FRESH_MAX_BYTES = 0``); nbjit
+with every staged leaf a new array (``FRESH_MAX_BYTES`` above every size
+here), and the same into 64-byte-aligned arrays (a ring's alignment); nbjit
+with the strategy's own threshold; nbjit on read-only arrays.
+Cases: two float32[8] added (compare's new-value rows), one float32 leaf of
+16, 64, 128 and 256 KiB summed with a device parameter, each call a new
+value from a pool, no block until a round ends, rounds interleaved; us a
+call and the median ratio to jax.jit. Then whole no-block runs of the
+transformer block of `tests/test_accel_loops.py` (32x128 int32 tokens and
+targets, 32 KB a step), warm-up excluded, ratio to jax.jit, losses compared.
+"""
+
+# ruff: noqa: B023  (each variant's lambda runs within its own case's iteration)
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import nbjit
+from nbjit.core.inputs import platforms, staging
+from nbjit.core.inputs.pools import aligned_empty
+from nbjit.core.inputs.staging import immutable
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+import test_accel_loops as models  # noqa: E402  (the test's models, sized for the backend)
+
+THRESHOLDS = {"nbjit rings": 0, "nbjit fresh": 1 << 30, "nbjit fresh aligned": 1 << 30,
+              "nbjit": platforms.Staged.FRESH_MAX_BYTES}
+
+
+def aligned_stage(self, x):
+    """`FreshCopies.stage`, into a new 64-byte-aligned array (as a ring's)."""
+    if x.dtype == self.dtype and not x.flags.writeable and immutable(x):
+        return x
+    buffer = aligned_empty(x.size * self.dtype.itemsize).view(self.dtype).reshape(x.shape)
+    np.copyto(buffer, x, casting="unsafe")
+    return buffer
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+def readonly(x: np.ndarray) -> np.ndarray:
+    y = x.copy()
+    y.flags.writeable = False
+    return y
+
+
+def nbjit_with(make_fn, threshold: int):
+    """An nbjit jit of a new function object whose record is built (its first
+    call made) with `threshold` as the strategy's FRESH_MAX_BYTES."""
+    return nbjit.jit(make_fn()), threshold
+
+
+def warm(f, threshold, args, aligned=False):
+    """`f`'s first call (its record built) with `threshold` as FRESH_MAX_BYTES
+    (and, `aligned`, fresh copies into aligned arrays)."""
+    saved, stage = platforms.Staged.FRESH_MAX_BYTES, staging.FreshCopies.stage
+    platforms.Staged.FRESH_MAX_BYTES = threshold
+    if aligned:
+        staging.FreshCopies.stage = aligned_stage
+    try:
+        return jax.block_until_ready(f(*args))
+    finally:
+        platforms.Staged.FRESH_MAX_BYTES, staging.FreshCopies.stage = saved, stage
+
+
+def calls(cases, n: int, rounds: int) -> list[dict]:
+    out = []
+    for label, (make_fn, consts, pool) in cases.items():
+        ro_pool = [tuple(readonly(a) for a in xy) for xy in pool]
+        k = len(pool)
+        jf = jax.jit(make_fn())
+        variants = {"jax.jit": lambda i, jf=jf: jf(*consts, *pool[i % k])}
+        for name, threshold in THRESHOLDS.items():
+            nf = nbjit.jit(make_fn())
+            warm(nf, threshold, (*consts, *pool[0]), "aligned" in name)
+            variants[name] = lambda i, nf=nf: nf(*consts, *pool[i % k])
+        nro = nbjit.jit(make_fn())
+        warm(nro, platforms.Staged.FRESH_MAX_BYTES, (*consts, *ro_pool[0]))
+        variants["nbjit read-only"] = lambda i: nro(*consts, *ro_pool[i % k])
+        want = np.asarray(jf(*consts, *pool[3]))
+        for name, f in variants.items():
+            for i in range(64):
+                r = f(i)
+            if not np.array_equal(np.asarray(f(3)), want):
+                log(label, name, "DIFFERS from jax.jit")
+        per: dict[str, list[float]] = {name: [] for name in variants}
+        names = list(variants)
+        gc.disable()
+        try:
+            for r in range(rounds):
+                for name in (names if r % 2 else names[::-1]):
+                    f = variants[name]
+                    t0 = time.perf_counter()
+                    for i in range(n):
+                        res = f(i)
+                    jax.block_until_ready(res)
+                    per[name].append((time.perf_counter() - t0) / n)
+        finally:
+            gc.enable()
+        base = np.array(per["jax.jit"])
+        row = {"case": label, "variants": {
+            name: {"call_us": round(float(np.median(v)) * 1e6, 1),
+                   "ratio": round(float(np.median(np.array(v) / base)), 3)}
+            for name, v in per.items()}}
+        out.append(row)
+        log(f"{label:>16}: " + "  ".join(f"{name} {v['call_us']:.1f} us ({v['ratio']:.3f})"
+                                         for name, v in row["variants"].items()))
+    return out
+
+
+def transformer_runs(steps: int, repeats: int) -> dict:
+    params, loss, make = models._transformer((32, 128, 1000, 128))
+    rng = np.random.default_rng(0)
+    pool = [make(rng) for _ in range(8)]
+
+    def make_step():
+        def step(p, x, y):
+            value, grads = jax.value_and_grad(loss)(p, x, y)
+            return jax.tree.map(lambda w, g: w - 0.01 * g, p, grads), value
+        return step
+
+    def run(f):
+        p, losses = params, []
+        t0 = time.perf_counter()
+        for i in range(steps):
+            p, value = f(p, *pool[i % 8])
+            losses.append(value)
+        jax.block_until_ready(p)
+        return time.perf_counter() - t0, [float(v) for v in losses]
+
+    sides = {"jax.jit": (jax.jit(make_step()), None)}
+    for name, threshold in THRESHOLDS.items():
+        sides[name] = nbjit_with(make_step, threshold)
+    for name, (f, threshold) in sides.items():  # the compile and first call, outside the runs
+        if threshold is None:
+            jax.block_until_ready(f(params, *pool[0]))
+        else:
+            warm(f, threshold, (params, *pool[0]), "aligned" in name)
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    losses = {}
+    names = list(sides)
+    for r in range(repeats):
+        for name in (names if r % 2 else names[::-1]):
+            took, values = run(sides[name][0])
+            times[name].append(took)
+            losses[name] = values
+    out = {name: {"run_s": round(float(np.median(v)), 4),
+                  "ratio": round(float(np.median(np.array(v) / np.array(times["jax.jit"]))), 3),
+                  "losses_equal": losses[name] == losses["jax.jit"]}
+           for name, v in times.items()}
+    log(f"transformer 32x128, {steps} steps: " + "  ".join(
+        f"{name} {v['ratio']:.3f}{'' if v['losses_equal'] else ' LOSSES DIFFER'}"
+        for name, v in out.items()))
+    return out
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    opts = {"--calls": 2000, "--rounds": 5, "--steps": 2000}
+    path = None
+    for flag in list(opts):
+        if flag in args:
+            opts[flag] = int(args[args.index(flag) + 1])
+    if "--json" in args:
+        path = args[args.index("--json") + 1]
+    log(f"backend {jax.default_backend()}, jax {jax.__version__}, nbjit "
+        f"{os.environ.get('NBJIT_COMMIT', '?')}, FRESH_MAX_BYTES "
+        f"{platforms.Staged.FRESH_MAX_BYTES}")
+    if jax.default_backend() == "cpu":  # to try it here: the accelerator's strategy
+        platforms.plug_in("cpu", platforms.STAGED)
+    rng = np.random.default_rng(1)
+    w = jax.device_put(np.float32(0.5))
+    cases = {"add 2x f32[8]": (lambda: (lambda a, b: a + b), (), [
+        (rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32))
+        for _ in range(64)])}
+    for kib in (16, 64, 128, 256):
+        cases[f"f32 {kib} KiB"] = (lambda: (lambda w, x: jnp.sum(x) * w), (w,), [
+            (rng.standard_normal(kib * 256).astype(np.float32),) for _ in range(8)])
+    result = {"calls": calls(cases, opts["--calls"], opts["--rounds"]),
+              "transformer": transformer_runs(opts["--steps"], 2)}
+    if path:
+        with open(path, "w") as fh:
+            json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
