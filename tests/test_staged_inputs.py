@@ -2,9 +2,7 @@
 
 There a record whose host leaves go to its executable's one device hands
 them to jaxlib's own put (`nbjit.core.inputs.launch`): a numpy input as a
-private copy (put zero copy): a new array each call below
-`Staged.FRESH_MAX_BYTES` (`FreshCopies`), a buffer of its step's
-`StagingRing` from there, unless no one can
+private copy in its step's `StagingRing` (put zero copy), unless no one can
 write it (`staging.immutable`: then the array itself, decided per call); a
 scalar as a private 0-d copy; a big array read during the call. The program
 that runs is jax.jit's own executable for the signature, always. JAX's own
@@ -35,12 +33,6 @@ def staged(monkeypatch):
     monkeypatch.setitem(_platforms._plugged, jax.devices()[0].platform, _platforms.STAGED)
 
 
-@pytest.fixture
-def rings(staged, monkeypatch):
-    """`staged`, with every staged leaf copied into a ring, however small."""
-    monkeypatch.setattr(_platforms.Staged, "FRESH_MAX_BYTES", 0)
-
-
 def _record(f, *args):
     node, _ = f._entry_for(args, {})
     assert node is not None and node.record is not None
@@ -59,10 +51,10 @@ def test_host_inputs_are_staged_and_give_jax_jits_outputs(staged):
         a = rng.standard_normal((16, 8)).astype(np.float32)
         b = rng.standard_normal(8)  # float64: converted as jaxlib converts it
         assert_same_outputs(f(a, b, 1.5), g(a, b, 1.5))
-    copies = _rings(f, a, b, 1.5)  # (small leaves: a new array each call)
-    assert len(copies) == 3 and all(isinstance(c, _staging.FreshCopies) for c in copies)
-    assert copies[0].dtype == np.float32
-    assert copies[1].dtype == np.float32  # (x64 off: the canonical dtype)
+    rings = _rings(f, a, b, 1.5)
+    assert len(rings) == 3 and all(isinstance(r, _staging.StagingRing) for r in rings)
+    assert rings[0].pool.kept.count and rings[0].dtype == np.float32
+    assert rings[1].dtype == np.float32  # (x64 off: the canonical dtype)
     record = _record(f, a, b, 1.5)
     # the same 1.5 each call: a copy once, then the memo's device array (another
     # form of that leaf for jaxlib: a second entry of the launcher's)
@@ -102,7 +94,7 @@ def test_a_write_right_after_the_call_changes_no_result(staged):
             assert_same_outputs(out, want)
 
 
-def test_a_staging_buffer_is_written_again_only_once_nothing_holds_it(rings):
+def test_a_staging_buffer_is_written_again_only_once_nothing_holds_it(staged):
     f = nbjit.jit(lambda a: a + 1)
     x = np.arange(64, dtype=np.float32)
     f(x)
@@ -116,7 +108,7 @@ def test_a_staging_buffer_is_written_again_only_once_nothing_holds_it(rings):
     assert ring.pool.kept.count <= ring.pool.cap
 
 
-def test_ring_stays_bounded_in_a_loop(rings):
+def test_ring_stays_bounded_in_a_loop(staged):
     f = nbjit.jit(lambda a, b: a @ b)
     b = np.eye(32, dtype=np.float32)
     outs = []
@@ -130,11 +122,10 @@ def test_ring_stays_bounded_in_a_loop(rings):
         assert float(out[0, 0]) == float(i)
 
 
-def test_a_ring_keeps_a_buffer_per_call_in_flight_up_to_its_bytes(monkeypatch):
+def test_a_ring_keeps_a_buffer_per_call_in_flight_up_to_its_bytes():
     """Calls still in flight each hold a buffer; the ring keeps new ones (a
     new buffer's first writes fault its pages in) up to RING_CAP, RING_BYTES
     in all, at least RING_MIN, and reuses them once they are let go."""
-    monkeypatch.setattr(_platforms.Staged, "FRESH_MAX_BYTES", 0)
     staged = _platforms.STAGED
     sharding = jax.sharding.make_single_device_sharding(jax.devices()[0])
 
@@ -183,14 +174,10 @@ def test_only_memory_no_one_can_write_is_immutable():
     assert not _staging.immutable(3.0)
 
 
-@pytest.mark.parametrize("copies", ["fresh", "ring"])
-def test_an_array_no_one_can_write_is_put_in_place(staged, monkeypatch, copies):
+def test_an_array_no_one_can_write_is_put_in_place(staged):
     """No copy for an array no write can reach (the zero-copy way, documented
     in docs/host-inputs.md); a read-only view of a writeable array is still
-    copied, and a write to its base right after the call changes nothing:
-    with new arrays for copies (a small leaf's) and with a ring's buffers."""
-    if copies == "ring":
-        monkeypatch.setattr(_platforms.Staged, "FRESH_MAX_BYTES", 0)
+    copied, and a write to its base right after the call changes nothing."""
     fn = lambda a: jnp.sum(jnp.sin(a) * 2.0)  # noqa: E731
     f, g = nbjit.jit(fn), jax.jit(fn)
     x = _read_only(np.linspace(0, 1, 4096, dtype=np.float32))
@@ -210,31 +197,6 @@ def test_an_array_no_one_can_write_is_put_in_place(staged, monkeypatch, copies):
     wide = _read_only(np.linspace(0, 1, 4096))  # float64, x64 off: converted, so copied
     assert ring.stage(wide) is not wide
     assert_same_outputs(f(wide), g(wide))
-
-
-def test_a_small_leafs_copy_is_a_new_private_array_each_call(staged):
-    """Below FRESH_MAX_BYTES a leaf's private copy is a new C-contiguous
-    array each call, converted as jaxlib converts, sharing no memory with the
-    caller's; a leaf of FRESH_MAX_BYTES or more gets a ring."""
-    fn = lambda a: a * 2.0  # noqa: E731
-    f, g = nbjit.jit(fn), jax.jit(fn)
-    x = np.asfortranarray(np.arange(24, dtype=np.float32).reshape(4, 6))
-    assert_same_outputs(f(x), g(x))
-    (copies,) = _rings(f, x)
-    assert isinstance(copies, _staging.FreshCopies)
-    for given in (x, x[::1, ::1], np.arange(48, dtype=np.float32).reshape(4, 12)[:, ::2]):
-        first, second = copies.stage(given), copies.stage(given)
-        assert first is not second and not np.shares_memory(first, given)
-        assert first.flags.c_contiguous and first.dtype == np.float32
-        assert np.array_equal(first, given)
-        assert_same_outputs(f(given), g(given))
-    wide = np.linspace(-2, 2, 24).reshape(4, 6)  # float64, x64 off: converted
-    assert copies.stage(wide).dtype == np.float32
-    assert_same_outputs(f(wide), g(wide))
-    fresh_max = _platforms.Staged.FRESH_MAX_BYTES
-    big = np.ones(fresh_max // 4, np.float32)  # exactly FRESH_MAX_BYTES
-    assert_same_outputs(f(big), g(big))
-    assert isinstance(_rings(f, big)[0], _staging.StagingRing)
 
 
 @pytest.mark.parametrize("n", [3, 40])

@@ -1,21 +1,21 @@
 """Probe: a small host leaf's private copy on an accelerator, a new array each
-call (`FreshCopies`) or a buffer of a staging ring (`StagingRing`), against
+call or a buffer of a staging ring (`StagingRing`, nbjit's way), against
 jax.jit (run on a TPU or GPU; the CPU only to try it).
 
     python benchmarks/probes/small_copies.py [--calls N] [--rounds R] [--steps S] [--json FILE]
 
 Variants, each a jit of its own function object (two nbjit jits of one
-function share a record): jax.jit on the caller's arrays (racy); nbjit with
-every staged leaf copied into a ring (``Staged.FRESH_MAX_BYTES = 0``); nbjit
-with every staged leaf a new array (``FRESH_MAX_BYTES`` above every size
-here), and the same into 64-byte-aligned arrays (a ring's alignment); nbjit
-with the strategy's own threshold; nbjit on read-only arrays.
-Cases: two float32[8] added (compare's new-value rows), one float32 leaf of
-16, 64, 128 and 256 KiB summed with a device parameter, each call a new
-value from a pool, no block until a round ends, rounds interleaved; us a
-call and the median ratio to jax.jit. Then whole no-block runs of the
-transformer block of `tests/test_accel_loops.py` (32x128 int32 tokens and
-targets, 32 KB a step), warm-up excluded, ratio to jax.jit, losses compared.
+function share a record): jax.jit on the caller's arrays (racy); nbjit
+(every staged leaf copied into its ring); nbjit with each staged leaf's copy
+a new array (`FreshCopies` below, patched into the strategy while the
+record is built), and the same into 64-byte-aligned arrays (a ring's
+alignment); nbjit on read-only arrays. Cases: two float32[8] added
+(compare's new-value rows), one float32 leaf of 16, 64, 128 and 256 KiB
+summed with a device parameter, each call a new value from a pool, no block
+until a round ends, rounds interleaved; us a call and the median ratio to
+jax.jit. Then whole no-block runs of the transformer block of
+`tests/test_accel_loops.py` (32x128 int32 tokens and targets, 32 KB a
+step), warm-up excluded, ratio to jax.jit, losses compared.
 """
 
 # ruff: noqa: B023  (each variant's lambda runs within its own case's iteration)
@@ -33,24 +33,50 @@ import jax.numpy as jnp
 import numpy as np
 
 import nbjit
-from nbjit.core.inputs import platforms, staging
+from nbjit import _jax
+from nbjit.core.inputs import platforms
 from nbjit.core.inputs.pools import aligned_empty
 from nbjit.core.inputs.staging import immutable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 import test_accel_loops as models  # noqa: E402  (the test's models, sized for the backend)
 
-THRESHOLDS = {"nbjit rings": 0, "nbjit fresh": 1 << 30, "nbjit fresh aligned": 1 << 30,
-              "nbjit": platforms.Staged.FRESH_MAX_BYTES}
+
+class FreshCopies:
+    """A new array each call for a leaf's private copy (`aligned`: 64-byte
+    aligned, as a ring's buffers are)."""
+
+    def __init__(self, dtype, aligned):
+        self.dtype, self.aligned = np.dtype(dtype), aligned
+
+    def stage(self, x):
+        if x.dtype == self.dtype and not x.flags.writeable and immutable(x):
+            return x
+        if not self.aligned:
+            return x.copy() if x.dtype == self.dtype else x.astype(self.dtype, order="C")
+        buffer = aligned_empty(x.size * self.dtype.itemsize).view(self.dtype).reshape(x.shape)
+        np.copyto(buffer, x, casting="unsafe")
+        return buffer
+
+    def stage_scalar(self, x):
+        return np.array(x, self.dtype)
 
 
-def aligned_stage(self, x):
-    """`FreshCopies.stage`, into a new 64-byte-aligned array (as a ring's)."""
-    if x.dtype == self.dtype and not x.flags.writeable and immutable(x):
-        return x
-    buffer = aligned_empty(x.size * self.dtype.itemsize).view(self.dtype).reshape(x.shape)
-    np.copyto(buffer, x, casting="unsafe")
-    return buffer
+def fresh_transfer(aligned):
+    """`Staged.host_transfer` with a new array for each private copy."""
+    def host_transfer(self, aval, sharding):
+        dtype = np.dtype(aval.dtype)
+        if aval.size * dtype.itemsize >= self.DIRECT_MIN_BYTES:
+            return platforms.DIRECT
+        copies = FreshCopies(dtype, aligned)
+        return platforms.HostTransfer(_jax.ZERO_COPY, copies.stage,
+                                      copies.stage_scalar if not aval.shape else None)
+    return host_transfer
+
+
+# variant -> the strategy's host_transfer while its record is built (None: nbjit's own)
+WAYS = {"nbjit": None, "nbjit fresh": fresh_transfer(False),
+        "nbjit fresh aligned": fresh_transfer(True)}
 
 
 def log(*a) -> None:
@@ -63,23 +89,15 @@ def readonly(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def nbjit_with(make_fn, threshold: int):
-    """An nbjit jit of a new function object whose record is built (its first
-    call made) with `threshold` as the strategy's FRESH_MAX_BYTES."""
-    return nbjit.jit(make_fn()), threshold
-
-
-def warm(f, threshold, args, aligned=False):
-    """`f`'s first call (its record built) with `threshold` as FRESH_MAX_BYTES
-    (and, `aligned`, fresh copies into aligned arrays)."""
-    saved, stage = platforms.Staged.FRESH_MAX_BYTES, staging.FreshCopies.stage
-    platforms.Staged.FRESH_MAX_BYTES = threshold
-    if aligned:
-        staging.FreshCopies.stage = aligned_stage
+def warm(f, way, args):
+    """`f`'s first call (its record built) with `way` as the strategy's host_transfer."""
+    saved = platforms.Staged.host_transfer
+    if way is not None:
+        platforms.Staged.host_transfer = way
     try:
         return jax.block_until_ready(f(*args))
     finally:
-        platforms.Staged.FRESH_MAX_BYTES, staging.FreshCopies.stage = saved, stage
+        platforms.Staged.host_transfer = saved
 
 
 def calls(cases, n: int, rounds: int) -> list[dict]:
@@ -89,12 +107,12 @@ def calls(cases, n: int, rounds: int) -> list[dict]:
         k = len(pool)
         jf = jax.jit(make_fn())
         variants = {"jax.jit": lambda i, jf=jf: jf(*consts, *pool[i % k])}
-        for name, threshold in THRESHOLDS.items():
+        for name, way in WAYS.items():
             nf = nbjit.jit(make_fn())
-            warm(nf, threshold, (*consts, *pool[0]), "aligned" in name)
+            warm(nf, way, (*consts, *pool[0]))
             variants[name] = lambda i, nf=nf: nf(*consts, *pool[i % k])
         nro = nbjit.jit(make_fn())
-        warm(nro, platforms.Staged.FRESH_MAX_BYTES, (*consts, *ro_pool[0]))
+        warm(nro, None, (*consts, *ro_pool[0]))
         variants["nbjit read-only"] = lambda i: nro(*consts, *ro_pool[i % k])
         want = np.asarray(jf(*consts, *pool[3]))
         for name, f in variants.items():
@@ -147,20 +165,17 @@ def transformer_runs(steps: int, repeats: int) -> dict:
         jax.block_until_ready(p)
         return time.perf_counter() - t0, [float(v) for v in losses]
 
-    sides = {"jax.jit": (jax.jit(make_step()), None)}
-    for name, threshold in THRESHOLDS.items():
-        sides[name] = nbjit_with(make_step, threshold)
-    for name, (f, threshold) in sides.items():  # the compile and first call, outside the runs
-        if threshold is None:
-            jax.block_until_ready(f(params, *pool[0]))
-        else:
-            warm(f, threshold, (params, *pool[0]), "aligned" in name)
+    sides = {"jax.jit": jax.jit(make_step())}
+    for name, way in WAYS.items():  # the compile and first call, outside the runs
+        sides[name] = nbjit.jit(make_step())
+        warm(sides[name], way, (params, *pool[0]))
+    jax.block_until_ready(sides["jax.jit"](params, *pool[0]))
     times: dict[str, list[float]] = {name: [] for name in sides}
     losses = {}
     names = list(sides)
     for r in range(repeats):
         for name in (names if r % 2 else names[::-1]):
-            took, values = run(sides[name][0])
+            took, values = run(sides[name])
             times[name].append(took)
             losses[name] = values
     out = {name: {"run_s": round(float(np.median(v)), 4),
@@ -183,8 +198,7 @@ def main() -> None:
     if "--json" in args:
         path = args[args.index("--json") + 1]
     log(f"backend {jax.default_backend()}, jax {jax.__version__}, nbjit "
-        f"{os.environ.get('NBJIT_COMMIT', '?')}, FRESH_MAX_BYTES "
-        f"{platforms.Staged.FRESH_MAX_BYTES}")
+        f"{os.environ.get('NBJIT_COMMIT', '?')}")
     if jax.default_backend() == "cpu":  # to try it here: the accelerator's strategy
         platforms.plug_in("cpu", platforms.STAGED)
     rng = np.random.default_rng(1)

@@ -61,7 +61,7 @@ import numpy as np
 from nbjit import _jax
 from nbjit.core.hooks import MissOutcome
 from nbjit.core.inputs import stream as _stream
-from nbjit.core.inputs.staging import FreshCopies, StagingRing
+from nbjit.core.inputs.staging import StagingRing
 
 __all__ = ["DEFAULT", "DIRECT", "STAGED", "HostTransfer", "InputStrategy", "Staged",
            "after_miss", "before_miss", "platform_of", "plug_in", "strategy_for"]
@@ -133,24 +133,16 @@ class Staged(InputStrategy):
     # runtime's own read of it, and no ring of copies that size is kept
     # (docs/host-inputs.md, "Accelerators").
     DIRECT_MIN_BYTES = 8 << 20
-    # Below this size a leaf's private copy is a new array each call
-    # (`FreshCopies`): cheaper than a ring's claim and release, and no pages to
-    # fault in at that size (docs/host-inputs.md, "Accelerators").
-    FRESH_MAX_BYTES = 64 << 10
 
     def host_transfer(self, aval: Any, sharding: Any) -> HostTransfer:
         dtype = np.dtype(aval.dtype)
         nbytes = int(np.prod(aval.shape, dtype=np.int64)) * dtype.itemsize
         if nbytes >= self.DIRECT_MIN_BYTES:
             return DIRECT
-        copies: FreshCopies | StagingRing
-        if nbytes < self.FRESH_MAX_BYTES:
-            copies = FreshCopies(dtype)
-        else:
-            cap = max(self.RING_MIN, min(self.RING_CAP, self.RING_BYTES // max(nbytes, 1)))
-            copies = StagingRing(tuple(aval.shape), dtype, cap)
-        scalar = copies.stage_scalar if not aval.shape else None
-        return HostTransfer(_jax.ZERO_COPY, copies.stage, scalar)
+        cap = max(self.RING_MIN, min(self.RING_CAP, self.RING_BYTES // max(nbytes, 1)))
+        ring = StagingRing(tuple(aval.shape), dtype, cap)
+        scalar = ring.stage_scalar if not aval.shape else None
+        return HostTransfer(_jax.ZERO_COPY, ring.stage, scalar)
 
 
 STAGED = Staged()

@@ -3,11 +3,9 @@
 On a device with memory of its own a put of the caller's array reads it
 after the call returns (the transfer is asynchronous), so a write right
 after the call could change the result. A launch record
-(`nbjit.core.inputs.launch`) instead hands jaxlib's put a private copy, or
-the caller's array itself where no one can write it (`immutable`): a new
-array each call for a small leaf (`FreshCopies`), a buffer of the leaf's
-`StagingRing` for a bigger one (a fresh buffer that size would fault its
-pages in on every call).
+(`nbjit.core.inputs.launch`) instead hands jaxlib's put a private copy from
+the leaf's `StagingRing`, or the caller's array itself where no one can
+write it (`immutable`).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from nbjit.core.inputs import stream as _stream
 from nbjit.core.inputs.pools import BufferPool, aligned_empty
 from nbjit.core.inputs.stream import STREAM_MIN_BYTES
 
-__all__ = ["FreshCopies", "StagingRing", "immutable"]
+__all__ = ["StagingRing", "immutable"]
 
 
 def immutable(x: Any) -> bool:
@@ -38,39 +36,6 @@ def immutable(x: Any) -> bool:
             return True
         x = x.base
     return type(x) is bytes
-
-
-class FreshCopies:
-    """Private copies of one small host leaf (its canonical dtype), each a new
-    numpy array, for zero-copy puts to a device with memory of its own.
-
-    A small array comes from the allocator's free lists, already in memory,
-    and numpy's own copy costs less than a ring's claim, release and copy;
-    the runtime's put holds the copy until its transfer is done, and no one
-    else ever holds it.
-    """
-
-    __slots__ = ("dtype",)
-
-    def __init__(self, dtype: np.dtype) -> None:
-        self.dtype = np.dtype(dtype)
-
-    def stage(self, x: Any) -> np.ndarray:
-        """A new C-contiguous array holding `x` converted to the dtype
-        (numpy's ``astype`` conversion, as jaxlib's own of a host array); `x`
-        itself where nothing can write it (`immutable`) and it needs no
-        conversion."""
-        dtype = self.dtype
-        if x.dtype == dtype:
-            if not x.flags.writeable and immutable(x):
-                return x
-            return x.copy()
-        return x.astype(dtype, order="C")
-
-    def stage_scalar(self, x: Any) -> np.ndarray:
-        """A new 0-d array holding scalar `x` (the caller checked that it
-        converts exactly: `values.scalar_converts_exactly`)."""
-        return np.array(x, self.dtype)
 
 
 class StagingRing:
