@@ -2,14 +2,17 @@
 call or a buffer of a staging ring (`StagingRing`, nbjit's way), against
 jax.jit (run on a TPU or GPU; the CPU only to try it).
 
-    python benchmarks/probes/small_copies.py [--calls N] [--rounds R] [--steps S] [--json FILE]
+    python benchmarks/probes/small_copies.py [--calls N] [--rounds R] [--steps S]
+        [--ways nbjit,nbjit streamed,...] [--json FILE]
 
 Variants, each a jit of its own function object (two nbjit jits of one
 function share a record): jax.jit on the caller's arrays (racy); nbjit
 (every staged leaf copied into its ring); nbjit with each staged leaf's copy
 a new array (`FreshCopies` below, patched into the strategy while the
 record is built), and the same into 64-byte-aligned arrays (a ring's
-alignment); nbjit on read-only arrays. Cases: two float32[8] added
+alignment); nbjit with every ring's copies streamed (non-temporal stores,
+`STREAM_MIN_BYTES` 0 while the record is built); nbjit on read-only arrays.
+Cases: two float32[8] added
 (compare's new-value rows), one float32 leaf of 16, 64, 128 and 256 KiB
 summed with a device parameter, each call a new value from a pool, no block
 until a round ends, rounds interleaved; us a call and the median ratio to
@@ -34,7 +37,7 @@ import numpy as np
 
 import nbjit
 from nbjit import _jax
-from nbjit.core.inputs import platforms
+from nbjit.core.inputs import platforms, staging, stream
 from nbjit.core.inputs.pools import aligned_empty
 from nbjit.core.inputs.staging import immutable
 
@@ -74,9 +77,10 @@ def fresh_transfer(aligned):
     return host_transfer
 
 
-# variant -> the strategy's host_transfer while its record is built (None: nbjit's own)
-WAYS = {"nbjit": None, "nbjit fresh": fresh_transfer(False),
-        "nbjit fresh aligned": fresh_transfer(True)}
+# variant -> (the strategy's host_transfer, the size streamed copies start
+# at) while its record is built (None: nbjit's own)
+WAYS = {"nbjit": (None, None), "nbjit fresh": (fresh_transfer(False), None),
+        "nbjit fresh aligned": (fresh_transfer(True), None), "nbjit streamed": (None, 0)}
 
 
 def log(*a) -> None:
@@ -90,14 +94,18 @@ def readonly(x: np.ndarray) -> np.ndarray:
 
 
 def warm(f, way, args):
-    """`f`'s first call (its record built) with `way` as the strategy's host_transfer."""
-    saved = platforms.Staged.host_transfer
-    if way is not None:
-        platforms.Staged.host_transfer = way
+    """`f`'s first call (its record built) with `way`'s host_transfer and
+    streamed-copy threshold."""
+    transfer, stream_min = way
+    saved = platforms.Staged.host_transfer, staging.STREAM_MIN_BYTES
+    if transfer is not None:
+        platforms.Staged.host_transfer = transfer
+    if stream_min is not None:
+        staging.STREAM_MIN_BYTES = stream_min
     try:
         return jax.block_until_ready(f(*args))
     finally:
-        platforms.Staged.host_transfer = saved
+        platforms.Staged.host_transfer, staging.STREAM_MIN_BYTES = saved
 
 
 def calls(cases, n: int, rounds: int) -> list[dict]:
@@ -112,7 +120,7 @@ def calls(cases, n: int, rounds: int) -> list[dict]:
             warm(nf, way, (*consts, *pool[0]))
             variants[name] = lambda i, nf=nf: nf(*consts, *pool[i % k])
         nro = nbjit.jit(make_fn())
-        warm(nro, None, (*consts, *ro_pool[0]))
+        warm(nro, WAYS["nbjit"], (*consts, *ro_pool[0]))
         variants["nbjit read-only"] = lambda i: nro(*consts, *ro_pool[i % k])
         want = np.asarray(jf(*consts, *pool[3]))
         for name, f in variants.items():
@@ -201,6 +209,12 @@ def main() -> None:
         f"{os.environ.get('NBJIT_COMMIT', '?')}")
     if jax.default_backend() == "cpu":  # to try it here: the accelerator's strategy
         platforms.plug_in("cpu", platforms.STAGED)
+    if "--ways" in args:  # a comma-separated choice of WAYS
+        chosen = args[args.index("--ways") + 1].split(",")
+        for name in list(WAYS):
+            if name not in chosen:
+                del WAYS[name]
+    log(f"streamed copy: {'ready' if stream.stream_copy() else 'none'}")
     rng = np.random.default_rng(1)
     w = jax.device_put(np.float32(0.5))
     cases = {"add 2x f32[8]": (lambda: (lambda a, b: a + b), (), [
