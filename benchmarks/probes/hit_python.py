@@ -9,7 +9,11 @@ array of 16 KiB (a new one of a pool of 8 each call). Per variant, us a call
 read-only arrays; nbjit on read-only and on writeable arrays; the record's
 launcher called directly (jaxlib's C++ alone); nbjit with the launcher
 replaced by a builtin (its Python alone: keying, lookup, staging); the
-record's stager alone; and the pieces of the hit path's Python one by one.
+record's stager alone; the launcher with one piece of other work before
+each call (the hit path's pieces, 3 us of unrelated Python, a 16 KiB copy
+into memory no put reads), to tell nbjit's own cost from the runtime's
+per-call work growing when anything runs between launches; and the pieces
+of the hit path's Python one by one.
 A plain Python call and loop calibrate the host against other machines.
 """
 
@@ -72,6 +76,24 @@ def main() -> None:
     def noop(a, b):
         return None
 
+    def spin_for(turns):
+        def spin():
+            total = 0
+            for k in range(turns):
+                total += k
+            return total
+        return spin
+
+    turns = 1
+    while turns < 1 << 20:  # a loop of about 3 us on this host
+        spin = spin_for(turns)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            spin()
+        if (time.perf_counter() - t0) / 200 > 3e-6:
+            break
+        turns *= 2
+
     variants = {
         "jax.jit, read-only": lambda i: jf(w, ro[i & 7]),
         "nbjit, read-only": lambda i: nf(w, ro[i & 7]),
@@ -80,6 +102,14 @@ def main() -> None:
         "launcher alone, ring copy": lambda i: launch(*stage((w, pool[i & 7]))),
         "nbjit's Python alone, read-only": lambda i: bare(w, ro[i & 7]),
         "nbjit's Python alone, writeable": lambda i: bare(w, pool[i & 7]),
+        # The launcher with one piece of other work before each call: which of
+        # them makes the runtime's own per-call work grow?
+        "launcher + collect_garbage()": lambda i: (collect(), launch(w, ro[i & 7]))[1],
+        "launcher + trace_context()": lambda i: (context(), launch(w, ro[i & 7]))[1],
+        "launcher + 3 us of other Python": lambda i: (spin(), launch(w, ro[i & 7]))[1],
+        "launcher + a 16 KiB copy elsewhere": lambda i: (np.copyto(scratch, pool[i & 7]),
+                                                         launch(w, ro[i & 7]))[1],
+        "launcher + the stager, read-only": lambda i: launch(*stage((w, ro[i & 7]))),
         "stager alone, writeable": lambda i: stage((w, pool[i & 7])),
         "stager alone, read-only": lambda i: stage((w, ro[i & 7])),
         "collect_garbage()": lambda i: collect(),
