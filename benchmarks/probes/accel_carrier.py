@@ -52,7 +52,6 @@ small: compare's host-value rows, per call (each call new values from a
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import json
 import os
 import statistics
@@ -73,6 +72,7 @@ from nbjit.core.inputs.staging import StagingRing, immutable
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
+from _rounds import interleaved  # noqa: E402
 from training_loop import init, step  # noqa: E402
 
 try:
@@ -205,21 +205,6 @@ def readonly(a):
     b.flags.writeable = False
     assert immutable(b)
     return b
-
-
-def interleaved(variants: dict, measure, rounds: int) -> dict:
-    """name -> what `measure(variant)` returned, round by round: every variant
-    once a round, in alternating order, with the garbage collector off."""
-    out = {k: [] for k in variants}
-    names = list(variants)
-    gc.disable()
-    try:
-        for r in range(rounds):
-            for k in (names if r % 2 else names[::-1]):
-                out[k].append(measure(variants[k]))
-    finally:
-        gc.enable()
-    return out
 
 
 def section_loop(steps=200, rounds=5) -> None:

@@ -19,7 +19,6 @@ A plain Python call and loop calibrate the host against other machines.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
@@ -31,6 +30,9 @@ import numpy as np
 import nbjit
 from nbjit import _jax
 from nbjit.core.inputs import platforms
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _rounds import interleaved  # noqa: E402
 
 
 def log(*a) -> None:
@@ -119,27 +121,23 @@ def main() -> None:
         "np.copyto 16 KiB": lambda i: np.copyto(scratch, pool[i & 7]),
         "a Python call (calibration)": lambda i: noop(i, i),
     }
-    per: dict[str, list[float]] = {k: [] for k in variants}
-    names = list(variants)
-    gc.disable()
-    try:
-        for r in range(rounds):
-            for name in (names if r % 2 else names[::-1]):
-                f = variants[name]
-                out = None
-                t0 = time.perf_counter()
-                for i in range(n):
-                    out = f(i)
-                if isinstance(out, jax.Array):
-                    jax.block_until_ready(out)
-                per[name].append((time.perf_counter() - t0) / n * 1e6)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                pass
-            per.setdefault("an empty loop turn (calibration)", []).append(
-                (time.perf_counter() - t0) / n * 1e6)
-    finally:
-        gc.enable()
+    def measure(f):
+        out = None
+        t0 = time.perf_counter()
+        for i in range(n):
+            out = f(i)
+        if isinstance(out, jax.Array):
+            jax.block_until_ready(out)
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def empty_loop(_):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pass
+        return (time.perf_counter() - t0) / n * 1e6
+
+    per = interleaved(variants, measure, rounds)
+    per["an empty loop turn (calibration)"] = interleaved({"": None}, empty_loop, rounds)[""]
     for name, times in per.items():
         log(f"{name:>36}: {float(np.median(times)):8.2f} us  "
             f"({min(times):.2f}-{max(times):.2f})")

@@ -25,7 +25,6 @@ step), warm-up excluded, ratio to jax.jit, losses compared.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
@@ -41,8 +40,11 @@ from nbjit.core.inputs import platforms, staging, stream
 from nbjit.core.inputs.pools import aligned_empty
 from nbjit.core.inputs.staging import immutable
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
 import test_accel_loops as models  # noqa: E402  (the test's models, sized for the backend)
+from _rounds import interleaved  # noqa: E402
 
 
 class FreshCopies:
@@ -125,23 +127,17 @@ def calls(cases, n: int, rounds: int) -> list[dict]:
         want = np.asarray(jf(*consts, *pool[3]))
         for name, f in variants.items():
             for i in range(64):
-                r = f(i)
+                f(i)
             if not np.array_equal(np.asarray(f(3)), want):
                 log(label, name, "DIFFERS from jax.jit")
-        per: dict[str, list[float]] = {name: [] for name in variants}
-        names = list(variants)
-        gc.disable()
-        try:
-            for r in range(rounds):
-                for name in (names if r % 2 else names[::-1]):
-                    f = variants[name]
-                    t0 = time.perf_counter()
-                    for i in range(n):
-                        res = f(i)
-                    jax.block_until_ready(res)
-                    per[name].append((time.perf_counter() - t0) / n)
-        finally:
-            gc.enable()
+        def measure(f):
+            t0 = time.perf_counter()
+            for i in range(n):
+                res = f(i)
+            jax.block_until_ready(res)
+            return (time.perf_counter() - t0) / n
+
+        per = interleaved(variants, measure, rounds)
         base = np.array(per["jax.jit"])
         row = {"case": label, "variants": {
             name: {"call_us": round(float(np.median(v)) * 1e6, 1),
