@@ -26,6 +26,7 @@ if not _deferred:
     from nbjit import _jax, host, multiprocess, observe  # noqa: F401
     from nbjit.core.binders import binder_source
     from nbjit.core.dispatch import PjitFunction, PjitFunctionCache, jit
+    from nbjit.core.inputs import platforms as _platforms
     from nbjit.core.inputs.plans import device_put
     from nbjit.filter import filter_jit
     from nbjit.multiprocess.agreement import AgreementError, AgreementWarning
@@ -39,6 +40,8 @@ if not _deferred:
     from nbjit.observe.profile import Profile, profile
     from nbjit.observe.stats import DispatchStats, stats
     from nbjit.routing.patch import patch_jax, patched_jax, unpatch_jax
+
+    _platforms.at_import()  # on an accelerator, the streamed copy's compile begins
 
 __all__ = [
     "AgreementError", "AgreementWarning", "CompareResult", "DispatchStats", "PjitFunction",

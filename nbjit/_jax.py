@@ -573,6 +573,10 @@ def default_platform() -> str:
     return jax.default_backend()
 
 
+# Whether JAX's backends are up (asking `default_platform` otherwise starts them).
+backends_initialized = _xla_bridge.backends_are_initialized
+
+
 def jax_path_reads_host_arrays_during_call() -> bool:
     """Whether JAX's own path (jax.jit's miss, `device_put`) has read a numpy array
     it does not use in place (not 64-byte aligned) when the call returns, so a

@@ -13,6 +13,9 @@ output is compared with jax.jit's, bit for bit.
 
 from __future__ import annotations
 
+import os
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -360,10 +363,10 @@ def test_no_call_waits_for_the_streamed_copys_compile(staged, monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["staged", "the CPU's"])
 def test_the_streamed_copy_compiles_while_jax_does(strategy, monkeypatch):
-    """The streamed copy's compile begins as the first miss with a big host
-    leaf on a launching platform begins, before JAX traces the function;
-    not for small leaves, nor where the default device's strategy does not
-    launch (the CPU's own)."""
+    """The streamed copy's compile begins as the first miss on a launching
+    platform begins, before JAX traces the function, whatever its leaves
+    (a later signature's big leaf finds it ready), once; not where the
+    default device's strategy does not launch (the CPU's own)."""
     from nbjit.core.inputs import stream as _stream
 
     platform = jax.devices()[0].platform
@@ -392,9 +395,56 @@ def test_the_streamed_copy_compiles_while_jax_does(strategy, monkeypatch):
     small = np.ones(16, np.float32)
     big = np.ones(_stream.STREAM_MIN_BYTES // 4, np.float32)
     nbjit.jit(fn)(small)
-    assert events == ["trace"]
+    assert events == [*(["start"] if strategy == "staged" else []), "trace"]
     nbjit.jit(fn)(big)
-    assert events == ["trace", *(["start"] if strategy == "staged" else []), "trace"]
+    assert events == [*(["start"] if strategy == "staged" else []), "trace", "trace"]
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"JAX_PLATFORMS": "cpu"}, False),
+    ({"JAX_PLATFORMS": "cpu", "TPU_LIBRARY_PATH": "/nowhere/libtpu.so"}, False),
+    ({"TPU_LIBRARY_PATH": "/nowhere/libtpu.so"}, True),
+    ({"JAX_PLATFORMS": "tpu,cpu"}, True),
+    ({}, None),  # as this machine's plugins say
+])
+def test_import_begins_the_streamed_copy_where_an_accelerator_is_expected(env, expected):
+    """``import nbjit`` begins the streamed copy's compile where JAX's default
+    backend will likely be an accelerator's, judged without initializing a
+    backend: `jax_platforms` first, then where JAX looks for a plugin."""
+    import subprocess
+    import sys
+
+    code = ("import nbjit\n"
+            "from jax._src import xla_bridge\n"
+            "from nbjit.core.inputs import platforms, stream\n"
+            "print(stream.started(), platforms.accelerator_expected(),"
+            " xla_bridge.backends_are_initialized())\n")
+    child_env = {k: v for k, v in os.environ.items()
+                 if k not in ("JAX_PLATFORMS", "TPU_LIBRARY_PATH", "PJRT_NAMES_AND_LIBRARY_PATHS")}
+    child_env.update(env)
+    out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()
+    started, guessed, initialized = (word == "True" for word in out[-3:])
+    assert not initialized  # the guess initialized no backend
+    assert started == guessed
+    if expected is not None:
+        assert started is expected
+
+
+def test_a_forked_child_forgets_a_compile_in_flight(monkeypatch):
+    """A compile the parent had running has no thread in a forked child: the
+    child's `ready()` begins its own instead of answering PENDING forever."""
+    from nbjit.core.inputs import stream as _stream
+
+    _stream.stream_copy()  # (a compile begun earlier ends before its globals are replaced)
+    monkeypatch.setattr(_stream, "_compiled", _stream.PENDING)
+    monkeypatch.setattr(_stream, "_done", threading.Event())
+    begun = []
+    monkeypatch.setattr(_stream, "start", lambda: begun.append(1))
+    _stream._forget_a_compile_in_flight()
+    assert not _stream.started() and not _stream._done.is_set()
+    _stream.ready()
+    assert begun == [1]
 
 
 def test_a_big_leaf_is_read_during_the_call_not_copied(staged):

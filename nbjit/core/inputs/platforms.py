@@ -21,9 +21,6 @@ A strategy (`InputStrategy`) changes three things, and nothing else:
     `nbjit.core.inputs.launch`) instead of putting each from Python.
   * `on_miss(outcome)`: after a miss installed a node with a record, an
     optimisation may arm itself for that node (it must not raise).
-  * `launches`: whether a record whose host leaves go to its executable's
-    one device hands them to jaxlib's own put (a launch record,
-    `nbjit.core.inputs.launch`).
 
 `STAGED` is the core's own way for a device with memory of its own (an
 accelerator): there a put that copies while the call runs waits for the
@@ -53,9 +50,13 @@ A record's host inputs take the strategy of their sharding's platform
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
+import pkgutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from nbjit import _jax
@@ -64,7 +65,8 @@ from nbjit.core.inputs import stream as _stream
 from nbjit.core.inputs.staging import StagingRing
 
 __all__ = ["DEFAULT", "DIRECT", "STAGED", "HostTransfer", "InputStrategy", "Staged",
-           "after_miss", "before_miss", "platform_of", "plug_in", "strategy_for"]
+           "accelerator_expected", "after_miss", "at_import", "before_miss", "platform_of",
+           "plug_in", "strategy_for"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -176,15 +178,46 @@ def platform_of(sharding: Any) -> str:
 
 def before_miss(leaves: Sequence[Any]) -> None:
     """Called as a miss begins, before JAX traces and compiles (its compile
-    leaves the GIL free): where the default device's strategy launches and a
-    host leaf is big enough to be streamed, the streamed copy's compile
-    starts now, on its own thread (once per process), ready before the
-    signature's first hit instead of during its first calls."""
-    if _stream.started():
-        return
-    if any(type(x) is np.ndarray and x.nbytes >= _stream.STREAM_MIN_BYTES for x in leaves) and (
-            strategy_for(_jax.default_platform()).launches):
+    leaves the GIL free): where the default device's strategy launches, the
+    streamed copy's compile starts now, on its own thread (once per process),
+    whatever this miss's leaves: ready before the first hit that copies a
+    leaf of `STREAM_MIN_BYTES`, instead of sharing the GIL with it."""
+    if not _stream.started() and strategy_for(_jax.default_platform()).launches:
         _stream.start()
+
+
+def at_import() -> None:
+    """Called as ``import nbjit`` ends: where JAX's default backend will likely
+    be an accelerator's (`accelerator_expected`, which initializes no
+    backend), the streamed copy's compile starts now, on its own thread, while
+    the program still imports, builds and compiles, rather than beside the
+    first hits of a signature whose program JAX had compiled before (jax.jit's
+    own run, in the same process)."""
+    if not _stream.started() and accelerator_expected():
+        _stream.start()
+
+
+def accelerator_expected() -> bool:
+    """Whether JAX's default backend is, or will likely be, an accelerator's,
+    judged without initializing a backend: the default platform where the
+    backends are up; else False where `jax_platforms` names only the CPU;
+    else whether a TPU or GPU plugin sits where JAX looks for one
+    (`TPU_LIBRARY_PATH` or the `libtpu` module, a module under the
+    `jax_plugins` namespace, `PJRT_NAMES_AND_LIBRARY_PATHS`). Plugins known
+    only by an entry point are not looked for (that reads every installed
+    distribution's metadata): a guess, whose misses cost only time."""
+    if _jax.backends_initialized():
+        return _jax.default_platform() != "cpu"
+    platforms = jax.config.jax_platforms
+    if platforms:
+        return any(name.strip() not in ("", "cpu") for name in platforms.split(","))
+    if os.environ.get("TPU_LIBRARY_PATH") or os.environ.get("PJRT_NAMES_AND_LIBRARY_PATHS"):
+        return True
+    if importlib.util.find_spec("libtpu") is not None:
+        return True
+    namespace = importlib.util.find_spec("jax_plugins")
+    return namespace is not None and any(
+        True for _ in pkgutil.iter_modules(namespace.submodule_search_locations or ()))
 
 
 def after_miss(outcome: MissOutcome) -> None:

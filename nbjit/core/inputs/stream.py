@@ -12,19 +12,23 @@ The loop is a few lines of LLVM IR compiled once per process through
 llvmlite (numba's backend, installed with it) and called through ctypes,
 which releases the GIL: importing numba itself costs a process about a
 second, llvmlite's binding a tenth of that, and the compile milliseconds.
-`start()` compiles it on a thread of its own, begun as the first miss with
-such a leaf on an accelerator begins (`platforms.before_miss`: JAX's compile
-leaves the GIL free meanwhile), or else by the first staging ring of
-`STREAM_MIN_BYTES` or more; `ready()` hands it over once it is done. Until
-then a ring copies with numpy, so no call waits for the compile (either
-copy writes the same bytes); `stream_copy()` waits for it. Where llvmlite
-is missing or the compile fails there is none: numpy's copy is used, and
-the process's fallbacks say why (`nbjit.core.inputs.fallbacks`).
+`start()` compiles it on a thread of its own, begun by ``import nbjit``
+where an accelerator is expected (`platforms.at_import`), else as the first
+miss on a platform whose strategy launches begins (`platforms.before_miss`:
+JAX's compile leaves the GIL free meanwhile), else by the first staging ring
+of `STREAM_MIN_BYTES` or more; `ready()` hands it over once it is done.
+Until then a ring copies with numpy, so no call waits for the compile
+(either copy writes the same bytes); `stream_copy()` waits for it. Where
+llvmlite is missing or the compile fails there is none: numpy's copy is
+used, and the process's fallbacks say why (`nbjit.core.inputs.fallbacks`).
+A process forked while the compile runs has no such thread: it starts its
+own when next asked.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -122,6 +126,17 @@ def stream_copy() -> Callable[[np.ndarray, np.ndarray], None] | None:
     start()
     _done.wait()
     return _compiled
+
+
+def _forget_a_compile_in_flight() -> None:
+    """In a forked child: a compile the parent had running has no thread here."""
+    global _compiled, _done
+    if _compiled is PENDING:
+        _compiled = _UNTRIED
+        _done = threading.Event()
+
+
+os.register_at_fork(after_in_child=_forget_a_compile_in_flight)
 
 
 def _compile_then_publish() -> None:
