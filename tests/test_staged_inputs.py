@@ -329,57 +329,6 @@ def test_big_copies_stream(staged, monkeypatch):
     assert len(streamed) == 4  # below the threshold: numpy's copy
 
 
-@pytest.mark.parametrize("offset", [0, 1, 16, 40, 63])
-def test_the_streamed_copy_writes_every_byte_at_any_alignment(offset):
-    """The streamed copy's bytes are the source's wherever its destination
-    starts: numpy's copy takes the bytes before the first 64-byte boundary
-    and after the last, the streamed loop those between."""
-    from nbjit.core.inputs import stream as _stream
-    from nbjit.core.inputs.pools import aligned_empty
-
-    copy = _stream.stream_copy()
-    if copy is None:
-        pytest.skip("no streamed copy here (llvmlite missing)")
-    rng = np.random.default_rng(offset)
-    for n in (0, 5, 63, 64, 200, 4096 + 17):
-        raw = aligned_empty(n + 128)
-        raw[:] = 0xAB
-        dst = raw[offset:offset + n]
-        src = rng.integers(0, 255, n, dtype=np.uint8)
-        copy(dst, src)
-        assert dst.tobytes() == src.tobytes()
-        assert not np.any(raw[:offset] != 0xAB) and not np.any(raw[offset + n:] != 0xAB)
-
-
-@pytest.mark.parametrize("offset", [16, 32])
-def test_a_ring_at_an_offset_gives_jax_jits_results(staged, monkeypatch, offset):
-    """A ring made while `RING_OFFSET` is set keeps its buffers that many bytes
-    past a 64-byte boundary, streamed or not; results are jax.jit's, and a
-    write right after the call changes none."""
-    from nbjit.core.inputs import stream as _stream
-
-    monkeypatch.setattr(_staging, "RING_OFFSET", offset)
-    fn = lambda a, b: (a * 2.0, jnp.sum(b))  # noqa: E731
-    f, g = nbjit.jit(fn), jax.jit(fn)
-    n = _stream.STREAM_MIN_BYTES // 4 + 3
-    for i in range(4):
-        rng = np.random.default_rng(i)
-        a, b = rng.standard_normal(100).astype(np.float32), rng.standard_normal(n).astype(
-            np.float32)
-        want = g(a.copy(), b.copy())
-        out = f(a, b)
-        a[:] = 7.0
-        b[:] = 7.0
-        assert_same_outputs(out, want)
-    monkeypatch.setattr(_staging, "RING_OFFSET", 0)  # (read as a ring is made, not after)
-    rings = _rings(f, a, b)
-    assert len(rings) == 2
-    for ring in rings:
-        buffer = ring.pool.claim()
-        assert buffer.__array_interface__["data"][0] % 64 == offset
-        ring.pool.release(buffer)
-
-
 def test_no_call_waits_for_the_streamed_copys_compile(staged, monkeypatch):
     """While the streamed copy compiles (on its own thread), a ring copies
     with numpy, and the results are jax.jit's; the first call after the

@@ -11,10 +11,7 @@ function share a record): jax.jit on the caller's arrays (racy); nbjit
 a new array (`FreshCopies` below, patched into the strategy while the
 record is built), and the same into 64-byte-aligned arrays (a ring's
 alignment); nbjit with every ring's copies streamed (non-temporal stores,
-`STREAM_MIN_BYTES` 0 while the record is built); nbjit with its rings'
-buffers 0, 16 or 32 bytes past a 64-byte boundary (`RING_OFFSET`: a new
-array from numpy is where malloc puts it, 16 bytes past one or more);
-nbjit on read-only arrays.
+`STREAM_MIN_BYTES` 0 while the record is built); nbjit on read-only arrays.
 Cases: two float32[8] added
 (compare's new-value rows), one float32 leaf of 16, 64, 128 and 256 KiB
 summed with a device parameter, each call a new value from a pool, no block
@@ -83,12 +80,9 @@ def fresh_transfer(aligned):
 
 
 # variant -> (the strategy's host_transfer, the size streamed copies start
-# at, the rings' RING_OFFSET) while its record is built (None: nbjit's own)
-WAYS = {"nbjit": (None, None, None), "nbjit fresh": (fresh_transfer(False), None, None),
-        "nbjit fresh aligned": (fresh_transfer(True), None, None),
-        "nbjit streamed": (None, 0, None),
-        "nbjit ring at 0": (None, None, 0), "nbjit ring at 16": (None, None, 16),
-        "nbjit ring at 32": (None, None, 32)}
+# at) while its record is built (None: nbjit's own)
+WAYS = {"nbjit": (None, None), "nbjit fresh": (fresh_transfer(False), None),
+        "nbjit fresh aligned": (fresh_transfer(True), None), "nbjit streamed": (None, 0)}
 
 
 def log(*a) -> None:
@@ -102,20 +96,18 @@ def readonly(x: np.ndarray) -> np.ndarray:
 
 
 def warm(f, way, args):
-    """`f`'s first call (its record built) with `way`'s host_transfer,
-    streamed-copy threshold and ring offset."""
-    transfer, stream_min, offset = way
-    saved = platforms.Staged.host_transfer, staging.STREAM_MIN_BYTES, staging.RING_OFFSET
+    """`f`'s first call (its record built) with `way`'s host_transfer and
+    streamed-copy threshold."""
+    transfer, stream_min = way
+    saved = platforms.Staged.host_transfer, staging.STREAM_MIN_BYTES
     if transfer is not None:
         platforms.Staged.host_transfer = transfer
     if stream_min is not None:
         staging.STREAM_MIN_BYTES = stream_min
-    if offset is not None:
-        staging.RING_OFFSET = offset
     try:
         return jax.block_until_ready(f(*args))
     finally:
-        platforms.Staged.host_transfer, staging.STREAM_MIN_BYTES, staging.RING_OFFSET = saved
+        platforms.Staged.host_transfer, staging.STREAM_MIN_BYTES = saved
 
 
 def calls(cases, n: int, rounds: int) -> list[dict]:

@@ -58,8 +58,7 @@ class StagingRing:
         self.shape = shape
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
-        make = functools.partial(_aligned, shape, self.dtype, RING_OFFSET)
-        self.pool = BufferPool(self.nbytes, make, cap)
+        self.pool = BufferPool(self.nbytes, functools.partial(_aligned, shape, self.dtype), cap)
         # From STREAM_MIN_BYTES a same-dtype contiguous leaf is copied with
         # non-temporal stores, once their compile (begun now, on a thread of
         # its own) is done; numpy's copy until then.
@@ -103,13 +102,7 @@ class StagingRing:
         return buffer
 
 
-# Bytes past a multiple of `ALIGN` at which a ring's buffers start (read as a
-# ring is made).
-RING_OFFSET = 0
-
-
-def _aligned(shape: tuple[int, ...], dtype: np.dtype, offset: int) -> np.ndarray:
-    """An uninitialised array of `shape` and `dtype` starting `offset` bytes
-    past a multiple of `ALIGN`."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    return aligned_empty(nbytes + offset)[offset:].view(dtype).reshape(shape)
+def _aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised 64-byte-aligned array of `shape` and `dtype`."""
+    return aligned_empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize).view(
+        dtype).reshape(shape)

@@ -119,9 +119,9 @@ def ready() -> Any:
 
 def stream_copy() -> Callable[[np.ndarray, np.ndarray], None] | None:
     """``copy(dst, src)``: `src`'s bytes into `dst` with non-temporal stores,
-    for two C-contiguous arrays of one size (the caller checks); the bytes
-    before `dst`'s first 64-byte boundary (a streamed store across one
-    faults) and after its last are copied by numpy. None where it cannot be compiled here.
+    for two C-contiguous arrays of one size (the caller checks); a `dst` not
+    64-byte aligned (a streamed store there faults) and the last partial
+    64 bytes are copied by numpy. None where it cannot be compiled here.
     Waits for the compile (`start()`s it where no one did)."""
     start()
     _done.wait()
@@ -172,14 +172,13 @@ def _compile() -> Callable[[np.ndarray, np.ndarray], None] | None:
     def copy(dst: np.ndarray, src: np.ndarray) -> None:
         d = dst.reshape(-1).view(np.uint8)
         s = src.reshape(-1).view(np.uint8)
-        n = s.shape[0]
-        head = min(-d.ctypes.data % _BLOCK, n)  # up to dst's first 64-byte boundary
-        if head:
-            d[:head] = s[:head]
-        blocks = (n - head) // _BLOCK
-        loop(d.ctypes.data + head, s.ctypes.data + head, blocks)
-        if (end := head + blocks * _BLOCK) < n:
-            d[end:] = s[end:]
+        if d.ctypes.data % _BLOCK:
+            np.copyto(d, s)
+            return
+        blocks = s.shape[0] // _BLOCK
+        loop(d.ctypes.data, s.ctypes.data, blocks)
+        if blocks * _BLOCK < s.shape[0]:
+            d[blocks * _BLOCK:] = s[blocks * _BLOCK:]
 
     copy.engine = engine  # type: ignore[attr-defined]  # the machine code lives as long as it
     raw = np.zeros(4 * _BLOCK, np.uint8)
