@@ -10,10 +10,11 @@ read-only arrays; nbjit on read-only and on writeable arrays; the record's
 launcher called directly (jaxlib's C++ alone); nbjit with the launcher
 replaced by a builtin (its Python alone: keying, lookup, staging); the
 record's stager alone; the launcher with one piece of other work before
-each call (the hit path's pieces, 3 us of unrelated Python, a 16 KiB copy
-into memory no put reads), to tell nbjit's own cost from the runtime's
-per-call work growing when anything runs between launches; and the pieces
-of the hit path's Python one by one.
+each call (the hit path's pieces, 3, 10 and 30 us of unrelated Python, a
+16 or 64 KiB copy into memory no put reads), to tell nbjit's own cost from
+the runtime's per-call work growing when anything runs between launches,
+and whether that growth follows the time between launches or what the work
+touches; and the pieces of the hit path's Python one by one.
 A plain Python call and loop calibrate the host against other machines.
 """
 
@@ -86,15 +87,21 @@ def main() -> None:
             return total
         return spin
 
-    turns = 1
-    while turns < 1 << 20:  # a loop of about 3 us on this host
-        spin = spin_for(turns)
-        t0 = time.perf_counter()
-        for _ in range(200):
-            spin()
-        if (time.perf_counter() - t0) / 200 > 3e-6:
-            break
-        turns *= 2
+    def spin_of(us):  # a loop of about `us` microseconds on this host
+        turns = 1
+        while turns < 1 << 22:
+            spin = spin_for(turns)
+            t0 = time.perf_counter()
+            for _ in range(200):
+                spin()
+            if (time.perf_counter() - t0) / 200 > us * 1e-6:
+                break
+            turns *= 2
+        return spin
+
+    spin, spin10, spin30 = spin_of(3), spin_of(10), spin_of(30)
+    big = [rng.standard_normal(4 * 4096).astype(np.float32) for _ in range(8)]
+    scratch64 = np.empty_like(big[0])
 
     variants = {
         "jax.jit, read-only": lambda i: jf(w, ro[i & 7]),
@@ -109,6 +116,12 @@ def main() -> None:
         "launcher + collect_garbage()": lambda i: (collect(), launch(w, ro[i & 7]))[1],
         "launcher + trace_context()": lambda i: (context(), launch(w, ro[i & 7]))[1],
         "launcher + 3 us of other Python": lambda i: (spin(), launch(w, ro[i & 7]))[1],
+        # Does the runtime's extra grow with the time between launches (its
+        # threads going idle), or with what that work touches?
+        "launcher + 10 us of other Python": lambda i: (spin10(), launch(w, ro[i & 7]))[1],
+        "launcher + 30 us of other Python": lambda i: (spin30(), launch(w, ro[i & 7]))[1],
+        "launcher + a 64 KiB copy elsewhere": lambda i: (np.copyto(scratch64, big[i & 7]),
+                                                         launch(w, ro[i & 7]))[1],
         "launcher + a 16 KiB copy elsewhere": lambda i: (np.copyto(scratch, pool[i & 7]),
                                                          launch(w, ro[i & 7]))[1],
         "launcher + the stager, read-only": lambda i: launch(*stage((w, ro[i & 7]))),
@@ -119,6 +132,10 @@ def main() -> None:
         "x.aval, x._committed, x._sharding": lambda i: (w.aval, w._committed, w._sharding),
         "key tuple + dict get": lambda i: {lookup_key: 1}.get(lookup_key),
         "np.copyto 16 KiB": lambda i: np.copyto(scratch, pool[i & 7]),
+        "np.copyto 64 KiB": lambda i: np.copyto(scratch64, big[i & 7]),
+        "3 us of other Python alone": lambda i: spin(),
+        "10 us of other Python alone": lambda i: spin10(),
+        "30 us of other Python alone": lambda i: spin30(),
         "a Python call (calibration)": lambda i: noop(i, i),
     }
     def measure(f):
