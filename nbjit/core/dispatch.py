@@ -280,7 +280,7 @@ class PjitFunction:
         for check in _hooks.compile_checks:  # registered by nbjit.multiprocess
             checked = check(self, private_args, private_kwargs, leaves, description) or checked
         ahead = 0.0 if checked is None else checked.seconds
-        before_miss(leaves)
+        before_miss()
         start = time.perf_counter()
         try:
             with profiler_hooks().compile_span():

@@ -53,7 +53,7 @@ import dataclasses
 import importlib.util
 import os
 import pkgutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -176,11 +176,11 @@ def platform_of(sharding: Any) -> str:
     return next(iter(sharding.device_set)).platform
 
 
-def before_miss(leaves: Sequence[Any]) -> None:
+def before_miss() -> None:
     """Called as a miss begins, before JAX traces and compiles (its compile
     leaves the GIL free): where the default device's strategy launches, the
     streamed copy's compile starts now, on its own thread (once per process),
-    whatever this miss's leaves: ready before the first hit that copies a
+    whatever the miss's leaves: ready before the first hit that copies a
     leaf of `STREAM_MIN_BYTES`, instead of sharing the GIL with it."""
     if not _stream.started() and strategy_for(_jax.default_platform()).launches:
         _stream.start()
@@ -217,7 +217,7 @@ def accelerator_expected() -> bool:
         return True
     namespace = importlib.util.find_spec("jax_plugins")
     return namespace is not None and any(
-        True for _ in pkgutil.iter_modules(namespace.submodule_search_locations or ()))
+        pkgutil.iter_modules(namespace.submodule_search_locations or ()))
 
 
 def after_miss(outcome: MissOutcome) -> None:
