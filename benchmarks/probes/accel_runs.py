@@ -1,8 +1,8 @@
 """Probe: whole training runs, warm-up included, nbjit.jit against jax.jit (run
 on a TPU or GPU; the CPU only to try it).
 
-    python benchmarks/probes/accel_runs.py [--steps N] [--repeats R] [--crew T]
-                                           [--models NAME ...] [--json FILE]
+    python benchmarks/probes/accel_runs.py [--steps N] [--repeats R] [--models NAME ...]
+                                           [--json FILE]
 
 Three models a user trains (tests/test_accel_loops.py's shapes): an MLP
 784-2048-2048-10 at batch 512 (1.6 MB of input a step), a conv net at batch
@@ -17,9 +17,8 @@ the repeats), and nbjit's pace over its first 100 steps against its last 100
 per nbjit run, that pace, the milliseconds of its first call (the miss),
 steps 2-10, 11-100 and the last 100, and how many buffers each staging ring
 made (a fresh buffer's first writes fault its pages in; a small leaf's
-copies are new arrays, no ring). `--crew T`: the streamed copy's crew
-threads (`stream.CREW_THREADS`; default: the machine's); `--models`: the
-models whose name starts with one of these words (mlp, cnn, transformer).
+copies are new arrays, no ring). `--models`: the models whose name starts
+with one of these words (mlp, cnn, transformer; default all three).
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ import jax
 import numpy as np
 
 import nbjit
-from nbjit.core.inputs import stream
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 import test_accel_loops as models  # noqa: E402  (the test's models, sized for the backend)
@@ -87,8 +85,6 @@ def main() -> None:
             del args[i:i + 2]
     if "--json" in args:
         path = args[args.index("--json") + 1]
-    if "--crew" in args:
-        stream.CREW_THREADS = int(args[args.index("--crew") + 1])
     models = ("mlp 2048 b512", "cnn b256", "transformer 32x128")
     if "--models" in args:
         wanted = [w for w in args[args.index("--models") + 1:] if not w.startswith("--")]
@@ -97,9 +93,7 @@ def main() -> None:
     dev = jax.devices()[0]
     out = {"jax": jax.__version__, "device": f"{dev.platform} {dev.device_kind}", "steps": steps,
            "rows": []}
-    out["crew_threads"] = stream.CREW_THREADS
-    print(f"accel_runs: {out['device']}, jax {jax.__version__}, {steps} steps a run, "
-          f"crew threads {stream.CREW_THREADS}", flush=True)
+    print(f"accel_runs: {out['device']}, jax {jax.__version__}, {steps} steps a run", flush=True)
     for name in models:
         params, step, make = build(name)
         rng = np.random.default_rng(0)

@@ -1,7 +1,6 @@
 """Probe: the streamed copy of one batch split over a few threads, against one thread.
 
-    python benchmarks/probes/split_copy.py [--mib 0.8 1.6 3] [--threads 2 3 4] [--crew 1 2 3]
-                                           [--reps 300]
+    python benchmarks/probes/split_copy.py [--mib 0.8 1.6 3] [--threads 2 3 4] [--reps 300]
 
 A writeable host batch on an accelerator costs nbjit one private copy on the
 calling thread before it returns (docs/host-inputs.md, "Accelerators"); at
@@ -14,14 +13,10 @@ waking them costs less than the part they take, on this host.
 The crew: persistent daemon threads, each blocked on a lock of its own; the
 calling thread hands each its part (addresses and a block count), releases
 their locks, copies the first part itself, then waits for each one's done
-lock. Then nbjit's own crew (`stream.CREW_THREADS` threads beside the caller,
-polling between copies for `stream.CREW_SPIN_S`, chunks claimed by whoever
-comes first: no copy waits for a wake) at each `--crew` size, through
-`stream.stream_copy()` as a staging ring calls it. For each size it prints
-the median microseconds of a copy of one of 8 source batches into one
-64-byte-aligned buffer: one thread, then split over each crew size; alone,
-and while `jax.device_put` transfers of two other batches of that size are
-in flight. Every copy's bytes are checked once.
+lock. For each size it prints the median microseconds of a copy of one of 8
+source batches into one 64-byte-aligned buffer: one thread, then split over
+each crew size; alone, and while `jax.device_put` transfers of two other
+batches of that size are in flight. Every copy's bytes are checked once.
 """
 
 from __future__ import annotations
@@ -77,21 +72,6 @@ class Crew:
             self.done[k].acquire()
 
 
-def crew_copy(streamed, n: int):
-    """``copy(dst, src)``: nbjit's streamed copy with a crew of `n` threads
-    (the process's crew is made again for each size: the last one's threads
-    are told to end)."""
-
-    def copy(dst: np.ndarray, src: np.ndarray) -> None:
-        if stream.CREW_THREADS != n or stream._crew is None:
-            if stream._crew is not None:
-                stream._crew.stop()
-            stream.CREW_THREADS, stream._crew = n, None
-        streamed(dst, src)
-
-    return copy
-
-
 def raw_loop():
     copy = stream.stream_copy()
     if copy is None:
@@ -107,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=float, nargs="+", default=[0.8, 1.6, 3])
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 3, 4])
-    parser.add_argument("--crew", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--reps", type=int, default=300)
     a = parser.parse_args(argv)
     loop = raw_loop()
@@ -116,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     device = jax.devices()[0]
     print(f"{device.platform} {device.device_kind}, jax {jax.__version__}, median us of "
           f"{a.reps} copies; columns: one thread, then split over n threads")
-    streamed = stream.stream_copy()
-    crew_copies = {f"crew {n}": crew_copy(streamed, n) for n in a.crew}
-    head = ["1"] + [str(n) for n in crews] + list(crew_copies)
+    head = ["1"] + [str(n) for n in crews]
     print("| MiB | puts in flight | " + " | ".join(head) + " |")
     print("|---:|:---|" + "---:|" * len(head))
     rng = np.random.default_rng(0)
@@ -127,13 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         pool = [rng.integers(0, 255, nbytes, dtype=np.uint8) for _ in range(8)]
         others = [rng.integers(0, 255, nbytes, dtype=np.uint8) for _ in range(2)]
         dst = aligned(nbytes)
-        copies = [c.copy for c in (one, *crews.values())] + list(crew_copies.values())
-        for k, copy in enumerate(copies):
+        for crew in (one, *crews.values()):
             dst[:] = 0
-            copy(dst, pool[3])
-            assert np.array_equal(dst, pool[3]), f"copy {head[k]} wrote other bytes"
+            crew.copy(dst, pool[3])
+            assert np.array_equal(dst, pool[3]), f"crew of {crew.n} copied other bytes"
         for busy in (None, others):
-            cells = [median_us(c, pool, dst, a.reps, busy) for c in copies]
+            cells = [median_us(c.copy, pool, dst, a.reps, busy) for c in (one, *crews.values())]
             print(f"| {mib:g} | {'yes' if busy else 'no'} | "
                   + " | ".join(f"{c:.1f}" for c in cells) + " |", flush=True)
     return 0
