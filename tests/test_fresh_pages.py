@@ -1,14 +1,10 @@
 """Fresh host buffers of `pools.POPULATE_MIN_BYTES` and more have their pages
 mapped at once (Linux's MAP_POPULATE), not faulted in by their first writes:
-a staging ring's buffers and a miss's private copies on an accelerator; and
-a big leaf's ring has its first buffers made on a thread (`pools.prefill`)."""
+a staging ring's buffers and a miss's private copies on an accelerator."""
 
 from __future__ import annotations
 
-import gc
 import mmap
-import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +15,6 @@ from _diff import assert_same_outputs, steps_of
 import nbjit
 from nbjit.core.inputs import platforms as _platforms
 from nbjit.core.inputs import pools as _pools
-from nbjit.core.inputs import staging as _staging
 from nbjit.core.inputs import values as _values
 
 populating = pytest.mark.skipif(not _pools._MAP_POPULATE, reason="no MAP_POPULATE here")
@@ -98,82 +93,3 @@ def test_a_big_leafs_ring_buffers_are_mapped_at_once(monkeypatch):
     buffer = ring.pool.claim()
     ring.pool.release(buffer)
     assert _mapped(buffer) and buffer.shape == (n,) and buffer.dtype == np.float32
-
-
-class _Made:
-    """A pool's `make`, noting which thread made each buffer."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-        self.threads: list[str] = []
-
-    def __call__(self) -> np.ndarray:
-        self.threads.append(threading.current_thread().name)
-        return np.zeros(self.nbytes, np.uint8)
-
-
-def _until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return condition()
-
-
-def test_prefill_makes_a_pools_first_buffers_on_its_own_thread():
-    made = _Made(4096)
-    pool = _pools.BufferPool(4096, made, cap=5)
-    _pools.prefill(pool, 3)
-    assert _until(lambda: len(pool.free) == 3)
-    assert made.threads == ["nbjit buffer prefill"] * 3 and pool.kept.count == 3
-    claimed = [pool.claim() for _ in range(3)]  # (held: each claim takes another)
-    assert len(made.threads) == 3  # none made by this thread
-    assert len({id(b) for b in claimed}) == 3
-    pool.release(claimed[0])
-    assert len(pool.free) <= pool.kept.count
-
-
-def test_prefill_stays_within_the_pools_cap():
-    made = _Made(64)
-    pool = _pools.BufferPool(64, made, cap=2)
-    _pools.prefill(pool, 5)
-    assert _until(lambda: len(pool.free) == 2)
-    time.sleep(0.05)
-    assert len(made.threads) == 2 and pool.kept.count == 2
-
-
-def test_prefill_of_a_collected_pool_makes_nothing():
-    made = _Made(64)
-    pool = _pools.BufferPool(64, made, cap=4)
-    _pools.prefill(pool, 0)  # (the thread is up)
-    blocker = threading.Event()
-    _pools._prefill_jobs().put((lambda: blocker.wait(5) and None, 0))  # holds the thread
-    _pools.prefill(pool, 4)
-    del pool
-    gc.collect()
-    blocker.set()
-    done = _Made(64)
-    last = _pools.BufferPool(64, done, cap=1)
-    _pools.prefill(last, 1)
-    assert _until(lambda: len(last.free) == 1)
-    assert made.threads == []
-
-
-def test_a_big_rings_first_buffers_are_made_ahead(monkeypatch):
-    made = []
-    real = _staging._aligned
-
-    def aligned(shape, dtype):
-        made.append(threading.current_thread().name)
-        return real(shape, dtype)
-
-    monkeypatch.setattr(_staging, "_aligned", aligned)
-    n = _pools.POPULATE_MIN_BYTES // 4
-    ring = _staging.StagingRing((n,), np.dtype(np.float32), 8)
-    assert _until(lambda: len(ring.pool.free) == _staging.PREFILL_BUFFERS)
-    x = np.arange(n, dtype=np.float32)
-    staged = [ring.stage(x) for _ in range(_staging.PREFILL_BUFFERS)]
-    assert all(np.array_equal(s, x) for s in staged)
-    assert made == ["nbjit buffer prefill"] * _staging.PREFILL_BUFFERS
-    small = _staging.StagingRing((16,), np.dtype(np.float32), 8)
-    time.sleep(0.05)
-    assert len(small.pool.free) == 0  # small buffers: made as claimed

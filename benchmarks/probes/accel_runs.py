@@ -19,9 +19,8 @@ steps 2-10, 11-100 and the last 100, and how many buffers each staging ring
 made (a fresh buffer's first writes fault its pages in; a small leaf's
 copies are new arrays, no ring). `--models`: the models whose name starts
 with one of these words (mlp, cnn, transformer; default all three);
-`--faulted`: fresh buffers faulted in by their first writes and no ring
-buffers made ahead, as before `pools.POPULATE_MIN_BYTES` and
-`staging.PREFILL_BUFFERS`.
+`--faulted`: fresh buffers faulted in by their first writes, as before
+`pools.POPULATE_MIN_BYTES`.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ import jax
 import numpy as np
 
 import nbjit
-from nbjit.core.inputs import pools, staging
+from nbjit.core.inputs import pools
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 import test_accel_loops as models  # noqa: E402  (the test's models, sized for the backend)
@@ -91,7 +90,6 @@ def main() -> None:
         path = args[args.index("--json") + 1]
     if "--faulted" in args:
         pools.POPULATE_MIN_BYTES = 1 << 62
-        staging.PREFILL_BUFFERS = 0
     models = ("mlp 2048 b512", "cnn b256", "transformer 32x128")
     if "--models" in args:
         wanted = [w for w in args[args.index("--models") + 1:] if not w.startswith("--")]

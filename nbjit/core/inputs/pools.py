@@ -15,17 +15,13 @@ Every pool is in one registry: together they keep at most
 `clear_pools` lets go of every kept buffer (one that something still reads
 stays alive there). The pools: the plans' big staging buffers, one per size
 (`staging_buffer`), and each staged leaf's private copies
-(`nbjit.core.inputs.staging.StagingRing`). `prefill` has a pool's first
-buffers made on a thread of their own, where making one costs
-(`aligned_empty`'s mapping of its pages).
+(`nbjit.core.inputs.staging.StagingRing`).
 """
 
 from __future__ import annotations
 
 import collections
 import mmap
-import os
-import queue
 import sys
 import threading
 import weakref
@@ -37,7 +33,7 @@ from nbjit._common import ALIGN, align_up
 
 __all__ = ["POOLED_MAX_BYTES", "POPULATE_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "BufferPool",
            "aligned_empty",
-           "clear_pools", "clear_staging_pool", "pooled_buffers", "prefill", "staging_buffer",
+           "clear_pools", "clear_staging_pool", "pooled_buffers", "staging_buffer",
            "staging_pool_size"]
 
 # Plans' staging buffers from this size are pooled: a fresh buffer is memory
@@ -119,73 +115,13 @@ class BufferPool:
         _forget(self.kept)
 
     def _new(self) -> np.ndarray:
-        self._count_one()
-        return self.make()
-
-    def _count_one(self) -> bool:
-        """Counts one more kept buffer, where the caps leave room for it."""
         global _kept_bytes
         kept = self.kept
         with _lock:
             if kept.count < self.cap and _kept_bytes + self.nbytes <= POOLED_MAX_BYTES:
                 kept.count += 1
                 _kept_bytes += self.nbytes
-                return True
-        return False
-
-    def _add_made(self, count: int) -> None:
-        """Makes up to `count` kept buffers and frees them (`prefill`'s thread)."""
-        for _ in range(count):
-            if not self._count_one():
-                return
-            self.free.append(self.make())
-
-
-def prefill(pool: BufferPool, count: int) -> None:
-    """Has up to `count` of `pool`'s buffers made on a thread of their own and
-    put in its free list (as far as its caps allow), so that its first claims
-    find them ready. For buffers whose making costs (`aligned_empty`'s
-    mapping of every page, with the GIL let go): a claim meanwhile makes its
-    own, and no caller waits for the thread."""
-    jobs = _prefill_jobs()
-    jobs.put((weakref.ref(pool), count))
-
-
-_jobs: queue.SimpleQueue | None = None
-_jobs_lock = threading.Lock()
-
-
-def _prefill_jobs() -> queue.SimpleQueue:
-    global _jobs
-    if _jobs is None:
-        with _jobs_lock:
-            if _jobs is None:
-                jobs: queue.SimpleQueue = queue.SimpleQueue()
-                threading.Thread(target=_make_buffers, args=(jobs,), daemon=True,
-                                 name="nbjit buffer prefill").start()
-                _jobs = jobs
-    return _jobs
-
-
-def _make_buffers(jobs: queue.SimpleQueue) -> None:
-    while True:
-        ref, count = jobs.get()
-        pool = ref()
-        if pool is not None:
-            try:
-                pool._add_made(count)
-            except Exception:  # (no memory now, say): its claims make their own
-                pass
-        del pool
-
-
-def _forget_prefill_thread() -> None:
-    """In a forked child the parent's prefill thread does not exist."""
-    global _jobs
-    _jobs = None
-
-
-os.register_at_fork(after_in_child=_forget_prefill_thread)
+        return self.make()
 
 
 class _Kept:

@@ -15,16 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from nbjit.core.inputs import pools as _pools
 from nbjit.core.inputs import stream as _stream
 from nbjit.core.inputs.pools import BufferPool, aligned_empty
 from nbjit.core.inputs.stream import STREAM_MIN_BYTES
 
-__all__ = ["PREFILL_BUFFERS", "StagingRing", "immutable"]
-
-# A big leaf's ring has this many buffers made on a thread as it is made (a
-# loop that does not block keeps about this many transfers in flight).
-PREFILL_BUFFERS = 3
+__all__ = ["StagingRing", "immutable"]
 
 
 def immutable(x: Any) -> bool:
@@ -64,10 +59,6 @@ class StagingRing:
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
         self.pool = BufferPool(self.nbytes, functools.partial(_aligned, shape, self.dtype), cap)
-        if self.nbytes >= _pools.POPULATE_MIN_BYTES:
-            # a big buffer's pages cost to map: the first ones are made on
-            # a thread while the miss goes on, not by the first calls
-            _pools.prefill(self.pool, PREFILL_BUFFERS)
         # From STREAM_MIN_BYTES a same-dtype contiguous leaf is copied with
         # non-temporal stores, once their compile (begun now, on a thread of
         # its own) is done; numpy's copy until then.
