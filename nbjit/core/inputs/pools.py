@@ -21,7 +21,6 @@ stays alive there). The pools: the plans' big staging buffers, one per size
 from __future__ import annotations
 
 import collections
-import mmap
 import sys
 import threading
 import weakref
@@ -31,8 +30,7 @@ import numpy as np
 
 from nbjit._common import ALIGN, align_up
 
-__all__ = ["POOLED_MAX_BYTES", "POPULATE_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "BufferPool",
-           "aligned_empty",
+__all__ = ["POOLED_MAX_BYTES", "STAGING_POOL_MIN_BYTES", "BufferPool", "aligned_empty",
            "clear_pools", "clear_staging_pool", "pooled_buffers", "staging_buffer",
            "staging_pool_size"]
 
@@ -41,14 +39,6 @@ __all__ = ["POOLED_MAX_BYTES", "POPULATE_MIN_BYTES", "STAGING_POOL_MIN_BYTES", "
 STAGING_POOL_MIN_BYTES = 8 << 20
 _STAGING_POOL_PER_SIZE = 2  # buffers kept per staging size (double buffering)
 POOLED_MAX_BYTES = 512 << 20  # what every pool keeps, together
-
-# From this size `aligned_empty` maps a new buffer's pages in one call
-# (Linux's MAP_POPULATE) instead of letting its first writes fault them in
-# one by one: a fault costs a few microseconds on some hosts (a sandboxed
-# kernel's, as on the TPU machines: docs/host-inputs.md), and a staging
-# ring's or a miss's first copies write fresh buffers.
-POPULATE_MIN_BYTES = 256 << 10
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 _FREE: int  # what `claim` sees for a buffer only its pool holds (`_measured_free`, below)
@@ -190,17 +180,7 @@ _FREE = _measured_free()
 
 def aligned_empty(nbytes: int) -> np.ndarray:
     """`nbytes` uninitialised bytes starting at a multiple of `ALIGN` (a view
-    of a slightly bigger allocation); from `POPULATE_MIN_BYTES`, where the
-    system can, an anonymous mapping of its own with every page mapped
-    already (page-aligned; unmapped when the last array over it goes)."""
-    if nbytes >= POPULATE_MIN_BYTES and _MAP_POPULATE:
-        try:
-            pages = mmap.mmap(-1, nbytes,
-                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_POPULATE)
-        except OSError:  # (no memory to map now: malloc's, faulted in as written)
-            pass
-        else:
-            return np.frombuffer(pages, np.uint8)
+    of a slightly bigger allocation)."""
     raw = np.empty(nbytes + ALIGN, np.uint8)
     address = raw.__array_interface__["data"][0]
     skip = align_up(address) - address

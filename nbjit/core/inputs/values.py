@@ -17,7 +17,6 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._common import ALIGN, PYTHON_SCALARS
-from nbjit.core.inputs import pools as _pools
 
 __all__ = ["PRIVATE_COPY_ALWAYS_BYTES", "PYTHON_SCALAR_DTYPES", "canonical_dtypes", "host_dtype",
            "private_host_copies", "scalar_converts_exactly"]
@@ -122,12 +121,6 @@ PRIVATE_COPY_ALWAYS_BYTES = 64 << 10
 def _private_leaf(x: Any, every: bool) -> Any:
     if type(x) is not np.ndarray:
         return x
-    if every and x.nbytes >= _pools.POPULATE_MIN_BYTES and x.dtype.kind in "biufc":
-        # a big copy into pages mapped at once (`aligned_empty`), not faulted
-        # in by the copy's writes
-        y = _pools.aligned_empty(x.nbytes).view(x.dtype).reshape(x.shape)
-        np.copyto(y, x)
-        return y
     if (every or x.nbytes <= PRIVATE_COPY_ALWAYS_BYTES
             or x.__array_interface__["data"][0] % ALIGN == 0):
         return x.copy()
