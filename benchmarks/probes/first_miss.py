@@ -7,11 +7,12 @@
 run's 1.5 (JAX's program compiled before either). Here the MLP of that
 probe (784-2048-2048-10, batch 512, writeable batches): jax.jit compiles
 its step once, then `--runs` times a new ``nbjit.jit(step)`` makes its first
-call under cProfile, then 9 more calls unprofiled. Per run it prints the
-miss's milliseconds with and without the profiler's own cost (a second
-unprofiled first call of a new function, timed alone, follows each), then
-the functions whose cumulative time the first run spent most beyond the
-second's (the first run's cost that later runs do not pay).
+call under cProfile, then 9 more calls unprofiled. Per run it prints that
+first call's milliseconds, and those of an unprofiled first call of another
+new ``nbjit.jit(step)`` right after (a later function finds the record the
+first one built: no miss). Then the functions whose cumulative time the
+first run spent most beyond the second's (what only a process's first
+miss pays), and the first run's own time per function.
 """
 
 from __future__ import annotations
