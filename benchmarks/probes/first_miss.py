@@ -28,20 +28,15 @@ import numpy as np
 
 import nbjit
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
-import test_accel_loops as models  # noqa: E402  (the test's models, sized for the backend)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from accel_runs import build  # noqa: E402  (that probe's models and step)
 
 
 def main() -> None:
     args = sys.argv[1:]
     runs = int(args[args.index("--runs") + 1]) if "--runs" in args else 3
     top = int(args[args.index("--top") + 1]) if "--top" in args else 25
-    params, loss, make = models._mlp(2048, 512)
-
-    def step(p, x, y):
-        value, grads = jax.value_and_grad(loss)(p, x, y)
-        return jax.tree.map(lambda w, g: w - 0.01 * g, p, grads), value
-
+    params, step, make = build("mlp 2048 b512")
     rng = np.random.default_rng(0)
     pool = [make(rng) for _ in range(8)]
     dev = jax.devices()[0]
