@@ -466,3 +466,28 @@ def test_a_big_leaf_is_read_during_the_call_not_copied(staged):
         x[:] = 5.0
         assert_same_outputs(out, want)
     assert [h.transfer for h in steps_of(f, x)["HostInput"]] == [_platforms.DIRECT]
+
+
+def test_a_leaf_past_the_plans_threshold_is_read_during_the_call_too(staged):
+    """Where the strategy launches, a one-device leaf of
+    `SINGLE_DEVICE_PLAN_MIN_BYTES` or more is no `ShardingPlan`'s (whose copy
+    came on top of the runtime's own read there) but a `DIRECT` leaf of the
+    launch record; the CPU's own strategies keep the plan
+    (tests/test_host_inputs.py)."""
+    from nbjit.core.inputs import plans as _plan
+
+    assert _platforms.DEFAULT.plans_big_leaves and not _platforms.STAGED.plans_big_leaves
+    n = _plan.SINGLE_DEVICE_PLAN_MIN_BYTES // 4 + 1024
+    fn = lambda a, b: (a[::4096] * 2.0 + b, jnp.sum(a[::512]))  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    x = np.arange(n, dtype=np.float32)
+    want = g(x.copy(), 1.5)
+    for _ in range(3):
+        x[:] = np.arange(n, dtype=np.float32)
+        out = f(x, 1.5)
+        x[:] = -5.0  # right after the call
+        assert_same_outputs(out, want)
+    steps = steps_of(f, x, 1.5)
+    assert not steps["_Planned"]
+    assert [h.transfer for h in steps["HostInput"] if h.aval.shape] == [_platforms.DIRECT]
+    assert _record(f, x, 1.5).launch is not None

@@ -99,6 +99,10 @@ class InputStrategy:
     # hands them to jaxlib's own put (`nbjit.core.inputs.launch`) instead of
     # putting each from Python.
     launches = False
+    # Whether a numpy leaf of `SINGLE_DEVICE_PLAN_MIN_BYTES` or more bound for
+    # one device goes through a `ShardingPlan` (a parallel copy into aligned
+    # staging, then the put) rather than this strategy's `host_transfer`.
+    plans_big_leaves = True
 
     def host_transfer(self, aval: Any, sharding: Any) -> HostTransfer:
         """How a `HostInput` step bound for `sharding` puts a numpy array of `aval`."""
@@ -121,6 +125,10 @@ class Staged(InputStrategy):
 
     name = "staged"
     launches = True
+    # A big leaf is read during the call (`DIRECT`), never first copied by a
+    # plan: there the plan's copy came on top of the runtime's own read
+    # (docs/host-inputs.md, "Accelerators").
+    plans_big_leaves = False
     # Buffers a step's ring keeps: every call still in flight holds one (the
     # runtime lets go of it when its computation is done), and a loop that does
     # not block runs many calls ahead. With none free a call allocates a new

@@ -359,12 +359,14 @@ def _host_step(i: int, x: Any, sharding: Any, donated: bool,
     if dtype is None or not len(_jax.device_list(sharding)):
         return SHARD_ARGS  # not a host value, or no device of this process: JAX's way
     nbytes = np.size(x) * dtype.itemsize
-    if len(sharding.device_set) == 1 and nbytes < _plan.SINGLE_DEVICE_PLAN_MIN_BYTES:
-        memo = not donated and nbytes <= HostInput.MEMO_MAX_BYTES
-        weak = type(x) in _WEAK_SCALAR_TYPES
-        aval = _jax.ShapedArray(np.shape(x), dtype, weak_type=weak)
-        transfer = strategy_for(platform_of(sharding)).host_transfer(aval, sharding)
-        return HostInput(i, dtype, aval, sharding, memo, on_fresh, transfer)
+    if len(sharding.device_set) == 1:
+        strategy = strategy_for(platform_of(sharding))
+        if nbytes < _plan.SINGLE_DEVICE_PLAN_MIN_BYTES or not strategy.plans_big_leaves:
+            memo = not donated and nbytes <= HostInput.MEMO_MAX_BYTES
+            weak = type(x) in _WEAK_SCALAR_TYPES
+            aval = _jax.ShapedArray(np.shape(x), dtype, weak_type=weak)
+            transfer = strategy.host_transfer(aval, sharding)
+            return HostInput(i, dtype, aval, sharding, memo, on_fresh, transfer)
     plan = _plan.plan_for(sharding, np.shape(x), dtype)
     return SHARD_ARGS if plan is None else _Planned(i, dtype, plan)
 
