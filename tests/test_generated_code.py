@@ -129,8 +129,12 @@ def generated(tmp_path_factory):
             for f, args, kwargs in _calls():
                 f(*args, **kwargs)
         # The CPU's host-memory strategy (`cpu_host_memory`, tests/conftest.py):
-        # on another backend fresh host values take their own path.
-        host_memory = jax.default_backend() == "cpu"
+        # where the default device's strategy launches (an accelerator's, or
+        # the CPU's under NBJIT_TEST_STRATEGY=staged) fresh host values take
+        # their own path.
+        from nbjit.core.inputs import platforms
+
+        host_memory = not platforms.strategy_for(jax.default_backend()).launches
         if host_memory:
             _fresh_host_calls()
     names = [filename.rsplit("<", 1)[1] for filename in seen]
