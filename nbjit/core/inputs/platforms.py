@@ -8,7 +8,7 @@ per leaf, the numpy array copied while the call runs, a memo for small
 repeated values), a big or multi-device one a `ShardingPlan`, anything else
 JAX's `shard_args` (`nbjit.core.inputs.steps`). That is `DEFAULT`.
 
-A strategy (`InputStrategy`) changes three things, and nothing else:
+A strategy (`InputStrategy`) changes four things, and nothing else:
 
   * `host_transfer(aval, sharding)`: how a `HostInput` step hands a numpy
     array to a put, as a `HostTransfer`: jaxlib's host buffer semantics
@@ -19,6 +19,9 @@ A strategy (`InputStrategy`) changes three things, and nothing else:
   * `launches`: whether a record whose host leaves go to its executable's
     one device hands them to jaxlib's own put (a launch record,
     `nbjit.core.inputs.launch`) instead of putting each from Python.
+  * `plans_big_leaves`: whether a one-device numpy leaf of
+    `SINGLE_DEVICE_PLAN_MIN_BYTES` or more goes through a `ShardingPlan`
+    (the CPU's way) rather than `host_transfer`.
   * `on_miss(outcome)`: after a miss installed a node with a record, an
     optimisation may arm itself for that node (it must not raise).
 
@@ -31,8 +34,9 @@ copies the array into a private buffer of the step's `StagingRing`, and
 its records launch: jaxlib's own put reads that copy, zero copy, the call
 returning while the transfer runs, and nothing the caller writes
 afterwards is read. An array no one can write is put in place
-(`staging.immutable`), and one of `Staged.DIRECT_MIN_BYTES` or more is
-read during the call by nbjit's own put (`DIRECT`), with no copy of ours.
+(`staging.immutable`), and one of `Staged.DIRECT_MIN_BYTES` or more, at
+any size, is read during the call by nbjit's own put (`DIRECT`), with no
+copy of ours.
 
 The table, `strategy_for(platform)`:
 

@@ -8,8 +8,9 @@ value the miss saw, exact types first, as jaxlib's `shard_args` does:
   * a one-device `jax.Array` on another device: a C++ copy (`_Copy`);
   * a host value (numpy array or scalar, Python scalar) bound for one
     device: `HostInput` (one batched C++ transfer, with a memo);
-  * a host value bound for many devices, or a big one: its `ShardingPlan`
-    slices/copies on the host (`_Planned`);
+  * a host value bound for many devices, or a big one where the platform's
+    strategy plans big leaves (`InputStrategy.plans_big_leaves`: the
+    CPU's): its `ShardingPlan` slices/copies on the host (`_Planned`);
   * anything else: JAX's own `shard_args`, batched into one `ShardArgs`.
 
 Every step of one input is an `InputStep` (its `index`, `value`, `apply`,
