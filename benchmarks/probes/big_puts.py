@@ -175,6 +175,11 @@ def main() -> None:
             print(f"  {w:12s} {c['return_us']:9.1f} {c['ready_us']:9.1f} {c['loop_us']:9.1f}"
                   f" {c['ready_us'] / row['jax']['ready_us']:6.3f} {c['changed_of_15']}",
                   flush=True)
+    write_rows(path, rows)
+
+
+def write_rows(path, rows) -> None:
+    """The probe's rows, with the device and jax version, as JSON (None: nothing)."""
     if path:
         with open(path, "w") as fh:
             json.dump({"device": f"{dev.platform} {dev.device_kind}", "jax": jax.__version__,

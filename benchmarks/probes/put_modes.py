@@ -18,7 +18,6 @@ and how often the last ``during`` put's array was ready at the next call.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -28,7 +27,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from big_puts import DURING, ZC, dev, g, put  # noqa: E402
+from big_puts import DURING, ZC, dev, g, put, write_rows  # noqa: E402
 
 from nbjit.core.inputs import pools as _pools  # noqa: E402
 from nbjit.core.inputs import stream as _stream  # noqa: E402
@@ -132,10 +131,7 @@ def main() -> None:
             print(f"       {phase}: ring's last buffer free at the next call "
                   f"{s['ring_free']}/{s['ring_asked']}, last during put ready "
                   f"{s['during_ready']}/{s['during_asked']}", flush=True)
-    if path:
-        with open(path, "w") as fh:
-            json.dump({"device": f"{dev.platform} {dev.device_kind}", "jax": jax.__version__,
-                       "rows": rows}, fh, indent=1)
+    write_rows(path, rows)
 
 
 if __name__ == "__main__":
