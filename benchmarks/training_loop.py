@@ -5,11 +5,14 @@
 
 An MLP 784-W-W-10 (W: each of --widths, 512 by default) with plain SGD; each
 step takes a new (x, y) numpy batch from a pool of 8 (as a loader hands them
-out) and nothing blocks until the end of a round. The two functions run in
-alternating rounds in one process; per batch size it prints the per-step ratio
-nbjit / jax.jit (median and p10-p90 of the rounds), the ratio of the time
-until each call returns, whether the losses are equal, and the host-inputs
-line of nbjit's stats.
+out) and nothing blocks until the end of a round. Three contenders run in
+rotating rounds in one process: nbjit.jit, jax.jit, and jax.jit on copies the
+loop makes of each batch before the call (``f(p, x.copy(), y.copy())``: what
+a jax.jit user writes so that a loader reusing its buffers cannot change a
+result, the guarantee nbjit gives). Per batch size it prints the per-step
+ratio nbjit / jax.jit (median and p10-p90 of the rounds), the ratio of the
+time until each call returns, nbjit against jax.jit on copies, whether the
+losses are equal, and the host-inputs line of nbjit's stats.
 
 Then the write-right-after-the-call check: a numpy input (8 KiB to 25 MiB)
 is overwritten right after each call while a slow computation keeps the
@@ -37,6 +40,8 @@ import numpy as np
 
 import nbjit
 from nbjit.bench.runner import git_commit
+
+COPIES = "jax.jit, copies"  # jax.jit on copies the loop makes of each batch before the call
 
 
 def init(key, sizes):
@@ -66,7 +71,9 @@ def loop(batch: int, rounds: int, steps: int, width: int = 512) -> dict:
     pool = [(rng.standard_normal((batch, 784), np.float32),
              rng.integers(0, 10, batch).astype(np.int32)) for _ in range(8)]
     params0 = init(jax.random.PRNGKey(0), (784, width, width, 10))
-    fs = {"jax.jit": jax.jit(step), "nbjit": nbjit.jit(step)}
+    jitted = jax.jit(step)
+    fs = {"jax.jit": jitted, "nbjit": nbjit.jit(step),
+          COPIES: lambda p, x, y: jitted(p, x.copy(), y.copy())}
 
     def run(f, n):
         p, losses, calls = params0, [], 0.0
@@ -87,8 +94,9 @@ def loop(batch: int, rounds: int, steps: int, width: int = 512) -> dict:
     ret: dict = {k: [] for k in fs}
     gc.disable()
     try:
+        names = list(fs)
         for r in range(rounds):
-            for k in (list(fs) if r % 2 else list(fs)[::-1]):
+            for k in names[r % 3:] + names[:r % 3]:
                 s, c, _ = run(fs[k], steps)
                 per[k].append(s)
                 ret[k].append(c)
@@ -96,6 +104,7 @@ def loop(batch: int, rounds: int, steps: int, width: int = 512) -> dict:
         gc.enable()
     ratio = np.array(per["nbjit"]) / np.array(per["jax.jit"])
     call_ratio = np.array(ret["nbjit"]) / np.array(ret["jax.jit"])
+    over_copies = np.array(per["nbjit"]) / np.array(per[COPIES])
     host_line = [line for line in str(fs["nbjit"].stats()).splitlines()
                  if line.startswith("host inputs")]
     return {
@@ -108,6 +117,9 @@ def loop(batch: int, rounds: int, steps: int, width: int = 512) -> dict:
         "jax_call_us": round(float(np.median(ret["jax.jit"])) * 1e6, 1),
         "nbjit_call_us": round(float(np.median(ret["nbjit"])) * 1e6, 1),
         "call_ratio": round(float(np.median(call_ratio)), 3),
+        "copies_step_us": round(float(np.median(per[COPIES])) * 1e6, 1),
+        "over_copies": round(float(np.median(over_copies)), 3),
+        "over_copies_p10_p90": [round(float(v), 3) for v in np.percentile(over_copies, [10, 90])],
         "losses_equal": same,
         "host_inputs": host_line[0] if host_line else None,
     }

@@ -353,12 +353,20 @@ def _width(row: dict[str, Any]) -> str:
 def _loop_sentence(loop: dict[str, Any]) -> str:
     parts = [f"batch {r['batch']}{_width(r)}: {r['step_ratio']:.2f} a step "
              f"({r['step_p10_p90'][0]:.2f}-{r['step_p10_p90'][1]:.2f}), calls returning at "
-             f"{r['call_ratio']:.2f}, losses {'equal' if r['losses_equal'] else 'NOT equal'}"
+             f"{r['call_ratio']:.2f}{_over_copies(r)}, losses "
+             f"{'equal' if r['losses_equal'] else 'NOT equal'}"
              for r in loop["loops"]]
     w = loop["writes_after_the_call"]
     return ("; ".join(parts) + f". A write to the numpy input right after the call changed "
             f"{w['changed']['jax.jit']} of {w['calls']} of jax.jit's results and "
             f"{w['changed']['nbjit']} of nbjit's.")
+
+
+def _over_copies(row: dict[str, Any]) -> str:
+    """", against jax.jit on copies the loop makes R" where the run measured it."""
+    if row.get("over_copies") is None:
+        return ""
+    return f", against jax.jit on copies the loop makes {row['over_copies']:.2f}"
 
 
 def _loop_commit(data: dict[str, Any], loop: dict[str, Any]) -> str:
@@ -400,13 +408,17 @@ def tpu_loop_block(loop: dict[str, Any]) -> str:
     lines = [f"nbjit {loop.get('commit', '?')}, jax {loop['jax']}, {loop['device']}; nbjit / "
              "jax.jit, median (p10-p90) of interleaved rounds:", "",
              "| batch | hidden width | jax.jit us a step | nbjit us a step | a step "
-             "| until each call returns | losses | host inputs |",
-             "|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| until each call returns | jax.jit on copies the loop makes: us a step, nbjit / it "
+             "| losses | host inputs |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in loop["loops"]:
+        copies = ("-" if r.get("over_copies") is None else
+                  f"{r['copies_step_us']:.0f}, {r['over_copies']:.2f} "
+                  f"({r['over_copies_p10_p90'][0]:.2f}-{r['over_copies_p10_p90'][1]:.2f})")
         lines.append(f"| {r['batch']} | {r.get('width', 512)} | {r['jax_step_us']:.0f} "
                      f"| {r['nbjit_step_us']:.0f} "
                      f"| {r['step_ratio']:.2f} ({r['step_p10_p90'][0]:.2f}-"
-                     f"{r['step_p10_p90'][1]:.2f}) | {r['call_ratio']:.2f} "
+                     f"{r['step_p10_p90'][1]:.2f}) | {r['call_ratio']:.2f} | {copies} "
                      f"| {'equal' if r['losses_equal'] else 'NOT equal'} "
                      f"| {r['host_inputs'] or '-'} |")
     w = loop["writes_after_the_call"]
