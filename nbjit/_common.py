@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from types import FrameType, TracebackType
 
 PYTHON_SCALARS = frozenset({bool, int, float, complex})
@@ -20,6 +21,25 @@ PYTHON_SCALARS = frozenset({bool, int, float, complex})
 
 ALIGN = 64
 """Bytes: the CPU client uses host memory in place when it is aligned to this."""
+
+
+def _libc_memcmp() -> Callable[[int, int, int], int] | None:
+    try:
+        import ctypes
+
+        memcmp = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError):  # no C library to load
+        return None
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return memcmp
+
+
+memcmp: Callable[[int, int, int], int] | None = _libc_memcmp()
+"""The C library's ``memcmp(a, b, n)`` on two addresses (ctypes: it lets go of
+the GIL), or None where there is none to load. It stops at the first byte
+that differs, so telling new bytes from the last ones costs next to nothing;
+only equal bytes are read to the end."""
 
 
 def align_up(n: int, align: int = ALIGN) -> int:

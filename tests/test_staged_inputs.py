@@ -27,6 +27,7 @@ from nbjit import _jax
 from nbjit.core.inputs import platforms as _platforms
 from nbjit.core.inputs import staging as _staging
 from nbjit.core.inputs import values as _values
+from nbjit.core.inputs.steps import HostInput
 
 
 @pytest.fixture
@@ -349,8 +350,8 @@ def test_no_call_waits_for_the_streamed_copys_compile(staged, monkeypatch):
     streamed = []
     monkeypatch.setattr(_stream, "_compiled",
                         lambda dst, src: (streamed.append(src.nbytes), copy(dst, src)))
-    for i in range(3):
-        x = np.random.default_rng(i).standard_normal(n).astype(np.float32)
+    for i in range(3):  # new values (the first loop's again would be the held copy's)
+        x = np.random.default_rng(i + 1).standard_normal(n).astype(np.float32)
         assert_same_outputs(f(x), g(x))
     assert streamed == [4 * n] * 3 and not ring.stream_pending
     monkeypatch.setattr(_stream, "_compiled", None)  # no streamed copy in this process
@@ -491,3 +492,96 @@ def test_a_leaf_past_the_plans_threshold_is_read_during_the_call_too(staged):
     assert not steps["_Planned"]
     assert [h.transfer for h in steps["HostInput"] if h.aval.shape] == [_platforms.DIRECT]
     assert _record(f, x, 1.5).launch is not None
+
+
+def _compare_step(f, *args):
+    (step,) = [h for h in steps_of(f, *args)["HostInput"] if h.compare]
+    return step
+
+
+def test_the_same_bytes_again_reuse_a_device_array_of_the_held_copy(staged):
+    """An array bigger than a memo takes is compared with the held copy of
+    the last one: the same bytes again go to the executable as a device
+    array of that copy, put once (no copy, no transfer per call); a write
+    into the caller's array, between calls or right after one, is seen by
+    the next call only."""
+    fn = lambda w, x: jnp.sum(x * w, axis=0)  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    w = jnp.float32(2.0)
+    x = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)  # 64 KiB
+    for _ in range(4):
+        assert_same_outputs(f(w, x), g(w, x))
+    step = _compare_step(f, w, x)
+    assert step.held is not None and step.held[2] is not None and step.misses == 0
+    assert not np.shares_memory(step.held[0], x)  # a private copy, not the caller's array
+    (staged_w, staged_x) = _record(f, w, x).stage([w, x])
+    assert staged_x is step.held[2] and type(staged_x) is _jax.ArrayImpl
+    x[3, 5] = 100.0  # in place: other bytes, so a private copy again
+    assert_same_outputs(f(w, x), g(w, x))
+    assert step.held[2] is None and np.array_equal(step.held[0], x)
+    want = g(w, x)
+    out = f(w, x)  # held copy's bytes: its device array
+    x[:] = 7.0  # right after the call
+    assert_same_outputs(out, want)
+    assert_same_outputs(f(w, x), g(w, x))
+
+
+def test_new_arrays_each_call_rest_the_compare(staged):
+    """New bytes every call: the compare stops at the first byte that
+    differs; after `MEMO_PATIENCE` misses in a row it rests for `MEMO_REST`
+    calls and holds no copy meanwhile; values that repeat again are held
+    and reused once it looks again."""
+    fn = lambda x: jnp.cumsum(x, axis=1)  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    rng = np.random.default_rng(1)
+    # (the first call is the miss, JAX's own path: the step sees the others)
+    xs = [rng.standard_normal((64, 32)).astype(np.float32)
+          for _ in range(HostInput.MEMO_PATIENCE + 1)]
+    for x in xs:
+        assert_same_outputs(f(x), g(x))
+    step = _compare_step(f, xs[0])
+    assert step.rest == step.MEMO_REST and step.held is None
+    for _ in range(step.MEMO_REST):  # rests: private copies, whatever comes
+        assert_same_outputs(f(xs[0]), g(xs[0]))
+    assert step.rest == 0 and step.held is None
+    for _ in range(3):
+        assert_same_outputs(f(xs[1]), g(xs[1]))
+    assert step.held is not None and step.held[2] is not None
+
+
+@pytest.mark.parametrize("level", ["log", "disallow"])
+def test_the_held_copys_device_array_keeps_transfer_guards(staged, level):
+    """The same bytes again under a host-to-device transfer guard: jax.jit
+    transfers (logs or refuses), so nbjit does not hand over its held
+    device array unguarded: it logs, or refuses as jax.jit does."""
+    fn = lambda x: x * 3.0  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    x = np.arange(4096, dtype=np.float32)
+    for _ in range(3):
+        assert_same_outputs(f(x), g(x))
+    assert _compare_step(f, x).held[2] is not None
+    with jax.transfer_guard(level):
+        nb, jx = assert_same_call(f, g, x)
+    if level == "disallow":
+        assert isinstance(nb, Exception) and type(nb) is type(jx)
+    else:
+        assert_same_outputs(nb, jx)
+    assert_same_outputs(f(x), g(x))
+
+
+def test_only_canonical_c_order_arrays_are_compared(staged):
+    """An array that needs converting (float64 with x64 off) or a strided
+    view is copied every call, converted as jaxlib converts it, even when
+    its values repeat."""
+    fn = lambda x: x + 1  # noqa: E731
+    f, g = nbjit.jit(fn), jax.jit(fn)
+    x64 = np.random.default_rng(2).standard_normal((64, 32))
+    for _ in range(3):
+        assert_same_outputs(f(x64), g(x64))
+    assert _compare_step(f, x64).held[2] is None
+    base = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
+    view = base[:, ::2]
+    h, k = nbjit.jit(lambda x: x * 2), jax.jit(lambda x: x * 2)
+    for _ in range(3):
+        assert_same_outputs(h(view), k(view))
+    assert _compare_step(h, view).held[2] is None

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
+from nbjit._common import memcmp
 from nbjit.core.codegen import Source, run_source
 from nbjit.core.record import FastPath
 from nbjit.host.layout import FLOAT32_MAX, LeafLayout, Refused, guard_and_pop, write_leaf
@@ -249,19 +250,7 @@ def speculating_execute(run: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return execute
 
 
-def _libc_memcmp() -> Callable[[int, int, int], int] | None:
-    try:
-        import ctypes
-
-        memcmp = ctypes.CDLL(None).memcmp
-    except (OSError, AttributeError):  # (no C library to load: always write)
-        return None
-    memcmp.restype = ctypes.c_int
-    memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    return memcmp
-
-
-_memcmp = _libc_memcmp()
+_memcmp = memcmp  # (None: no C library, every leaf written)
 
 
 def unchanged(address: int, x: Any, nbytes: int, dtype: np.dtype) -> bool:

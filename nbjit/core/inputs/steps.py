@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from nbjit import _jax
+from nbjit._common import memcmp
 from nbjit.core.codegen import Source
 from nbjit.core.inputs import plans as _plan
 from nbjit.core.inputs.platforms import DIRECT, HostTransfer, platform_of, strategy_for
@@ -121,6 +122,13 @@ class HostInput(InputStep):
     After `MEMO_PATIENCE` misses in a row it sleeps for `MEMO_REST` calls
     (plain transfers), then looks again: values that start repeating are
     memoised again within ``MEMO_REST + 2`` calls.
+
+    With `compare` (a launch record's array bigger than a memo takes, whose
+    transfer stages a private copy: an accelerator), the step keeps that
+    copy of the last array (`held`) and compares the next one with it
+    (`memcmp`, which stops at the first byte that differs): the same bytes
+    again reuse a device array of the copy, put once, instead of a copy and
+    a transfer per call. Misses rest as the memo's do.
     """
 
     puts_host_values = True
@@ -129,11 +137,11 @@ class HostInput(InputStep):
     MEMO_REST = 56
 
     __slots__ = ("dtype", "aval", "sharding", "devices", "memo", "last", "misses",
-                 "rest", "on_fresh", "transfer")
+                 "rest", "on_fresh", "transfer", "compare", "nbytes", "held")
 
     def __init__(self, index: int, dtype: np.dtype, aval: Any, sharding: Any,
                  memo: bool, on_fresh: FreshCallback | None = None,
-                 transfer: HostTransfer = DIRECT) -> None:
+                 transfer: HostTransfer = DIRECT, compare: bool = False) -> None:
         super().__init__(index)
         self.dtype = dtype
         self.aval = aval
@@ -149,6 +157,13 @@ class HostInput(InputStep):
         # Told of each memo miss (a new value) when an optimisation watches this
         # leaf (the CPU's host-input policy): given here, never set afterwards.
         self.on_fresh = on_fresh
+        # (see the class docstring) only where the transfer stages a private copy
+        self.compare = compare and transfer.stage is not None and memcmp is not None
+        self.nbytes = int(np.prod(aval.shape, dtype=np.int64)) * dtype.itemsize
+        # (the private copy of the last array, its address, its device array
+        # or None: not put yet) while `compare` looks; holding the copy keeps
+        # its ring from writing it again
+        self.held: tuple[Any, int, Any] | None = None
 
     def inline(self, src: Source, x: str, i: int) -> dict[str, Any]:
         """`InputStep.inline`: a numpy array's plain transfer inline (while
@@ -219,7 +234,7 @@ class HostInput(InputStep):
         copy inline (what `launch_value` does for it), anything else through
         `launch_value`."""
         stage = self.transfer.stage
-        if self.memo or stage is None:
+        if self.memo or self.compare or stage is None:
             return super().launch_inline(x, i)
         return (f"(T{i}({x}) if type({x}) is ndarray else L{i}({x}))",
                 {f"T{i}": stage, f"L{i}": self.launch_value, "ndarray": np.ndarray})
@@ -245,6 +260,8 @@ class HostInput(InputStep):
         if stage is None:
             return self.value(x)
         is_array = type(x) is np.ndarray
+        if is_array and self.compare:
+            return self._compared(x, stage)
         if is_array and (not self.memo or self.rest > 0):
             if self.memo:
                 self.rest -= 1
@@ -275,6 +292,33 @@ class HostInput(InputStep):
         if type(x) is int:  # beyond the dtype's range: JAX's own path raises as jax.jit
             raise OverflowError(f"{x} does not fit {self.dtype}")
         return x
+
+    def _compared(self, x: np.ndarray, stage: Callable[[np.ndarray], Any]) -> Any:
+        """`launch_value` for an array where the step compares (`compare`):
+        the held copy's device array where `x` has its bytes, else `x`'s
+        private copy, held for the next call."""
+        if self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
+            self.rest -= 1
+            return stage(x)
+        held = self.held
+        if (held is not None and x.dtype is self.dtype and x.flags.c_contiguous
+                and not memcmp(held[1], x.__array_interface__["data"][0], self.nbytes)  # type: ignore[misc]
+                and _host_transfers_unguarded()):
+            self.misses = 0
+            if held[2] is None:  # the copy's first repeat: put it once (zero copy: it is ours)
+                array = _device_put(self.aval, self.sharding, [held[0]], self.devices, False, False,
+                                    self.transfer.semantics)
+                held = self.held = (held[0], held[1], array)
+            return held[2]
+        staged = stage(x)
+        self.misses += 1
+        if self.misses >= self.MEMO_PATIENCE:
+            self.misses, self.rest, self.held = 0, self.MEMO_REST, None
+        else:
+            self.held = (staged, staged.__array_interface__["data"][0], None)
+        if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
+            fresh()
+        return staged
 
     def value_put(self, x: Any) -> Any:
         """`x`'s device array, put by this step (staged as its transfer says)."""
@@ -367,7 +411,8 @@ def _host_step(i: int, x: Any, sharding: Any, donated: bool,
             weak = type(x) in _WEAK_SCALAR_TYPES
             aval = _jax.ShapedArray(np.shape(x), dtype, weak_type=weak)
             transfer = strategy.host_transfer(aval, sharding)
-            return HostInput(i, dtype, aval, sharding, memo, on_fresh, transfer)
+            return HostInput(i, dtype, aval, sharding, memo, on_fresh, transfer,
+                             compare=not donated and not memo)
     plan = _plan.plan_for(sharding, np.shape(x), dtype)
     return SHARD_ARGS if plan is None else _Planned(i, dtype, plan)
 
