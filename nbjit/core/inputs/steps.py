@@ -234,10 +234,12 @@ class HostInput(InputStep):
         copy inline (what `launch_value` does for it), anything else through
         `launch_value`."""
         stage = self.transfer.stage
-        if self.memo or self.compare or stage is None:
+        if self.memo or stage is None:
             return super().launch_inline(x, i)
-        return (f"(T{i}({x}) if type({x}) is ndarray else L{i}({x}))",
-                {f"T{i}": stage, f"L{i}": self.launch_value, "ndarray": np.ndarray})
+        names = {f"L{i}": self.launch_value, "ndarray": np.ndarray}
+        # an array straight to its copy, or to the compare (which rests as it says)
+        name, to = (f"C{i}", self._compared) if self.compare else (f"T{i}", stage)
+        return f"({name}({x}) if type({x}) is ndarray else L{i}({x}))", {**names, name: to}
 
     def launch_value(self, x: Any) -> Any:
         """What a launch record hands jaxlib's own put for host value `x`
@@ -261,7 +263,7 @@ class HostInput(InputStep):
             return self.value(x)
         is_array = type(x) is np.ndarray
         if is_array and self.compare:
-            return self._compared(x, stage)
+            return self._compared(x)
         if is_array and (not self.memo or self.rest > 0):
             if self.memo:
                 self.rest -= 1
@@ -293,10 +295,12 @@ class HostInput(InputStep):
             raise OverflowError(f"{x} does not fit {self.dtype}")
         return x
 
-    def _compared(self, x: np.ndarray, stage: Callable[[np.ndarray], Any]) -> Any:
+    def _compared(self, x: np.ndarray) -> Any:
         """`launch_value` for an array where the step compares (`compare`):
         the held copy's device array where `x` has its bytes, else `x`'s
         private copy, held for the next call."""
+        stage = self.transfer.stage
+        assert stage is not None  # (`compare` is only where the transfer stages)
         if self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
             self.rest -= 1
             return stage(x)
