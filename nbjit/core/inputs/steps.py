@@ -18,7 +18,8 @@ Every step of one input is an `InputStep` (its `index`, `value`, `apply`,
 
 A step's configuration is fixed when it is built, its `on_fresh` callback
 included; what changes per call is a `HostInput`'s memo (the last value's
-device copy and its patience counters), nothing else.
+device copy, the held copy of the last array, and their patience counters),
+nothing else.
 """
 
 from __future__ import annotations
