@@ -329,6 +329,8 @@ TPU_ROWS: list[tuple[str, str]] = [
     ("python_scalars_2_new_values", "two new Python scalars"),
     ("numpy_args_2", "two numpy arrays"),
     ("workload_mnist_train_step", "an MNIST step with a new numpy batch"),
+    ("host_array_same_1m", "the same 1 MiB numpy array each call"),
+    ("host_array_fresh_1m", "one of four 1 MiB numpy arrays in turn"),
     ("workload_static_config", "a static config and a new numpy batch"),
     ("jit_dispatch_with_transfer", "one 25 MB numpy array"),
     ("args_1", "one jax.Array"),
