@@ -18,12 +18,16 @@ with jax.jit's own pace beside it (its first run pays its own first calls);
 per nbjit run, that pace, the milliseconds of its first call (the miss),
 steps 2-10, 11-100 and the last 100, and how many buffers each staging ring
 made (a fresh buffer's first writes fault its pages in; a small leaf's
-copies are new arrays, no ring). `--models`: the models whose name starts
+copies are new arrays, no ring). Per run of either jit (`runs`, in the
+order they ran): the milliseconds of each tenth of its calls, and the
+garbage collector's passes per generation, with the oldest's milliseconds
+(where in a run its extra lies). `--models`: the models whose name starts
 with one of these words (mlp, cnn, transformer; default all three).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -54,15 +58,47 @@ def build(name):
     return params, step, make
 
 
+class GcWatch:
+    """The garbage collector's passes during a run: how many of each
+    generation, and the milliseconds the oldest generation's took."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.full_ms = 0.0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            generation = info["generation"]
+            self.counts[generation] += 1
+            if generation == 2:
+                self.full_ms += (time.perf_counter() - self._began) * 1e3
+
+
 def run(f, params, pool, steps):
-    p, marks = params, [time.perf_counter()]
-    for i in range(steps):
-        x, y = pool[i % 8]
-        p, loss = f(p, x, y)
-        marks.append(time.perf_counter())
-    jax.block_until_ready((p, loss))
-    end = time.perf_counter()
-    return end - marks[0], marks
+    """(seconds, each call's return time, the collector's passes) of one run."""
+    watch = GcWatch()
+    gc.callbacks.append(watch)
+    try:
+        p, marks = params, [time.perf_counter()]
+        for i in range(steps):
+            x, y = pool[i % 8]
+            p, loss = f(p, x, y)
+            marks.append(time.perf_counter())
+        jax.block_until_ready((p, loss))
+        end = time.perf_counter()
+    finally:
+        gc.callbacks.remove(watch)
+    return end - marks[0], marks, watch
+
+
+def tenths(marks) -> list[float]:
+    """Milliseconds of each tenth of a run's calls."""
+    n = len(marks) - 1
+    cuts = [round(n * k / 10) for k in range(11)]
+    return [round((marks[b] - marks[a]) * 1e3, 1) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
 def ring_buffers(f, params, x, y) -> list[int]:
@@ -111,12 +147,15 @@ def main() -> None:
         for kind, data in (("writeable", pool), ("read-only", frozen)):
             totals = {"jax.jit": [], "nbjit": []}
             pace, jax_pace, buffers, first_ms = [], [], [], []
+            parts = {"jax.jit": [], "nbjit": []}  # per run: its tenths, the collector's passes
             for r in range(repeats):
                 order = ("jax.jit", "nbjit") if r % 2 == 0 else ("nbjit", "jax.jit")
                 for which in order:
                     f = jax.jit(step) if which == "jax.jit" else nbjit.jit(step)
-                    total, marks = run(f, params, data, steps)
+                    total, marks, watch = run(f, params, data, steps)
                     totals[which].append(total)
+                    parts[which].append({"tenths_ms": tenths(marks), "gc": watch.counts,
+                                         "gc_full_ms": round(watch.full_ms, 1)})
                     if which == "jax.jit":
                         jax_pace.append((marks[100] - marks[0]) / (marks[-1] - marks[-101]))
                     else:
@@ -138,7 +177,8 @@ def main() -> None:
                    "jax_first100_over_last100": round(float(np.median(jax_pace)), 3),
                    "jax_paces": [round(v, 3) for v in jax_pace],
                    "nbjit_ms_miss_2to10_11to100_last100": first_ms,
-                   "nbjit_ring_buffers": buffers}
+                   "nbjit_ring_buffers": buffers,
+                   "runs": parts}
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
     if path:
