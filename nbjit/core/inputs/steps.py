@@ -207,8 +207,7 @@ class HostInput(InputStep):
             array = self.value_put(x)
             if self.memo:
                 self.last = (x, None, array)
-            if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
-                fresh()
+            self._fresh()
             return array
         if not self.memo or self.rest > 0:  # (threads may race on `rest`: > 0, not truthy)
             if self.memo:
@@ -222,12 +221,8 @@ class HostInput(InputStep):
             return last[2]
         array = self.value_put(x)
         self.last = (None, data, array)  # arrays are mutable: never kept alive or compared by id
-        if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
-            fresh()
-        self.misses += 1
-        if self.misses >= self.MEMO_PATIENCE:
-            self.misses = 0
-            self.rest = self.MEMO_REST
+        self._fresh()
+        self._missed()
         return array
 
     def launch_inline(self, x: str, i: int) -> tuple[str, dict[str, Any]]:
@@ -282,12 +277,8 @@ class HostInput(InputStep):
                 return array
             self.last = (None, data, None) if is_array else (x, None, None)
             if is_array:
-                self.misses += 1
-                if self.misses >= self.MEMO_PATIENCE:
-                    self.misses = 0
-                    self.rest = self.MEMO_REST
-            if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
-                fresh()
+                self._missed()
+            self._fresh()
         if is_array:
             return stage(x)
         if transfer.stage_scalar is not None and scalar_converts_exactly(x, self.dtype):
@@ -316,14 +307,25 @@ class HostInput(InputStep):
                 held = self.held = (held[0], held[1], array)
             return held[2]
         staged = stage(x)
+        # (resting, it holds nothing: the copy goes back to its ring)
+        self.held = None if self._missed() else (staged, staged.__array_interface__["data"][0],
+                                                 None)
+        self._fresh()
+        return staged
+
+    def _missed(self) -> bool:
+        """Counts a miss of the memo or the compare (a new value); after
+        `MEMO_PATIENCE` in a row the step rests `MEMO_REST` calls (True)."""
         self.misses += 1
-        if self.misses >= self.MEMO_PATIENCE:
-            self.misses, self.rest, self.held = 0, self.MEMO_REST, None
-        else:
-            self.held = (staged, staged.__array_interface__["data"][0], None)
+        if self.misses < self.MEMO_PATIENCE:
+            return False
+        self.misses, self.rest = 0, self.MEMO_REST
+        return True
+
+    def _fresh(self) -> None:
+        """Tells `on_fresh`'s callback, if it still lives, of a new value."""
         if (on_fresh := self.on_fresh) is not None and (fresh := on_fresh()) is not None:
             fresh()
-        return staged
 
     def value_put(self, x: Any) -> Any:
         """`x`'s device array, put by this step (staged as its transfer says)."""
