@@ -8,7 +8,8 @@ jax.jit, in one process (a loop that waits for every call).
 values every call: each call writes its slot) or the same one every call,
 each call waited for; `--gap` puts US microseconds of busy Python before
 every call (a loop doing other work between steps; times are shown less
-the gap). Contenders, in rotating order, `--calls` calls a round: jax.jit;
+the gap). Contenders, in alternating order (`_rounds.interleaved`, the
+garbage collector off), `--calls` calls a round: jax.jit;
 nbjit as it is (its idle calls wake the worker: `WAKE_AFTER_IDLE`); nbjit
 whose wake is a no-op (the same prepare and idle checks, no computation
 dispatched); nbjit with no wake in its prepare at all (built with
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -32,6 +34,9 @@ import numpy as np  # noqa: E402
 
 import nbjit  # noqa: E402
 from nbjit.host import resident as _resident  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _rounds import interleaved  # noqa: E402
 
 
 def _no_wake() -> None:
@@ -101,14 +106,10 @@ def main() -> None:
 
                 for f in fs.values():
                     loop(f, 200)
-                times: dict[str, list[float]] = {name: [] for name in fs}
-                names = list(fs)
-                for r in range(args.rounds):
-                    for name in names[r % len(names):] + names[:r % len(names)]:
-                        times[name].append(loop(fs[name], args.calls))
+                times = interleaved(fs, lambda f: loop(f, args.calls), args.rounds)
                 base = np.array(times["jax.jit"])
                 cells = []
-                for name in names[1:]:
+                for name in list(fs)[1:]:
                     ratio = np.array(times[name]) / base
                     cells.append(f"{name} {np.median(ratio):.2f} "
                                  f"({np.percentile(ratio, 10):.2f}-{np.percentile(ratio, 90):.2f})")
