@@ -268,6 +268,19 @@ def test_jax_path_gets_copies_of_what_it_may_read_after_the_call(reads_during_ca
     assert p_aligned is not aligned and p_small is not small
     assert (p_unaligned is unaligned) == reads_during_call
     np.testing.assert_array_equal(p_aligned, aligned)
+    # An array no one can write goes as it is, whatever its size and alignment;
+    # a read-only view of a writeable one is copied (its base can be written).
+    owned = np.arange(1 << 18, dtype=np.float32)
+    owned.flags.writeable = False
+    view = aligned[: 1 << 10]
+    view.flags.writeable = False
+    tiny = np.ones(4, np.float32)
+    tiny.flags.writeable = False
+    (p_owned, p_view, p_tiny), kw = _values.private_host_copies(
+        (owned, view, tiny), {"k": owned}, (), ())
+    assert p_owned is owned and p_tiny is tiny and kw["k"] is owned
+    assert p_view is not view and p_view.flags.writeable
+    np.testing.assert_array_equal(p_view, view)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Probe: what a process's first nbjit miss pays that a later one does not
 (run on a TPU or GPU; the CPU only to try it).
 
-    python benchmarks/probes/first_miss.py [--runs R] [--top K]
+    python benchmarks/probes/first_miss.py [--runs R] [--top K] [--read-only]
 
 `accel_runs.py` on the TPU: the first run's miss took 7.4 ms and a later
 run's 1.5 (JAX's program compiled before either). Here the MLP of that
@@ -12,7 +12,8 @@ first call's milliseconds, and those of an unprofiled first call of another
 new ``nbjit.jit(step)`` right after (a later function finds the record the
 first one built: no miss). Then the functions whose cumulative time the
 first run spent most beyond the second's (what only a process's first
-miss pays), and the first run's own time per function.
+miss pays), and the first run's own time per function. `--read-only`:
+batches no one can write (the pool's arrays' flags cleared).
 """
 
 from __future__ import annotations
@@ -39,8 +40,14 @@ def main() -> None:
     params, step, make = build("mlp 2048 b512")
     rng = np.random.default_rng(0)
     pool = [make(rng) for _ in range(8)]
+    if "--read-only" in args:
+        for batch in pool:
+            for a in batch:
+                a.flags.writeable = False
     dev = jax.devices()[0]
-    print(f"first_miss: {dev.platform} {dev.device_kind}, jax {jax.__version__}", flush=True)
+    kind = "read-only" if "--read-only" in args else "writeable"
+    print(f"first_miss: {dev.platform} {dev.device_kind}, jax {jax.__version__}, {kind} batches",
+          flush=True)
     jax.block_until_ready(jax.jit(step)(params, *pool[0]))  # the compile, once
     stats = []
     for r in range(runs):

@@ -17,6 +17,7 @@ import numpy as np
 
 from nbjit import _jax
 from nbjit._common import ALIGN, PYTHON_SCALARS
+from nbjit.core.inputs.staging import immutable
 
 __all__ = ["PRIVATE_COPY_ALWAYS_BYTES", "PYTHON_SCALAR_DTYPES", "canonical_dtypes", "host_dtype",
            "private_host_copies", "scalar_converts_exactly"]
@@ -114,12 +115,14 @@ def scalar_converts_exactly(x: Any, dtype: np.dtype) -> bool:
 # device has memory of its own (an accelerator) every array is copied: its
 # transfer reads the caller's array after the call returns; so is it on the
 # CPU before jaxlib 0.11.2, whose client may read it after the call too
-# (`_jax.jax_path_reads_host_arrays_during_call`).
+# (`_jax.jax_path_reads_host_arrays_during_call`). An array no one can write
+# (`staging.immutable`) is never copied: whenever JAX reads it, it reads the
+# call's values, as a launch record's put does.
 PRIVATE_COPY_ALWAYS_BYTES = 64 << 10
 
 
 def _private_leaf(x: Any, every: bool) -> Any:
-    if type(x) is not np.ndarray:
+    if type(x) is not np.ndarray or (not x.flags.writeable and immutable(x)):
         return x
     if (every or x.nbytes <= PRIVATE_COPY_ALWAYS_BYTES
             or x.__array_interface__["data"][0] % ALIGN == 0):
@@ -129,7 +132,8 @@ def _private_leaf(x: Any, every: bool) -> Any:
 
 def private_host_copies(args: tuple, kwargs: dict, static_positions: Sequence[int],
                         static_names: Sequence[str]) -> tuple[tuple, dict]:
-    """`args` and `kwargs` with every numpy array among the dynamic ones copied.
+    """`args` and `kwargs` with every numpy array among the dynamic ones copied
+    (but those no one can write: `staging.immutable`).
 
     JAX's own path (a miss, a slow call) uses a 64-byte-aligned numpy array
     in place on CPU, and on an accelerator reads any numpy array after the
